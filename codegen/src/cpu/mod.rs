@@ -1,0 +1,1 @@
+//! Cranelift backend (in progress).

@@ -1,0 +1,1 @@
+//! KernelIR interpreter (in progress).

@@ -1,0 +1,233 @@
+//! KernelIR: one loop nest over an index space, with strided loads, a
+//! pointwise body and optionally one reduction along the innermost loop axis.
+//!
+//! A kernel knows dtypes, the loop rank and, per operand, whether its
+//! innermost stride is 1, 0 or anything else — never sizes or strides, which
+//! arrive as arguments at launch (see [`KernelFn`]). So one compiled kernel
+//! serves every batch size, and views or broadcasts cost nothing: they are
+//! just other strides.
+//!
+//! ```text
+//! kernel add(rank=2) {
+//!   out0: f32 contiguous
+//!   in1: f32 contiguous
+//!   in2: f32 broadcast
+//!   %0 = load in1 : f32
+//!   %1 = load in2 : f32
+//!   %2 = add %0, %1 : f32
+//!   store %2
+//! }
+//! ```
+
+use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+use std::fmt::{self, Write};
+
+/// Index of a value: position of its instruction in `Kernel::body` (or `Kernel::epilogue`,
+/// whose values are numbered after the body's).
+pub type ValueId = usize;
+
+/// How an operand moves along the innermost loop axis; part of the kernel's
+/// signature, so the emitter can use vector loads for `Contiguous` and a splat
+/// for `Broadcast`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Inner {
+    /// innermost stride 1
+    Contiguous,
+    /// innermost stride 0
+    Broadcast,
+    /// any other stride
+    Strided,
+}
+
+impl Inner {
+    pub fn of_stride(s: isize) -> Inner {
+        match s {
+            1 => Inner::Contiguous,
+            0 => Inner::Broadcast,
+            _ => Inner::Strided,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Inner::Contiguous => "contiguous",
+            Inner::Broadcast => "broadcast",
+            Inner::Strided => "strided",
+        }
+    }
+}
+
+/// A tensor operand. Operand 0 is always the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Operand {
+    /// Storage dtype. Never f16/bf16 (the runtime widens those to f32 around kernels).
+    pub dtype: DType,
+    pub inner: Inner,
+}
+
+/// One SSA instruction; its result has the dtype stored beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Instr {
+    /// Load operand `n` (n >= 1) at the current index, in its storage dtype.
+    Load(usize),
+    /// Runtime scalar argument `n` (its dtype is `Kernel::scalars[n]`).
+    Scalar(usize),
+    /// A constant (stored as f64 bits so the instruction can be hashed).
+    Const(u64),
+    Unary(UnaryOp, ValueId),
+    /// Operands share the dtype of the left operand; comparisons yield Bool.
+    Binary(BinaryOp, ValueId, ValueId),
+    /// `cond ? a : b`
+    Where(ValueId, ValueId, ValueId),
+    Cast(ValueId),
+    /// The finished reduction's value (only in an epilogue).
+    Acc,
+}
+
+/// The reduction along the innermost loop axis.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Reduction {
+    pub kind: ReduceKind,
+    /// The body value being reduced.
+    pub value: ValueId,
+    /// Accumulator dtype (i64 for arg-reductions, the value's dtype otherwise).
+    pub dtype: DType,
+}
+
+/// A kernel: `out[idx] = body(loads at idx)` over all indices, or with a
+/// reduction, `out[kept idx] = epilogue(reduce over the innermost axis of body)`.
+///
+/// Loads in the epilogue read at reduce index 0 (their operands have stride 0
+/// along the reduced axis, e.g. the row max added back in logsumexp).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    /// What the kernel computes, for dumps and profiles (`gelu`, `softmax.sum`).
+    pub name: String,
+    /// Number of loop dims; with a reduction the last one is reduced.
+    pub rank: usize,
+    /// Operand 0 is the output; the rest are inputs.
+    pub operands: Vec<Operand>,
+    /// Dtypes of the runtime scalar arguments.
+    pub scalars: Vec<DType>,
+    pub body: Vec<(Instr, DType)>,
+    pub reduce: Option<Reduction>,
+    /// Instructions after the reduction; ids continue after the body's.
+    pub epilogue: Vec<(Instr, DType)>,
+    /// The value stored to operand 0 (a body value, or an epilogue value when reducing).
+    pub out: ValueId,
+}
+
+/// The machine-code ABI of a compiled kernel.
+///
+/// - `ptrs[k]`: base pointer of operand k (already offset by its storage offset);
+/// - `strides[k * rank + d]`: stride of operand k along loop dim d, in elements
+///   (the output has stride 0 along a reduced axis);
+/// - `sizes[d]`: loop extent of dim d;
+/// - `scalars[n]`: scalar argument n as 8 bytes: an f64 for float dtypes, an i64 otherwise;
+/// - dim 0 runs over `start..end` only, so threads can split it.
+pub type KernelFn = unsafe extern "C" fn(
+    ptrs: *const *mut u8,
+    strides: *const isize,
+    sizes: *const usize,
+    scalars: *const u64,
+    start: usize,
+    end: usize,
+);
+
+impl Kernel {
+    /// dtype of value `v` (body or epilogue).
+    pub fn dtype_of(&self, v: ValueId) -> DType {
+        if v < self.body.len() {
+            self.body[v].1
+        } else {
+            self.epilogue[v - self.body.len()].1
+        }
+    }
+
+    /// The stable text form used by snapshots and `KILN_LOG=kernels`.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let _ = self.write_text(&mut s);
+        s
+    }
+
+    fn write_text(&self, s: &mut String) -> fmt::Result {
+        writeln!(s, "kernel {}(rank={}) {{", self.name, self.rank)?;
+        for (k, o) in self.operands.iter().enumerate() {
+            let role = if k == 0 { "out" } else { "in" };
+            writeln!(s, "  {role}{k}: {} {}", o.dtype, o.inner.name())?;
+        }
+        for (n, d) in self.scalars.iter().enumerate() {
+            writeln!(s, "  scalar{n}: {d}")?;
+        }
+        let write_instrs = |s: &mut String, instrs: &[(Instr, DType)], base: usize| -> fmt::Result {
+            for (i, (ins, dt)) in instrs.iter().enumerate() {
+                write!(s, "  %{} = ", base + i)?;
+                match ins {
+                    Instr::Load(k) => write!(s, "load in{k}")?,
+                    Instr::Scalar(n) => write!(s, "scalar{n}")?,
+                    Instr::Const(bits) => write!(s, "const {:?}", f64::from_bits(*bits))?,
+                    Instr::Unary(op, a) => write!(s, "{op} %{a}")?,
+                    Instr::Binary(op, a, b) => write!(s, "{op} %{a}, %{b}")?,
+                    Instr::Where(c, a, b) => write!(s, "where %{c}, %{a}, %{b}")?,
+                    Instr::Cast(a) => write!(s, "cast %{a}")?,
+                    Instr::Acc => write!(s, "acc")?,
+                }
+                writeln!(s, " : {dt}")?;
+            }
+            Ok(())
+        };
+        write_instrs(s, &self.body, 0)?;
+        if let Some(r) = &self.reduce {
+            writeln!(s, "  reduce {} %{} over dim {} : {}", r.kind, r.value, self.rank - 1, r.dtype)?;
+            write_instrs(s, &self.epilogue, self.body.len())?;
+        }
+        writeln!(s, "  store %{}", self.out)?;
+        write!(s, "}}")?;
+        writeln!(s)
+    }
+}
+
+/// Builds a kernel body instruction by instruction.
+#[derive(Debug, Default)]
+pub struct KernelBuilder {
+    pub instrs: Vec<(Instr, DType)>,
+}
+
+impl KernelBuilder {
+    pub fn push(&mut self, i: Instr, dt: DType) -> ValueId {
+        self.instrs.push((i, dt));
+        self.instrs.len() - 1
+    }
+    pub fn load(&mut self, operand: usize, dt: DType) -> ValueId {
+        self.push(Instr::Load(operand), dt)
+    }
+    pub fn scalar(&mut self, n: usize, dt: DType) -> ValueId {
+        self.push(Instr::Scalar(n), dt)
+    }
+    pub fn constant(&mut self, v: f64, dt: DType) -> ValueId {
+        self.push(Instr::Const(v.to_bits()), dt)
+    }
+    pub fn unary(&mut self, op: UnaryOp, a: ValueId, dt: DType) -> ValueId {
+        self.push(Instr::Unary(op, a), dt)
+    }
+    pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId, dt: DType) -> ValueId {
+        self.push(Instr::Binary(op, a, b), dt)
+    }
+    pub fn select(&mut self, c: ValueId, a: ValueId, b: ValueId, dt: DType) -> ValueId {
+        self.push(Instr::Where(c, a, b), dt)
+    }
+    /// Casts `a` to `to` unless it already has that dtype.
+    pub fn cast(&mut self, a: ValueId, to: DType) -> ValueId {
+        if self.instrs[a].1 == to {
+            a
+        } else {
+            self.push(Instr::Cast(a), to)
+        }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}

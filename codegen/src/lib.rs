@@ -1,0 +1,9 @@
+//! kiln-codegen: KernelIR ([`kernel`]) and its backends — the reference
+//! interpreter ([`interp`]) and Cranelift machine code for the CPU ([`cpu`]).
+//! Backends are pure functions of a [`Kernel`].
+
+pub mod cpu;
+pub mod interp;
+pub mod kernel;
+
+pub use kernel::{Inner, Instr, Kernel, KernelBuilder, KernelFn, Operand, Reduction, ValueId};

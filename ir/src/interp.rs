@@ -1,0 +1,1 @@
+//! Reference scalar interpreter (written by the codegen helper).
