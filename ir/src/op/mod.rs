@@ -1,5 +1,9 @@
 //! The op vocabulary and its shape/dtype inference.
 
+pub mod infer;
 mod pointwise;
+pub mod view;
 
+pub use infer::Meta;
 pub use pointwise::{BinaryOp, Float, ReduceKind, UnaryOp};
+pub use view::Layout;
