@@ -1,0 +1,307 @@
+//! Launching KernelIR over strided views: dim collapsing, the kernel cache,
+//! f16/bf16 widening, and splitting dim 0 across threads.
+
+use crate::storage::Storage;
+use crate::strided::for_each_offset;
+use kiln_codegen::cpu::{CompiledKernel, CpuJit};
+use kiln_codegen::{Inner, Kernel};
+use kiln_ir::op::Layout;
+use kiln_ir::{DType, Result, Strides};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A strided operand: a layout over a storage.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub storage: &'a Storage,
+    pub layout: &'a Layout,
+}
+
+impl View<'_> {
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+}
+
+struct Cache {
+    jit: CpuJit,
+    kernels: HashMap<Kernel, Arc<CompiledKernel>>,
+}
+
+static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+static HITS: AtomicUsize = AtomicUsize::new(0);
+static COMPILES: AtomicUsize = AtomicUsize::new(0);
+
+/// Counters of the kernel cache since the process started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: usize,
+    pub compiles: usize,
+}
+
+pub fn cache_stats() -> CacheStats {
+    CacheStats { hits: HITS.load(Ordering::Relaxed), compiles: COMPILES.load(Ordering::Relaxed) }
+}
+
+/// Looks `k` up by signature (dtypes, rank, inner-stride pattern, body), compiling on a miss.
+pub fn compiled(k: &Kernel) -> Result<Arc<CompiledKernel>> {
+    let cache = CACHE.get_or_init(|| Mutex::new(Cache { jit: CpuJit::new().expect("cranelift JIT for the host"), kernels: HashMap::new() }));
+    let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = c.kernels.get(k) {
+        HITS.fetch_add(1, Ordering::Relaxed);
+        return Ok(f.clone());
+    }
+    let f = Arc::new(c.jit.compile(k)?);
+    COMPILES.fetch_add(1, Ordering::Relaxed);
+    c.kernels.insert(k.clone(), f.clone());
+    Ok(f)
+}
+
+/// Loop dims and per-operand strides after dropping size-1 dims and merging
+/// dims that are contiguous with each other in every operand. With a
+/// reduction the last dim is the reduced one and is never merged away.
+pub fn collapse(dims: &[usize], strides: &[Strides], reduce: bool) -> (Vec<usize>, Vec<Strides>) {
+    let r = dims.len();
+    let keep_last = reduce && r > 0;
+    let outer = if keep_last { r - 1 } else { r };
+    let mut cd: Vec<usize> = vec![];
+    let mut cs: Vec<Strides> = vec![Strides::new(); strides.len()];
+    for d in 0..outer {
+        if dims[d] == 1 {
+            continue;
+        }
+        let mergeable = !cd.is_empty()
+            && strides.iter().zip(&cs).all(|(s, c)| *c.last().unwrap() == s[d] * dims[d] as isize);
+        if mergeable {
+            *cd.last_mut().unwrap() *= dims[d];
+            for (s, c) in strides.iter().zip(cs.iter_mut()) {
+                *c.last_mut().unwrap() = s[d];
+            }
+        } else {
+            cd.push(dims[d]);
+            for (s, c) in strides.iter().zip(cs.iter_mut()) {
+                c.push(s[d]);
+            }
+        }
+    }
+    if keep_last {
+        cd.push(dims[r - 1]);
+        for (s, c) in strides.iter().zip(cs.iter_mut()) {
+            c.push(s[r - 1]);
+        }
+    }
+    if cd.is_empty() {
+        cd.push(1);
+        for c in cs.iter_mut() {
+            c.push(0);
+        }
+    }
+    (cd, cs)
+}
+
+struct SendPtrs(Vec<*mut u8>);
+unsafe impl Send for SendPtrs {}
+unsafe impl Sync for SendPtrs {}
+
+/// Work below this many elements runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// Runs `template` (its operand dtypes and body; rank and inner patterns are
+/// filled in here) over `views`, which all have the loop dims (operand 0 is the
+/// output; with a reduction it has stride 0 along the last dim).
+pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
+    // f16/bf16 operands: kernels never see them; widen inputs, narrow the output.
+    if views.iter().any(|v| v.dtype().is_half()) {
+        return launch_widened(template, views, scalars);
+    }
+    let dims = &views[0].layout.dims;
+    if dims.contains(&0) && template.reduce.is_none() {
+        return Ok(());
+    }
+    let strides: Vec<Strides> = views.iter().map(|v| v.layout.strides.clone()).collect();
+    let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
+    if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
+        return Ok(());
+    }
+    let mut k = template.clone();
+    k.rank = cd.len();
+    for (op, s) in k.operands.iter_mut().zip(&cs) {
+        op.inner = Inner::of_stride(*s.last().unwrap());
+    }
+    let f = compiled(&k)?;
+    let ptrs = SendPtrs(
+        views
+            .iter()
+            .map(|v| unsafe { v.storage.ptr().add(v.layout.offset * v.dtype().size()) })
+            .collect(),
+    );
+    let flat_strides: Vec<isize> = cs.iter().flat_map(|s| s.iter().copied()).collect();
+    let total: usize = cd.iter().product();
+    let n0 = cd[0];
+    let threads = rayon::current_num_threads();
+    let run = |start: usize, end: usize| unsafe {
+        (f.func())(ptrs.0.as_ptr(), flat_strides.as_ptr(), cd.as_ptr(), scalars.as_ptr(), start, end)
+    };
+    if total < PARALLEL_MIN || n0 < 2 || threads < 2 {
+        run(0, n0);
+    } else {
+        let chunks = n0.min(threads * 4);
+        rayon::scope(|s| {
+            for c in 0..chunks {
+                let (a, b) = (n0 * c / chunks, n0 * (c + 1) / chunks);
+                let run = &run;
+                s.spawn(move |_| run(a, b));
+            }
+        });
+    }
+    Ok(())
+}
+
+fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
+    let mut k = template.clone();
+    let mut temps: Vec<(Storage, Layout)> = vec![];
+    for (i, v) in views.iter().enumerate() {
+        if v.dtype().is_half() {
+            k.operands[i].dtype = DType::F32;
+            let l = Layout::contiguous(&v.layout.dims);
+            let s = Storage::zeros(DType::F32, l.numel());
+            if i > 0 {
+                convert(*v, View { storage: &s, layout: &l });
+            }
+            // the output keeps its broadcast-along-reduction stride pattern
+            let mut l = l;
+            if i == 0 && template.reduce.is_some() {
+                if let Some(last) = l.strides.last_mut() {
+                    *last = 0;
+                }
+                let contiguous_kept = Layout::contiguous(&v.layout.dims[..v.layout.rank() - 1]);
+                for (d, st) in contiguous_kept.strides.iter().enumerate() {
+                    l.strides[d] = *st;
+                }
+            }
+            temps.push((s, l));
+        } else {
+            temps.push((Storage::zeros(DType::F32, 0), Layout::contiguous(&[])));
+        }
+    }
+    let widened: Vec<View> = views
+        .iter()
+        .zip(&temps)
+        .map(|(v, (s, l))| if v.dtype().is_half() { View { storage: s, layout: l } } else { *v })
+        .collect();
+    launch(&k, &widened, scalars)?;
+    if views[0].dtype().is_half() {
+        convert(widened[0], views[0]);
+    }
+    Ok(())
+}
+
+/// Host-side elementwise conversion between any two dtypes, with
+/// round-to-nearest-even into f16/bf16 (crate `half`). Views must have equal dims
+/// (broadcast strides in `src` are fine; a reduced output view is written once per element).
+pub fn convert(src: View, dst: View) {
+    let mut vals: Vec<f64> = Vec::with_capacity(src.layout.numel());
+    let mut ints: Vec<i64> = Vec::new();
+    let sd = src.dtype();
+    let exact_int = !sd.is_float() && !dst.dtype().is_float();
+    unsafe {
+        let p = src.storage.ptr();
+        for_each_offset(src.layout, |_, o| {
+            if exact_int {
+                ints.push(read_i64(p, sd, o));
+            } else {
+                vals.push(read_f64(p, sd, o));
+            }
+        });
+        let q = dst.storage.ptr();
+        let dd = dst.dtype();
+        // a reduction output view has stride 0 on its last dim: writing the same
+        // element repeatedly is harmless because values repeat too.
+        for_each_offset(dst.layout, |i, o| {
+            if exact_int {
+                write_i64(q, dd, o, ints[i]);
+            } else {
+                write_f64(q, dd, o, vals[i]);
+            }
+        });
+    }
+}
+
+unsafe fn read_f64(p: *const u8, d: DType, o: usize) -> f64 {
+    match d {
+        DType::F32 => *(p as *const f32).add(o) as f64,
+        DType::F64 => *(p as *const f64).add(o),
+        DType::F16 => half::f16::from_bits(*(p as *const u16).add(o)).to_f64(),
+        DType::BF16 => half::bf16::from_bits(*(p as *const u16).add(o)).to_f64(),
+        _ => read_i64(p, d, o) as f64,
+    }
+}
+
+unsafe fn read_i64(p: *const u8, d: DType, o: usize) -> i64 {
+    match d {
+        DType::Bool | DType::U8 => *p.add(o) as i64,
+        DType::I8 => *(p as *const i8).add(o) as i64,
+        DType::I16 => *(p as *const i16).add(o) as i64,
+        DType::I32 => *(p as *const i32).add(o) as i64,
+        DType::I64 => *(p as *const i64).add(o),
+        _ => read_f64(p, d, o) as i64,
+    }
+}
+
+unsafe fn write_f64(p: *mut u8, d: DType, o: usize, v: f64) {
+    match d {
+        // f64 -> f32 -> f16 would round twice; half rounds f32 inputs, and f16
+        // values come from f32 kernels, so go through f32 exactly as PyTorch does.
+        DType::F32 => *(p as *mut f32).add(o) = v as f32,
+        DType::F64 => *(p as *mut f64).add(o) = v,
+        DType::F16 => *(p as *mut u16).add(o) = half::f16::from_f32(v as f32).to_bits(),
+        DType::BF16 => *(p as *mut u16).add(o) = half::bf16::from_f32(v as f32).to_bits(),
+        DType::Bool => *p.add(o) = (v != 0.0) as u8,
+        // float -> int truncates toward zero, then wraps to the width
+        _ => write_i64(p, d, o, v as i64),
+    }
+}
+
+unsafe fn write_i64(p: *mut u8, d: DType, o: usize, v: i64) {
+    match d {
+        DType::Bool => *p.add(o) = (v != 0) as u8,
+        DType::U8 => *p.add(o) = v as u8,
+        DType::I8 => *(p as *mut i8).add(o) = v as i8,
+        DType::I16 => *(p as *mut i16).add(o) = v as i16,
+        DType::I32 => *(p as *mut i32).add(o) = v as i32,
+        DType::I64 => *(p as *mut i64).add(o) = v,
+        _ => write_f64(p, d, o, v as f64),
+    }
+}
+
+/// Strides of a reduction's output as seen by the loop nest: the kept dims of
+/// `out` followed by a stride-0 reduced dim.
+pub fn reduction_out_strides(out: &Layout) -> Strides {
+    let mut s: Strides = out.strides.clone();
+    s.push(0);
+    s
+}
+
+/// Small helper for building stride vectors in tests.
+pub fn strides(v: &[isize]) -> Strides {
+    SmallVec::from_slice(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collapse_merges_contiguous_and_keeps_reduce_axis() {
+        let (d, s) = collapse(&[2, 3, 4], &[strides(&[12, 4, 1]), strides(&[12, 4, 1])], false);
+        assert_eq!(d, vec![24]);
+        assert_eq!(s[0].as_slice(), &[1]);
+        let (d, _) = collapse(&[2, 3, 4], &[strides(&[3, 1, 0]), strides(&[12, 4, 1])], true);
+        assert_eq!(d, vec![6, 4]);
+        // a transpose cannot merge
+        let (d, _) = collapse(&[3, 2], &[strides(&[2, 1]), strides(&[1, 3])], false);
+        assert_eq!(d, vec![3, 2]);
+    }
+}
