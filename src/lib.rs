@@ -1,1 +1,19 @@
+//! kiln: a deep-learning engine with PyTorch's working habits.
+//!
+//! ```
+//! use kiln::Tensor;
+//! let x = Tensor::from_vec(vec![-1.0f32, 0.5, 2.0], &[3]).unwrap();
+//! let y = x.relu().unwrap();
+//! assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 0.5, 2.0]);
+//! ```
 
+pub mod bench;
+
+pub use kiln_frontend::functional;
+pub use kiln_frontend::{DType, Element, Error, Result, Scalar, Tensor};
+pub use kiln_passes::{ClassLossOpts, Reduction};
+
+/// The IR vocabulary (dtypes, shapes, ops, op parameters).
+pub use kiln_ir as ir;
+/// Runtime introspection: kernel-cache counters, memory in use.
+pub use kiln_runtime as runtime;

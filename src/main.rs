@@ -1,1 +1,40 @@
-fn main(){}
+//! The `kiln` command-line program.
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "kiln", about = "kiln: a PyTorch-style deep-learning engine with a JIT", version)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Time the benchmark workloads (W1-W4, W7, W8 copy bandwidth) eagerly.
+    Bench {
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Comma-separated workloads to run, e.g. W1,W7 (default: all).
+        #[arg(long, value_delimiter = ',')]
+        only: Vec<String>,
+        /// Timed runs per workload (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Bench { json, only, iters } => match kiln::bench::run(&only, iters.max(1)) {
+            Ok(rows) if json => rows.iter().for_each(|r| println!("{}", r.json())),
+            Ok(rows) => print!("{}", kiln::bench::table(&rows)),
+            Err(e) => {
+                eprintln!("kiln bench: {e}");
+                std::process::exit(1);
+            }
+        },
+    }
+}

@@ -1,1 +1,73 @@
+//! Every forward case of the PyTorch fixtures (tests/fixtures, made by real
+//! PyTorch 2.15) run through kiln's eager ops and compared under the
+//! manifest's tolerances. Prints `forward SUITE: P/T` per suite and fails
+//! unless every case passes.
 
+mod fixture_support;
+
+use fixture_support::{compare, load_suite, Case, Fixtures};
+use kiln::Tensor;
+
+const FORWARD_SUITES: [&str; 11] =
+    ["ops_unary", "ops_binary", "reduce", "views", "matmul", "conv", "pool", "norm", "loss", "embedding", "half"];
+
+/// Runs one case; Ok(()) when every output matches.
+fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    if c.expect_error {
+        return fixture_support::ops::expect_error(c);
+    }
+    let inputs = fx.inputs(c)?;
+    let outs = fixture_support::ops::run(c, &inputs).map_err(|e| format!("kiln error: {e}"))?;
+    if outs.len() != c.outputs.len() {
+        return Err(format!("{} outputs, expected {}", outs.len(), c.outputs.len()));
+    }
+    for (k, (got, name)) in outs.iter().zip(&c.outputs).enumerate() {
+        let want = fx.tensor(c, name)?;
+        compare(got, &want, c.rtol, c.atol).map_err(|e| format!("out{k}: {e}"))?;
+        if let Some(v) = c.views.get(k) {
+            fixture_support::check_view(got, v, &inputs).map_err(|e| format!("out{k}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn pytorch_forward_fixtures() {
+    let fx = Fixtures::load();
+    let mut failed = vec![];
+    let mut summary = vec![];
+    for suite in FORWARD_SUITES {
+        let cases = load_suite(&fx, suite);
+        let mut pass = 0;
+        for c in &cases {
+            match run_case(&fx, c) {
+                Ok(()) => pass += 1,
+                Err(e) => failed.push(format!("{suite}/{}: {e}", c.case)),
+            }
+        }
+        summary.push(format!("forward {suite}: {pass}/{}", cases.len()));
+    }
+    for line in &summary {
+        println!("{line}");
+    }
+    for f in &failed {
+        println!("FAILED {f}");
+    }
+    assert!(failed.is_empty(), "{} fixture cases failed:\n{}", failed.len(), failed.join("\n"));
+}
+
+#[test]
+fn manifest_has_every_forward_suite() {
+    let fx = Fixtures::load();
+    for suite in FORWARD_SUITES {
+        assert!(!load_suite(&fx, suite).is_empty(), "suite {suite} has no cases");
+    }
+    // the harness itself must reject a wrong answer
+    let a = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+    let b = Tensor::from_vec(vec![1.0f32, 2.1], &[2]).unwrap();
+    assert!(compare(&a, &b, 1e-5, 1e-6).is_err());
+    let n = Tensor::from_vec(vec![f32::NAN, f32::INFINITY], &[2]).unwrap();
+    assert!(compare(&n, &n, 0.0, 0.0).is_ok());
+    let m = Tensor::from_vec(vec![f32::NAN, f32::NEG_INFINITY], &[2]).unwrap();
+    assert!(compare(&n, &m, 1.0, 1.0).is_err());
+}

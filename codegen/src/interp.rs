@@ -1,1 +1,401 @@
-//! KernelIR interpreter (in progress).
+//! The KernelIR interpreter: runs a [`Kernel`] with exactly the [`crate::KernelFn`]
+//! ABI, computing every scalar with the reference interpreter of `kiln-ir`
+//! ([`kiln_ir::interp::Interp`]). It is the oracle the Cranelift backend is tested
+//! against, and the definition of what a kernel means:
+//!
+//! - the loop space is `sizes[0..rank]`; dim 0 runs over `start..end` only;
+//! - without a reduction, `out[i] = body(i)` for every index `i`;
+//! - with a reduction the innermost dim (`rank - 1`) is reduced: for every
+//!   index of the other dims, the body values along that dim are combined in
+//!   order (Sum, Prod, NaN-propagating Max/Min, or the first index of the
+//!   max/min for ArgMax/ArgMin, where NaN counts as the extreme), starting
+//!   from the identity (0, 1, -inf/+inf or the dtype's min/max); then the
+//!   epilogue runs once with `Acc` = that value, its loads reading at reduce
+//!   index 0, and its result is stored to the output at reduce index 0;
+//! - when no dim is left to split (rank 0, or rank 1 with a reduction) the
+//!   single output element is computed by the call with `start == 0`;
+//! - a value is converted to the dtype its user needs with the cast rules of
+//!   [`kiln_ir::scalar::ScalarOps::cast`] (load dtype -> instruction dtype,
+//!   result -> output dtype);
+//! - only instructions the result depends on are evaluated; an epilogue may
+//!   use body values, which are then evaluated at reduce index 0.
+
+use crate::kernel::{Instr, Kernel, ValueId};
+use kiln_ir::interp::{Interp, Val};
+use kiln_ir::scalar::{lower_binary, lower_unary, Cmp, Prim2, ScalarOps};
+use kiln_ir::{DType, Error, ReduceKind};
+
+/// The operands (value ids) an instruction reads.
+pub(crate) fn instr_args(ins: &Instr) -> ([ValueId; 3], usize) {
+    match *ins {
+        Instr::Unary(_, a) | Instr::Cast(a) => ([a, 0, 0], 1),
+        Instr::Binary(_, a, b) => ([a, b, 0], 2),
+        Instr::Where(c, a, b) => ([c, a, b], 3),
+        _ => ([0; 3], 0),
+    }
+}
+
+fn bad(msg: String) -> Error {
+    Error::Codegen(msg)
+}
+
+/// Checks that a kernel is well formed (ids in range and defined before use,
+/// operand/scalar indices valid, no f16/bf16, rank consistent with the reduction).
+pub fn validate(k: &Kernel) -> Result<(), Error> {
+    let name = &k.name;
+    if k.operands.is_empty() {
+        return Err(bad(format!("kernel {name}: no output operand")));
+    }
+    let halfs = k.operands.iter().map(|o| o.dtype).chain(k.scalars.iter().copied());
+    let instrs = k.body.iter().chain(k.epilogue.iter());
+    for dt in halfs.chain(instrs.map(|(_, d)| *d)) {
+        if dt.is_half() {
+            return Err(bad(format!("kernel {name}: {dt} must be widened to f32 by the caller")));
+        }
+    }
+    if k.reduce.is_some() && k.rank == 0 {
+        return Err(bad(format!("kernel {name}: a reduction needs rank >= 1")));
+    }
+    if k.reduce.is_none() && !k.epilogue.is_empty() {
+        return Err(bad(format!("kernel {name}: epilogue without a reduction")));
+    }
+    let nb = k.body.len();
+    let total = nb + k.epilogue.len();
+    for (id, (ins, _)) in k.body.iter().chain(k.epilogue.iter()).enumerate() {
+        let (args, n) = instr_args(ins);
+        for &a in &args[..n] {
+            if a >= id {
+                return Err(bad(format!("kernel {name}: %{id} uses %{a} before its definition")));
+            }
+        }
+        match *ins {
+            Instr::Load(o) if o == 0 || o >= k.operands.len() => {
+                return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
+            }
+            Instr::Scalar(n) if n >= k.scalars.len() => {
+                return Err(bad(format!("kernel {name}: %{id} reads missing scalar {n}")));
+            }
+            Instr::Acc if id < nb => {
+                return Err(bad(format!("kernel {name}: acc in the body (%{id})")));
+            }
+            _ => {}
+        }
+    }
+    if let Some(r) = &k.reduce {
+        if r.value >= nb {
+            return Err(bad(format!("kernel {name}: reduced value %{} is not a body value", r.value)));
+        }
+        let arg = matches!(r.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
+        if arg && r.dtype.is_float() {
+            return Err(bad(format!("kernel {name}: {} accumulates an index, not {}", r.kind, r.dtype)));
+        }
+    }
+    if k.out >= total {
+        return Err(bad(format!("kernel {name}: stored value %{} does not exist", k.out)));
+    }
+    Ok(())
+}
+
+/// What a leaf instruction (Load, Scalar, Acc) evaluates to, with its dtype.
+pub(crate) type Leaf<'a, S> = dyn FnMut(&mut S, Instr) -> (<S as ScalarOps>::V, DType) + 'a;
+
+/// Evaluates value `id` (and, first, whatever it depends on that is not yet in
+/// `vals`) with the backend `s`. `vals` is indexed by value id (body, then epilogue).
+/// This is the one place instruction semantics live; backends only provide `ScalarOps`.
+pub(crate) fn eval_value<S: ScalarOps>(
+    s: &mut S,
+    k: &Kernel,
+    id: ValueId,
+    vals: &mut [Option<S::V>],
+    leaf: &mut Leaf<'_, S>,
+) -> S::V {
+    if let Some(v) = vals[id] {
+        return v;
+    }
+    let (ins, dt) = if id < k.body.len() { k.body[id] } else { k.epilogue[id - k.body.len()] };
+    let (args, n) = instr_args(&ins);
+    for &a in &args[..n] {
+        eval_value(s, k, a, vals, leaf);
+    }
+    let get = |vals: &[Option<S::V>], a: ValueId| vals[a].expect("evaluated above");
+    let conv = |s: &mut S, x: S::V, from: DType, to: DType| if from == to { x } else { s.cast(x, from, to) };
+    let v = match ins {
+        Instr::Load(_) | Instr::Scalar(_) | Instr::Acc => {
+            let (x, from) = leaf(s, ins);
+            conv(s, x, from, dt)
+        }
+        Instr::Const(bits) => s.constant(f64::from_bits(bits), dt),
+        Instr::Unary(op, a) => {
+            let x = conv(s, get(vals, a), k.dtype_of(a), dt);
+            lower_unary(s, op, x, dt)
+        }
+        Instr::Binary(op, a, b) => {
+            let cd = k.dtype_of(a);
+            let x = get(vals, a);
+            let y = conv(s, get(vals, b), k.dtype_of(b), cd);
+            let r = lower_binary(s, op, x, y, cd);
+            let rd = if op.is_comparison() { DType::Bool } else { cd };
+            conv(s, r, rd, dt)
+        }
+        Instr::Where(c, a, b) => {
+            let c = conv(s, get(vals, c), k.dtype_of(c), DType::Bool);
+            let x = conv(s, get(vals, a), k.dtype_of(a), dt);
+            let y = conv(s, get(vals, b), k.dtype_of(b), dt);
+            s.select(c, x, y, dt)
+        }
+        Instr::Cast(a) => conv(s, get(vals, a), k.dtype_of(a), dt),
+    };
+    vals[id] = Some(v);
+    v
+}
+
+/// The starting value of a reduction whose values have dtype `dt`.
+pub fn reduce_identity(kind: ReduceKind, dt: DType) -> f64 {
+    let (lo, hi) = match dt {
+        DType::Bool => (0.0, 1.0),
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::I16 => (i16::MIN as f64, i16::MAX as f64),
+        DType::I32 => (i32::MIN as f64, i32::MAX as f64),
+        DType::I64 => (i64::MIN as f64, i64::MAX as f64),
+        _ => (f64::NEG_INFINITY, f64::INFINITY),
+    };
+    match kind {
+        ReduceKind::Sum => 0.0,
+        ReduceKind::Prod => 1.0,
+        ReduceKind::Max | ReduceKind::ArgMax => lo,
+        ReduceKind::Min | ReduceKind::ArgMin => hi,
+    }
+}
+
+unsafe fn read(ptr: *mut u8, elem_off: isize, dt: DType) -> Val {
+    let p = ptr.offset(elem_off * dt.size() as isize);
+    Val::from_le_bytes(std::slice::from_raw_parts(p, dt.size()), dt)
+}
+
+unsafe fn write(ptr: *mut u8, elem_off: isize, dt: DType, v: Val) {
+    let p = ptr.offset(elem_off * dt.size() as isize);
+    v.write_le_bytes(dt, std::slice::from_raw_parts_mut(p, dt.size()));
+}
+
+/// Runs `k` over the index space described by the [`crate::KernelFn`] arguments.
+///
+/// # Safety
+/// Same contract as calling the compiled kernel: every pointer must be valid for
+/// every element the sizes and strides address.
+///
+/// # Panics
+/// If the kernel is malformed (see [`validate`]).
+pub unsafe fn run_kernel(
+    k: &Kernel,
+    ptrs: &[*mut u8],
+    strides: &[isize],
+    sizes: &[usize],
+    scalars: &[u64],
+    start: usize,
+    end: usize,
+) {
+    if let Err(e) = validate(k) {
+        panic!("{e}");
+    }
+    let r = k.rank;
+    let nops = k.operands.len();
+    let scal: Vec<Val> = k.scalars.iter().enumerate().map(|(n, &d)| Val::from_arg_bits(scalars[n], d)).collect();
+    let iter_dims = if k.reduce.is_some() { r - 1 } else { r };
+    let stride = |op: usize, d: usize| strides[op * r + d];
+    let mut idx = vec![0usize; iter_dims];
+    if iter_dims == 0 {
+        if start != 0 {
+            return;
+        }
+    } else {
+        if start >= end {
+            return;
+        }
+        idx[0] = start;
+        if (1..iter_dims).any(|d| sizes[d] == 0) {
+            return;
+        }
+    }
+    let mut offs = vec![0isize; nops];
+    loop {
+        for (op, o) in offs.iter_mut().enumerate() {
+            *o = (0..iter_dims).map(|d| idx[d] as isize * stride(op, d)).sum();
+        }
+        point(k, ptrs, &offs, &scal, sizes, &stride);
+        // odometer: innermost iterated dim fastest
+        let mut d = iter_dims;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            let hi = if d == 0 { end } else { sizes[d] };
+            if idx[d] < hi {
+                break;
+            }
+            if d == 0 {
+                return;
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Computes one output element (one full reduction when reducing).
+unsafe fn point(
+    k: &Kernel,
+    ptrs: &[*mut u8],
+    offs: &[isize],
+    scal: &[Val],
+    sizes: &[usize],
+    stride: &dyn Fn(usize, usize) -> isize,
+) {
+    let s = &mut Interp;
+    let total = k.body.len() + k.epilogue.len();
+    let out_dt = k.operands[0].dtype;
+    let leaf_at = |j: usize| {
+        move |_: &mut Interp, ins: Instr| -> (Val, DType) {
+            match ins {
+                Instr::Load(op) => {
+                    let dt = k.operands[op].dtype;
+                    let rd = if j == 0 { 0 } else { j as isize * stride(op, k.rank - 1) };
+                    (read(ptrs[op], offs[op] + rd, dt), dt)
+                }
+                Instr::Scalar(n) => (scal[n], k.scalars[n]),
+                _ => unreachable!("acc outside an epilogue"),
+            }
+        }
+    };
+    let Some(red) = &k.reduce else {
+        let mut vals = vec![None; total];
+        let v = eval_value(s, k, k.out, &mut vals, &mut leaf_at(0));
+        write(ptrs[0], offs[0], out_dt, s.cast(v, k.dtype_of(k.out), out_dt));
+        return;
+    };
+    let vd = k.dtype_of(red.value);
+    let n = sizes[k.rank - 1];
+    let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
+    let cmp_dt = if arg { vd } else { red.dtype };
+    let mut best = s.constant(reduce_identity(red.kind, cmp_dt), cmp_dt);
+    let mut best_idx = 0i64;
+    for j in 0..n {
+        let mut vals = vec![None; total];
+        let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
+        let v = if vd == cmp_dt { v } else { s.cast(v, vd, cmp_dt) };
+        match red.kind {
+            ReduceKind::Sum => best = s.binary(Prim2::Add, best, v, cmp_dt),
+            ReduceKind::Prod => best = s.binary(Prim2::Mul, best, v, cmp_dt),
+            ReduceKind::Max => best = s.binary(Prim2::Max, best, v, cmp_dt),
+            ReduceKind::Min => best = s.binary(Prim2::Min, best, v, cmp_dt),
+            ReduceKind::ArgMax | ReduceKind::ArgMin => {
+                let c = if red.kind == ReduceKind::ArgMax { Cmp::Gt } else { Cmp::Lt };
+                if !best.is_nan() && (v.is_nan() || s.compare(c, v, best, cmp_dt).is_true()) {
+                    best = v;
+                    best_idx = j as i64;
+                }
+            }
+        }
+    }
+    let acc = if arg { (Val::I(best_idx), DType::I64) } else { (best, red.dtype) };
+    let mut vals = vec![None; total];
+    let base = leaf_at(0);
+    let mut leaf = |s: &mut Interp, ins: Instr| match ins {
+        Instr::Acc => acc,
+        _ => base(s, ins),
+    };
+    let v = eval_value(s, k, k.out, &mut vals, &mut leaf);
+    write(ptrs[0], offs[0], out_dt, s.cast(v, k.dtype_of(k.out), out_dt));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::{Inner, KernelBuilder, Operand, Reduction};
+    use kiln_ir::{BinaryOp, UnaryOp};
+
+    fn op(dtype: DType, inner: Inner) -> Operand {
+        Operand { dtype, inner }
+    }
+
+    #[test]
+    fn broadcast_add_rank2() {
+        let mut b = KernelBuilder::default();
+        let x = b.load(1, DType::F32);
+        let y = b.load(2, DType::F32);
+        let z = b.binary(BinaryOp::Add, x, y, DType::F32);
+        let k = Kernel {
+            name: "add".into(),
+            rank: 2,
+            operands: vec![op(DType::F32, Inner::Contiguous), op(DType::F32, Inner::Contiguous), op(DType::F32, Inner::Broadcast)],
+            scalars: vec![],
+            body: b.instrs,
+            reduce: None,
+            epilogue: vec![],
+            out: z,
+        };
+        let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
+        let c = [10.0f32, 20.0];
+        let mut o = [0f32; 6];
+        let ptrs = [o.as_mut_ptr() as *mut u8, a.as_ptr() as *mut u8, c.as_ptr() as *mut u8];
+        // out[2,3], in2 is a column [2,1] broadcast along dim 1
+        let strides = [3, 1, 3, 1, 1, 0];
+        unsafe { run_kernel(&k, &ptrs, &strides, &[2, 3], &[], 0, 2) };
+        assert_eq!(o, [10.0, 11.0, 12.0, 23.0, 24.0, 25.0]);
+        // thread split: only row 1
+        let mut o2 = [0f32; 6];
+        let ptrs = [o2.as_mut_ptr() as *mut u8, a.as_ptr() as *mut u8, c.as_ptr() as *mut u8];
+        unsafe { run_kernel(&k, &ptrs, &strides, &[2, 3], &[], 1, 2) };
+        assert_eq!(o2, [0.0, 0.0, 0.0, 23.0, 24.0, 25.0]);
+    }
+
+    #[test]
+    fn row_sum_and_argmax() {
+        let mut b = KernelBuilder::default();
+        let x = b.load(1, DType::F32);
+        let e = b.unary(UnaryOp::Neg, x, DType::F32);
+        for (kind, acc_dt, want) in [
+            (ReduceKind::Sum, DType::F32, [-3.0f64, -12.0]),
+            (ReduceKind::ArgMax, DType::I64, [0.0, 0.0]),
+            (ReduceKind::ArgMin, DType::I64, [2.0, 2.0]),
+            (ReduceKind::Max, DType::F32, [0.0, -3.0]),
+        ] {
+            let out_dt = acc_dt;
+            let k = Kernel {
+                name: "r".into(),
+                rank: 2,
+                operands: vec![op(out_dt, Inner::Broadcast), op(DType::F32, Inner::Contiguous)],
+                scalars: vec![],
+                body: b.instrs.clone(),
+                reduce: Some(Reduction { kind, value: e, dtype: acc_dt }),
+                epilogue: vec![(Instr::Acc, acc_dt)],
+                out: b.instrs.len(),
+            };
+            let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
+            let mut o = [0u8; 16];
+            let ptrs = [o.as_mut_ptr(), a.as_ptr() as *mut u8];
+            let strides = [1, 0, 3, 1];
+            unsafe { run_kernel(&k, &ptrs, &strides, &[2, 3], &[], 0, 2) };
+            for (i, w) in want.iter().enumerate() {
+                let got = Val::from_le_bytes(&o[i * out_dt.size()..], out_dt).as_f64();
+                assert_eq!(got, *w, "{kind} row {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn validate_rejects() {
+        let k = Kernel {
+            name: "bad".into(),
+            rank: 1,
+            operands: vec![op(DType::F32, Inner::Contiguous)],
+            scalars: vec![],
+            body: vec![(Instr::Load(3), DType::F32)],
+            reduce: None,
+            epilogue: vec![],
+            out: 0,
+        };
+        assert!(validate(&k).unwrap_err().to_string().contains("loads operand 3"));
+    }
+}

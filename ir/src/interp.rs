@@ -1,1 +1,642 @@
-//! Reference scalar interpreter (written by the codegen helper).
+//! The reference scalar interpreter: [`Interp`] implements [`ScalarOps`] on
+//! plain Rust values ([`Val`]), so [`crate::scalar::lower_unary`] /
+//! [`crate::scalar::lower_binary`] give every op its reference meaning. It is
+//! the oracle the code generators are tested against, and it serves constant
+//! folding.
+//!
+//! Conventions (the code generators follow them exactly):
+//! - floats are carried as `f64`; an f32 (f16, bf16) result is rounded to its
+//!   dtype after every primitive, so f32 arithmetic is IEEE f32 arithmetic;
+//!   transcendentals are the correctly rounded-ish f64 functions of std (and
+//!   [`erf`]) rounded to f32;
+//! - integers are carried as `i64` holding the value of the dtype (u8 is
+//!   0..=255, bool is 0/1) and wrap to the dtype's width (`u8 200 + 100 = 44`);
+//! - integer `x / 0` and `x % 0` are 0 (never a trap), `i64::MIN / -1` wraps;
+//! - Max/Min propagate NaN; `max(-0, +0) = +0`, `min(-0, +0) = -0`;
+//! - float -> int truncates toward zero, saturating to the i64 range (NaN -> 0),
+//!   then wraps to the target width; int narrowing wraps; `to bool` is `!= 0`
+//!   (NaN is true).
+
+use crate::scalar::{Cmp, Prim1, Prim2, ScalarOps};
+use crate::DType;
+
+/// A scalar value: a float (any float dtype) or an integer/bool.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Val {
+    F(f64),
+    I(i64),
+}
+
+impl Val {
+    /// The value as an f64 (integers convert exactly up to 2^53).
+    pub fn as_f64(self) -> f64 {
+        match self {
+            Val::F(x) => x,
+            Val::I(i) => i as f64,
+        }
+    }
+
+    /// The value as an i64 (floats truncate toward zero, saturating; NaN is 0).
+    pub fn as_i64(self) -> i64 {
+        match self {
+            Val::F(x) => x as i64,
+            Val::I(i) => i,
+        }
+    }
+
+    /// Truthiness: `!= 0` (NaN is true).
+    pub fn is_true(self) -> bool {
+        match self {
+            Val::F(x) => x != 0.0,
+            Val::I(i) => i != 0,
+        }
+    }
+
+    /// Whether the value is a float NaN.
+    pub fn is_nan(self) -> bool {
+        matches!(self, Val::F(x) if x.is_nan())
+    }
+
+    /// Reads one element of dtype `dt` from little-endian bytes (`bytes.len() >= dt.size()`).
+    pub fn from_le_bytes(bytes: &[u8], dt: DType) -> Val {
+        let mut b = [0u8; 8];
+        b[..dt.size()].copy_from_slice(&bytes[..dt.size()]);
+        match dt {
+            DType::Bool => Val::I((b[0] != 0) as i64),
+            DType::U8 => Val::I(b[0] as i64),
+            DType::I8 => Val::I(b[0] as i8 as i64),
+            DType::I16 => Val::I(i16::from_le_bytes([b[0], b[1]]) as i64),
+            DType::I32 => Val::I(i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64),
+            DType::I64 => Val::I(i64::from_le_bytes(b)),
+            DType::F16 => Val::F(half::f16::from_le_bytes([b[0], b[1]]).to_f64()),
+            DType::BF16 => Val::F(half::bf16::from_le_bytes([b[0], b[1]]).to_f64()),
+            DType::F32 => Val::F(f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64),
+            DType::F64 => Val::F(f64::from_le_bytes(b)),
+        }
+    }
+
+    /// Writes the value as one element of dtype `dt` (converting with [`Interp`]'s cast rules).
+    pub fn write_le_bytes(self, dt: DType, out: &mut [u8]) {
+        let v = match self {
+            Val::F(_) => Interp.cast(self, DType::F64, dt),
+            Val::I(_) => Interp.cast(self, DType::I64, dt),
+        };
+        let n = dt.size();
+        match (dt, v) {
+            (DType::F16, v) => out[..n].copy_from_slice(&half::f16::from_f64(v.as_f64()).to_le_bytes()),
+            (DType::BF16, v) => out[..n].copy_from_slice(&half::bf16::from_f64(v.as_f64()).to_le_bytes()),
+            (DType::F32, v) => out[..n].copy_from_slice(&(v.as_f64() as f32).to_le_bytes()),
+            (DType::F64, v) => out[..n].copy_from_slice(&v.as_f64().to_le_bytes()),
+            (_, v) => out[..n].copy_from_slice(&v.as_i64().to_le_bytes()[..n]),
+        }
+    }
+
+    /// Decodes a kernel scalar argument (8 bytes: an f64 for float dtypes, an i64 otherwise)
+    /// into a value of dtype `dt`.
+    pub fn from_arg_bits(bits: u64, dt: DType) -> Val {
+        if dt.is_float() {
+            Interp.cast(Val::F(f64::from_bits(bits)), DType::F64, dt)
+        } else {
+            Interp.cast(Val::I(bits as i64), DType::I64, dt)
+        }
+    }
+
+    /// Encodes a value of dtype `dt` as a kernel scalar argument.
+    pub fn to_arg_bits(self, dt: DType) -> u64 {
+        if dt.is_float() {
+            self.as_f64().to_bits()
+        } else {
+            self.as_i64() as u64
+        }
+    }
+}
+
+/// Wraps an integer to the width of `dt` (u8: 0..=255, bool: 0/1 as `!= 0`).
+pub fn wrap(v: i64, dt: DType) -> i64 {
+    match dt {
+        DType::Bool => (v != 0) as i64,
+        DType::U8 => v as u8 as i64,
+        DType::I8 => v as i8 as i64,
+        DType::I16 => v as i16 as i64,
+        DType::I32 => v as i32 as i64,
+        _ => v,
+    }
+}
+
+/// Rounds an f64 to the precision of the float dtype `dt` (identity for f64).
+pub fn round_to(v: f64, dt: DType) -> f64 {
+    match dt {
+        DType::F32 => v as f32 as f64,
+        DType::F16 => half::f16::from_f64(v).to_f64(),
+        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        _ => v,
+    }
+}
+
+/// Wrapping integer power; negative exponents give `1/a^|b|` truncated (0 unless |a| = 1).
+pub fn ipow(a: i64, b: i64) -> i64 {
+    if b < 0 {
+        return match a {
+            1 => 1,
+            -1 => {
+                if b & 1 == 0 {
+                    1
+                } else {
+                    -1
+                }
+            }
+            _ => 0,
+        };
+    }
+    let (mut base, mut e, mut r) = (a, b as u64, 1i64);
+    while e > 0 {
+        if e & 1 == 1 {
+            r = r.wrapping_mul(base);
+        }
+        base = base.wrapping_mul(base);
+        e >>= 1;
+    }
+    r
+}
+
+/// NaN-propagating maximum; `max(-0, +0) = +0`.
+pub fn fmax(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a == b {
+        f64::from_bits(a.to_bits() & b.to_bits())
+    } else if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// NaN-propagating minimum; `min(-0, +0) = -0`.
+pub fn fmin(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else if a == b {
+        f64::from_bits(a.to_bits() | b.to_bits())
+    } else if a < b {
+        a
+    } else {
+        b
+    }
+}
+
+/// The reference interpreter (stateless).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Interp;
+
+impl Interp {
+    fn fval(v: f64, dt: DType) -> Val {
+        Val::F(round_to(v, dt))
+    }
+}
+
+impl ScalarOps for Interp {
+    type V = Val;
+
+    fn constant(&mut self, value: f64, dt: DType) -> Val {
+        match dt.category() {
+            crate::Category::Float => Interp::fval(value, dt),
+            _ => Val::I(wrap(value as i64, dt)),
+        }
+    }
+
+    fn unary(&mut self, op: Prim1, x: Val, dt: DType) -> Val {
+        if let (Val::I(i), false) = (x, dt.is_float()) {
+            match op {
+                Prim1::Neg => return Val::I(wrap(i.wrapping_neg(), dt)),
+                Prim1::Abs => return Val::I(wrap(i.wrapping_abs(), dt)),
+                Prim1::Floor => return x,
+                Prim1::Not => return Val::I((i == 0) as i64),
+                // Float-only primitives on integers (not produced by valid kernels):
+                // compute in f64 and convert back.
+                _ => {
+                    let r = self.unary(op, Val::F(i as f64), DType::F64);
+                    return self.cast(r, DType::F64, dt);
+                }
+            }
+        }
+        let v = x.as_f64();
+        let r = match op {
+            Prim1::Neg => -v,
+            Prim1::Abs => v.abs(),
+            Prim1::Sqrt => v.sqrt(),
+            Prim1::Floor => v.floor(),
+            Prim1::Exp => v.exp(),
+            Prim1::Log => v.ln(),
+            Prim1::Log1p => v.ln_1p(),
+            Prim1::Expm1 => v.exp_m1(),
+            Prim1::Tanh => v.tanh(),
+            Prim1::Erf => erf(v),
+            Prim1::Sin => v.sin(),
+            Prim1::Cos => v.cos(),
+            Prim1::Not => return Val::I((v == 0.0) as i64),
+        };
+        Interp::fval(r, dt)
+    }
+
+    fn binary(&mut self, op: Prim2, a: Val, b: Val, dt: DType) -> Val {
+        if matches!(op, Prim2::And | Prim2::Or) {
+            let r = match op {
+                Prim2::And => a.is_true() && b.is_true(),
+                _ => a.is_true() || b.is_true(),
+            };
+            return Val::I(r as i64);
+        }
+        if !dt.is_float() {
+            let (x, y) = (a.as_i64(), b.as_i64());
+            let r = match op {
+                Prim2::Add => x.wrapping_add(y),
+                Prim2::Sub => x.wrapping_sub(y),
+                Prim2::Mul => x.wrapping_mul(y),
+                Prim2::Div => {
+                    if y == 0 {
+                        0
+                    } else {
+                        x.wrapping_div(y)
+                    }
+                }
+                Prim2::Fmod => {
+                    if y == 0 {
+                        0
+                    } else {
+                        x.wrapping_rem(y)
+                    }
+                }
+                Prim2::Max => x.max(y),
+                Prim2::Min => x.min(y),
+                Prim2::Pow => ipow(x, y),
+                Prim2::And | Prim2::Or => unreachable!(),
+            };
+            return Val::I(wrap(r, dt));
+        }
+        let (x, y) = (a.as_f64(), b.as_f64());
+        let r = match op {
+            Prim2::Add => x + y,
+            Prim2::Sub => x - y,
+            Prim2::Mul => x * y,
+            Prim2::Div => x / y,
+            Prim2::Max => fmax(x, y),
+            Prim2::Min => fmin(x, y),
+            Prim2::Pow => x.powf(y),
+            Prim2::Fmod => x % y,
+            Prim2::And | Prim2::Or => unreachable!(),
+        };
+        Interp::fval(r, dt)
+    }
+
+    fn compare(&mut self, op: Cmp, a: Val, b: Val, dt: DType) -> Val {
+        let r = if dt.is_float() {
+            let (x, y) = (a.as_f64(), b.as_f64());
+            match op {
+                Cmp::Eq => x == y,
+                Cmp::Ne => x != y,
+                Cmp::Lt => x < y,
+                Cmp::Le => x <= y,
+                Cmp::Gt => x > y,
+                Cmp::Ge => x >= y,
+            }
+        } else {
+            let (x, y) = (a.as_i64(), b.as_i64());
+            match op {
+                Cmp::Eq => x == y,
+                Cmp::Ne => x != y,
+                Cmp::Lt => x < y,
+                Cmp::Le => x <= y,
+                Cmp::Gt => x > y,
+                Cmp::Ge => x >= y,
+            }
+        };
+        Val::I(r as i64)
+    }
+
+    fn select(&mut self, cond: Val, a: Val, b: Val, _dt: DType) -> Val {
+        if cond.is_true() {
+            a
+        } else {
+            b
+        }
+    }
+
+    fn cast(&mut self, x: Val, from: DType, to: DType) -> Val {
+        let _ = from;
+        if to == DType::Bool {
+            return Val::I(x.is_true() as i64);
+        }
+        if to.is_float() {
+            return match x {
+                Val::F(v) => Interp::fval(v, to),
+                // i64 -> f32 rounds once (as the hardware conversion does).
+                Val::I(i) if to == DType::F32 => Val::F(i as f32 as f64),
+                Val::I(i) => Interp::fval(i as f64, to),
+            };
+        }
+        Val::I(wrap(x.as_i64(), to))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// erf: a port of FreeBSD's s_erf.c (via the `libm` crate), accurate to < 1 ulp.
+//
+// Copyright (C) 1993 by Sun Microsystems, Inc. All rights reserved.
+// Developed at SunPro, a Sun Microsystems, Inc. business.
+// Permission to use, copy, modify, and distribute this software is freely
+// granted, provided that this notice is preserved.
+// ---------------------------------------------------------------------------
+
+const ERX: f64 = 8.45062911510467529297e-01;
+const EFX8: f64 = 1.02703333676410069053e+00;
+const PP: [f64; 5] = [
+    1.28379167095512558561e-01,
+    -3.25042107247001499370e-01,
+    -2.84817495755985104766e-02,
+    -5.77027029648944159157e-03,
+    -2.37630166566501626084e-05,
+];
+const QQ: [f64; 5] = [
+    3.97917223959155352819e-01,
+    6.50222499887672944485e-02,
+    5.08130628187576562776e-03,
+    1.32494738004321644526e-04,
+    -3.96022827877536812320e-06,
+];
+const PA: [f64; 7] = [
+    -2.36211856075265944077e-03,
+    4.14856118683748331666e-01,
+    -3.72207876035701323847e-01,
+    3.18346619901161753674e-01,
+    -1.10894694282396677476e-01,
+    3.54783043256182359371e-02,
+    -2.16637559486879084300e-03,
+];
+const QA: [f64; 6] = [
+    1.06420880400844228286e-01,
+    5.40397917702171048937e-01,
+    7.18286544141962662868e-02,
+    1.26171219808761642112e-01,
+    1.36370839120290507362e-02,
+    1.19844998467991074170e-02,
+];
+const RA: [f64; 8] = [
+    -9.86494403484714822705e-03,
+    -6.93858572707181764372e-01,
+    -1.05586262253232909814e+01,
+    -6.23753324503260060396e+01,
+    -1.62396669462573470355e+02,
+    -1.84605092906711035994e+02,
+    -8.12874355063065934246e+01,
+    -9.81432934416914548592e+00,
+];
+const SA: [f64; 8] = [
+    1.96512716674392571292e+01,
+    1.37657754143519042600e+02,
+    4.34565877475229228821e+02,
+    6.45387271733267880336e+02,
+    4.29008140027567833386e+02,
+    1.08635005541779435134e+02,
+    6.57024977031928170135e+00,
+    -6.04244152148580987438e-02,
+];
+const RB: [f64; 7] = [
+    -9.86494292470009928597e-03,
+    -7.99283237680523006574e-01,
+    -1.77579549177547519889e+01,
+    -1.60636384855821916062e+02,
+    -6.37566443368389627722e+02,
+    -1.02509513161107724954e+03,
+    -4.83519191608651397019e+02,
+];
+const SB: [f64; 7] = [
+    3.03380607434824582924e+01,
+    3.25792512996573918826e+02,
+    1.53672958608443695994e+03,
+    3.19985821950859553908e+03,
+    2.55305040643316442583e+03,
+    4.74528541206955367215e+02,
+    -2.24409524465858183362e+01,
+];
+
+/// Horner evaluation `c[0] + s*(c[1] + s*(...))`.
+fn horner(s: f64, c: &[f64]) -> f64 {
+    c.iter().rev().fold(0.0, |acc, &k| acc * s + k)
+}
+
+/// 1 + s*(c[0] + s*(c[1] + ...)).
+fn horner1(s: f64, c: &[f64]) -> f64 {
+    1.0 + s * horner(s, c)
+}
+
+/// erfc(|x|) for 0.84375 <= |x| < 6.
+fn erfc_mid(ix: u32, x: f64) -> f64 {
+    let x = x.abs();
+    if ix < 0x3ff40000 {
+        // |x| < 1.25
+        let s = x - 1.0;
+        return 1.0 - ERX - horner(s, &PA) / horner1(s, &QA);
+    }
+    let s = 1.0 / (x * x);
+    let (r, big_s) = if ix < 0x4006db6d {
+        (horner(s, &RA), horner1(s, &SA))
+    } else {
+        (horner(s, &RB), horner1(s, &SB))
+    };
+    let z = f64::from_bits(x.to_bits() & 0xffff_ffff_0000_0000);
+    (-z * z - 0.5625).exp() * ((z - x) * (z + x) + r / big_s).exp() / x
+}
+
+/// The error function in f64 (FreeBSD's algorithm; < 1 ulp).
+pub fn erf(x: f64) -> f64 {
+    let hx = (x.to_bits() >> 32) as u32;
+    let sign = hx >> 31 != 0;
+    let ix = hx & 0x7fffffff;
+    if ix >= 0x7ff00000 {
+        // erf(nan) = nan, erf(+-inf) = +-1
+        return 1.0 - 2.0 * (sign as u32 as f64) + 1.0 / x;
+    }
+    if ix < 0x3feb0000 {
+        // |x| < 0.84375
+        if ix < 0x3e300000 {
+            // |x| < 2^-28
+            return 0.125 * (8.0 * x + EFX8 * x);
+        }
+        let z = x * x;
+        let y = horner(z, &PP) / horner1(z, &QQ);
+        return x + x * y;
+    }
+    let y = if ix < 0x40180000 {
+        1.0 - erfc_mid(ix, x)
+    } else {
+        1.0 - f64::from_bits(0x0010000000000000)
+    };
+    if sign {
+        -y
+    } else {
+        y
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scalar::{lower_binary, lower_unary};
+    use crate::{BinaryOp, Float, UnaryOp};
+    use DType::*;
+
+    fn un(op: UnaryOp, x: f64, dt: DType) -> f64 {
+        let v = Interp.constant(x, dt);
+        lower_unary(&mut Interp, op, v, dt).as_f64()
+    }
+    fn bin(op: BinaryOp, a: f64, b: f64, dt: DType) -> f64 {
+        let (x, y) = (Interp.constant(a, dt), Interp.constant(b, dt));
+        lower_binary(&mut Interp, op, x, y, dt).as_f64()
+    }
+
+    #[test]
+    fn erf_values() {
+        // Reference values (Abramowitz & Stegun / mpmath).
+        let cases = [
+            (0.0, 0.0),
+            (1e-30, 1.1283791670955126e-30),
+            (0.1, 0.1124629160182849),
+            (0.5, 0.5204998778130465),
+            (1.0, 0.8427007929497149),
+            (1.5, 0.9661051464753108),
+            (2.0, 0.9953222650189527),
+            (3.0, 0.9999779095030014),
+            (5.0, 0.9999999999984626),
+            (7.0, 1.0),
+        ];
+        for (x, want) in cases {
+            for s in [1.0, -1.0] {
+                let got = erf(s * x);
+                assert!((got - s * want).abs() <= 2e-16 * want.abs().max(1e-300), "erf({}) = {got}", s * x);
+            }
+        }
+        assert_eq!(erf(f64::INFINITY), 1.0);
+        assert_eq!(erf(f64::NEG_INFINITY), -1.0);
+        assert!(erf(f64::NAN).is_nan());
+        assert!(erf(-0.0).is_sign_negative());
+    }
+
+    #[test]
+    fn erf_matches_series() {
+        // erf(x) = 2/sqrt(pi) * sum (-1)^n x^(2n+1) / (n! (2n+1)) for moderate x.
+        for i in 0..=200 {
+            let x = -2.0 + 4.0 * i as f64 / 200.0;
+            let mut term = x;
+            let mut sum = x;
+            for n in 1..200 {
+                term *= -x * x / n as f64;
+                sum += term / (2 * n + 1) as f64;
+            }
+            let want = sum * 2.0 / std::f64::consts::PI.sqrt();
+            assert!((erf(x) - want).abs() < 1e-15, "x={x}");
+        }
+    }
+
+    #[test]
+    fn integer_wrapping() {
+        assert_eq!(bin(BinaryOp::Add, 200.0, 100.0, U8), 44.0);
+        assert_eq!(bin(BinaryOp::Sub, 0.0, 1.0, U8), 255.0);
+        assert_eq!(bin(BinaryOp::Mul, 100.0, 3.0, I8), 44.0);
+        assert_eq!(bin(BinaryOp::Add, 127.0, 1.0, I8), -128.0);
+        assert_eq!(bin(BinaryOp::Add, i32::MAX as f64, 1.0, I32), i32::MIN as f64);
+        assert_eq!(bin(BinaryOp::Div, 7.0, 0.0, I32), 0.0);
+        assert_eq!(bin(BinaryOp::Fmod, 7.0, 0.0, I64), 0.0);
+        assert_eq!(bin(BinaryOp::Div, -7.0, 2.0, I64), -3.0);
+        assert_eq!(bin(BinaryOp::FloorDiv, -7.0, 2.0, I64), -4.0);
+        assert_eq!(bin(BinaryOp::Remainder, -7.0, 3.0, I64), 2.0);
+        assert_eq!(bin(BinaryOp::Remainder, 7.0, -3.0, I32), -2.0);
+        assert_eq!(bin(BinaryOp::Fmod, -7.0, 3.0, I64), -1.0);
+        assert_eq!(bin(BinaryOp::Pow, 3.0, 4.0, I64), 81.0);
+        assert_eq!(bin(BinaryOp::Pow, 2.0, 9.0, U8), 0.0);
+        assert_eq!(bin(BinaryOp::Pow, 2.0, -1.0, I64), 0.0);
+        assert_eq!(bin(BinaryOp::Maximum, 200.0, 100.0, U8), 200.0);
+        assert_eq!(un(UnaryOp::Neg, -128.0, I8), -128.0);
+        assert_eq!(un(UnaryOp::Abs, -5.0, I16), 5.0);
+        let m = Interp.constant(i64::MIN as f64, I64);
+        let n1 = Interp.constant(-1.0, I64);
+        assert_eq!(Interp.binary(Prim2::Div, m, n1, I64), Val::I(i64::MIN));
+        assert_eq!(Interp.binary(Prim2::Fmod, m, n1, I64), Val::I(0));
+    }
+
+    #[test]
+    fn float_rounding_f32() {
+        // 0.1 + 0.2 in f32 arithmetic
+        let want = 0.1f32 + 0.2f32;
+        assert_eq!(bin(BinaryOp::Add, 0.1, 0.2, F32), want as f64);
+        assert_eq!(bin(BinaryOp::Div, 1.0, 3.0, F32), (1.0f32 / 3.0) as f64);
+        assert_eq!(un(UnaryOp::Exp, 1.0, F32), std::f32::consts::E as f64);
+        assert_eq!(un(UnaryOp::Exp, 100.0, F32), f64::INFINITY);
+        assert_eq!(un(UnaryOp::Exp, 100.0, F64), 100f64.exp());
+        assert_eq!(bin(BinaryOp::Mul, 1e30, 1e30, F32), f64::INFINITY);
+    }
+
+    #[test]
+    fn nan_semantics() {
+        let nan = f64::NAN;
+        assert!(un(UnaryOp::Relu, nan, F32).is_nan());
+        assert_eq!(un(UnaryOp::Relu, -2.0, F32), 0.0);
+        assert!(bin(BinaryOp::Maximum, nan, 1.0, F32).is_nan());
+        assert!(bin(BinaryOp::Minimum, 1.0, nan, F64).is_nan());
+        assert_eq!(bin(BinaryOp::Maximum, -0.0, 0.0, F32).to_bits(), 0.0f64.to_bits());
+        assert_eq!(bin(BinaryOp::Minimum, 0.0, -0.0, F32).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(bin(BinaryOp::Lt, nan, 1.0, F32), 0.0);
+        assert_eq!(bin(BinaryOp::Ne, nan, nan, F32), 1.0);
+        assert!(un(UnaryOp::Sigmoid, nan, F32).is_nan());
+        assert_eq!(un(UnaryOp::Sigmoid, -1000.0, F32), 0.0);
+        assert_eq!(un(UnaryOp::Sigmoid, 1000.0, F32), 1.0);
+        assert!(un(UnaryOp::Log, -1.0, F32).is_nan());
+        assert_eq!(un(UnaryOp::Log, 0.0, F32), f64::NEG_INFINITY);
+    }
+
+    #[test]
+    fn composites() {
+        let g = un(UnaryOp::Gelu, 1.0, F64);
+        assert!((g - 0.8413447460685429).abs() < 1e-15);
+        let gt = un(UnaryOp::GeluTanh, 1.0, F64);
+        assert!((gt - 0.8411919906082768).abs() < 1e-15);
+        let sp = UnaryOp::Softplus { beta: Float(1.0), threshold: Float(20.0) };
+        assert!((un(sp, 0.0, F64) - 2f64.ln()).abs() < 1e-15);
+        assert_eq!(un(sp, 30.0, F64), 30.0);
+        let elu = UnaryOp::Elu { alpha: Float(1.0) };
+        assert!((un(elu, -1.0, F64) - (-1f64).exp_m1()).abs() < 1e-15);
+        assert_eq!(bin(BinaryOp::Remainder, -7.5, 2.0, F64), 0.5);
+        assert_eq!(bin(BinaryOp::FloorDiv, -7.5, 2.0, F64), -4.0);
+        assert_eq!(bin(BinaryOp::FloorDiv, 7.5, -2.0, F32), -4.0);
+    }
+
+    #[test]
+    fn casts() {
+        let c = |x: Val, f: DType, t: DType| Interp.cast(x, f, t);
+        assert_eq!(c(Val::F(-2.7), F32, I32), Val::I(-2));
+        assert_eq!(c(Val::F(300.0), F32, U8), Val::I(44));
+        assert_eq!(c(Val::F(-1.0), F64, U8), Val::I(255));
+        assert_eq!(c(Val::F(f64::NAN), F32, I64), Val::I(0));
+        assert_eq!(c(Val::F(1e30), F32, I64), Val::I(i64::MAX));
+        assert_eq!(c(Val::F(f64::NAN), F32, Bool), Val::I(1));
+        assert_eq!(c(Val::F(-0.0), F32, Bool), Val::I(0));
+        assert_eq!(c(Val::I(257), I64, U8), Val::I(1));
+        assert_eq!(c(Val::I(-1), I8, U8), Val::I(255));
+        assert_eq!(c(Val::I(255), U8, I8), Val::I(-1));
+        assert_eq!(c(Val::I(16777217), I64, F32), Val::F(16777216.0));
+        assert_eq!(c(Val::F(0.1), F64, F32), Val::F(0.1f32 as f64));
+        assert_eq!(c(Val::I(1), Bool, F64), Val::F(1.0));
+    }
+
+    #[test]
+    fn bytes_roundtrip() {
+        for dt in DType::ALL {
+            let mut b = [0u8; 8];
+            let v = if dt.is_float() { Val::F(1.5) } else { Val::I(1) };
+            v.write_le_bytes(dt, &mut b);
+            assert_eq!(Val::from_le_bytes(&b, dt), v, "{dt}");
+        }
+        assert_eq!(Val::from_arg_bits(0.1f64.to_bits(), F32), Val::F(0.1f32 as f64));
+        assert_eq!(Val::from_arg_bits((-1i64) as u64, U8), Val::I(255));
+    }
+}

@@ -3,7 +3,6 @@
 
 use crate::storage::Storage;
 use crate::strided::for_each_offset;
-use kiln_codegen::cpu::{CompiledKernel, CpuJit};
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::op::Layout;
 use kiln_ir::{DType, Result, Strides};
@@ -25,8 +24,10 @@ impl View<'_> {
     }
 }
 
+/// A kernel ready to run (until the Cranelift backend lands: the interpreter).
+pub struct CompiledKernel(Kernel);
+
 struct Cache {
-    jit: CpuJit,
     kernels: HashMap<Kernel, Arc<CompiledKernel>>,
 }
 
@@ -47,13 +48,13 @@ pub fn cache_stats() -> CacheStats {
 
 /// Looks `k` up by signature (dtypes, rank, inner-stride pattern, body), compiling on a miss.
 pub fn compiled(k: &Kernel) -> Result<Arc<CompiledKernel>> {
-    let cache = CACHE.get_or_init(|| Mutex::new(Cache { jit: CpuJit::new().expect("cranelift JIT for the host"), kernels: HashMap::new() }));
+    let cache = CACHE.get_or_init(|| Mutex::new(Cache { kernels: HashMap::new() }));
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(f) = c.kernels.get(k) {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(f.clone());
     }
-    let f = Arc::new(c.jit.compile(k)?);
+    let f = Arc::new(CompiledKernel(k.clone()));
     COMPILES.fetch_add(1, Ordering::Relaxed);
     c.kernels.insert(k.clone(), f.clone());
     Ok(f)
@@ -105,6 +106,13 @@ struct SendPtrs(Vec<*mut u8>);
 unsafe impl Send for SendPtrs {}
 unsafe impl Sync for SendPtrs {}
 
+impl SendPtrs {
+    // a method, so closures capture the Sync wrapper rather than its field
+    fn get(&self) -> &[*mut u8] {
+        &self.0
+    }
+}
+
 /// Work below this many elements runs on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
@@ -142,7 +150,7 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     let n0 = cd[0];
     let threads = rayon::current_num_threads();
     let run = |start: usize, end: usize| unsafe {
-        (f.func())(ptrs.0.as_ptr(), flat_strides.as_ptr(), cd.as_ptr(), scalars.as_ptr(), start, end)
+        kiln_codegen::interp::run_kernel(&f.0, ptrs.get(), &flat_strides, &cd, scalars, start, end)
     };
     if total < PARALLEL_MIN || n0 < 2 || threads < 2 {
         run(0, n0);

@@ -41,10 +41,23 @@ pub fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatmulPlan> {
     }
     let a_vec = a.len() == 1;
     let b_vec = b.len() == 1;
-    let (m, ka) = if a_vec { (1, a[0]) } else { (a[a.len() - 2], a[a.len() - 1]) };
-    let (kb, n) = if b_vec { (b[0], 1) } else { (b[b.len() - 2], b[b.len() - 1]) };
+    let (m, ka) = if a_vec {
+        (1, a[0])
+    } else {
+        (a[a.len() - 2], a[a.len() - 1])
+    };
+    let (kb, n) = if b_vec {
+        (b[0], 1)
+    } else {
+        (b[b.len() - 2], b[b.len() - 1])
+    };
     if ka != kb {
-        bail!(op, "shapes {} and {}: inner dims {ka} and {kb} differ", fmt_dims(a), fmt_dims(b));
+        bail!(
+            op,
+            "shapes {} and {}: inner dims {ka} and {kb} differ",
+            fmt_dims(a),
+            fmt_dims(b)
+        );
     }
     let ab: &[usize] = if a.len() > 2 { &a[..a.len() - 2] } else { &[] };
     let bb: &[usize] = if b.len() > 2 { &b[..b.len() - 2] } else { &[] };
@@ -80,7 +93,17 @@ pub fn matmul_plan(a: &[usize], b: &[usize]) -> Result<MatmulPlan> {
     if !b_vec {
         out.push(n);
     }
-    Ok(MatmulPlan { batch, a_batch, b_batch, m, k: ka, n, a_vec, b_vec, out })
+    Ok(MatmulPlan {
+        batch,
+        a_batch,
+        b_batch,
+        m,
+        k: ka,
+        n,
+        a_vec,
+        b_vec,
+        out,
+    })
 }
 
 /// Result shape of `torch.matmul(a, b)`.
@@ -100,13 +123,32 @@ pub fn matmul_shape(a: &[usize], b: &[usize]) -> Result<Dims> {
 pub fn bmm_shape(a: &[usize], b: &[usize]) -> Result<Dims> {
     let op = "bmm";
     if a.len() != 3 || b.len() != 3 {
-        bail!(op, "shapes {} and {}: both operands must be 3-D", fmt_dims(a), fmt_dims(b));
+        bail!(
+            op,
+            "shapes {} and {}: both operands must be 3-D",
+            fmt_dims(a),
+            fmt_dims(b)
+        );
     }
     if a[0] != b[0] {
-        bail!(op, "shapes {} and {}: batch sizes {} and {} differ", fmt_dims(a), fmt_dims(b), a[0], b[0]);
+        bail!(
+            op,
+            "shapes {} and {}: batch sizes {} and {} differ",
+            fmt_dims(a),
+            fmt_dims(b),
+            a[0],
+            b[0]
+        );
     }
     if a[2] != b[1] {
-        bail!(op, "shapes {} and {}: inner dims {} and {} differ", fmt_dims(a), fmt_dims(b), a[2], b[1]);
+        bail!(
+            op,
+            "shapes {} and {}: inner dims {} and {} differ",
+            fmt_dims(a),
+            fmt_dims(b),
+            a[2],
+            b[1]
+        );
     }
     Ok(SmallVec::from_slice(&[a[0], a[1], b[2]]))
 }
@@ -115,10 +157,18 @@ pub fn bmm_shape(a: &[usize], b: &[usize]) -> Result<Dims> {
 pub fn linear_shape(input: &[usize], weight: &[usize], bias: Option<&[usize]>) -> Result<Dims> {
     let op = "linear";
     if weight.len() != 2 {
-        bail!(op, "weight {} must be 2-D [out_features, in_features]", fmt_dims(weight));
+        bail!(
+            op,
+            "weight {} must be 2-D [out_features, in_features]",
+            fmt_dims(weight)
+        );
     }
     if input.is_empty() {
-        bail!(op, "input {} must have at least 1 dimension", fmt_dims(input));
+        bail!(
+            op,
+            "input {} must have at least 1 dimension",
+            fmt_dims(input)
+        );
     }
     let k = input[input.len() - 1];
     if k != weight[1] {
@@ -176,27 +226,56 @@ mod tests {
     #[test]
     fn errors_name_shapes() {
         let e = matmul_shape(&[2, 3], &[4, 5]).unwrap_err();
-        assert_eq!(e.to_string(), "matmul: shapes [2,3] and [4,5]: inner dims 3 and 4 differ");
+        assert_eq!(
+            e.to_string(),
+            "matmul: shapes [2,3] and [4,5]: inner dims 3 and 4 differ"
+        );
         let e = matmul_shape(&[3], &[4]).unwrap_err();
-        assert_eq!(e.to_string(), "matmul: shapes [3] and [4]: inner dims 3 and 4 differ");
+        assert_eq!(
+            e.to_string(),
+            "matmul: shapes [3] and [4]: inner dims 3 and 4 differ"
+        );
         let e = matmul_shape(&[2, 2, 3], &[3, 3, 4]).unwrap_err();
         assert_eq!(
             e.to_string(),
             "matmul: shapes [2,2,3] and [3,3,4]: batch dims [2] and [3] cannot broadcast (2 vs 3)"
         );
-        assert!(matmul_shape(&[], &[3]).unwrap_err().to_string().contains("at least 1 dimension"));
+        assert!(matmul_shape(&[], &[3])
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1 dimension"));
     }
 
     #[test]
     fn bmm_and_linear() {
-        assert_eq!(bmm_shape(&[4, 2, 3], &[4, 3, 5]).unwrap().as_slice(), &[4, 2, 5]);
+        assert_eq!(
+            bmm_shape(&[4, 2, 3], &[4, 3, 5]).unwrap().as_slice(),
+            &[4, 2, 5]
+        );
         let e = bmm_shape(&[4, 2, 3], &[5, 3, 5]).unwrap_err();
-        assert_eq!(e.to_string(), "bmm: shapes [4,2,3] and [5,3,5]: batch sizes 4 and 5 differ");
-        assert_eq!(linear_shape(&[8, 2, 16], &[4, 16], Some(&[4])).unwrap().as_slice(), &[8, 2, 4]);
-        assert_eq!(linear_shape(&[16], &[4, 16], None).unwrap().as_slice(), &[4]);
+        assert_eq!(
+            e.to_string(),
+            "bmm: shapes [4,2,3] and [5,3,5]: batch sizes 4 and 5 differ"
+        );
+        assert_eq!(
+            linear_shape(&[8, 2, 16], &[4, 16], Some(&[4]))
+                .unwrap()
+                .as_slice(),
+            &[8, 2, 4]
+        );
+        assert_eq!(
+            linear_shape(&[16], &[4, 16], None).unwrap().as_slice(),
+            &[4]
+        );
         let e = linear_shape(&[8, 15], &[4, 16], None).unwrap_err();
-        assert_eq!(e.to_string(), "linear: input [8,15] has 15 features but weight [4,16] expects 16");
+        assert_eq!(
+            e.to_string(),
+            "linear: input [8,15] has 15 features but weight [4,16] expects 16"
+        );
         let e = linear_shape(&[8, 16], &[4, 16], Some(&[5])).unwrap_err();
-        assert_eq!(e.to_string(), "linear: bias [5] does not match weight [4,16]: expected [4]");
+        assert_eq!(
+            e.to_string(),
+            "linear: bias [5] does not match weight [4,16]: expected [4]"
+        );
     }
 }

@@ -2,6 +2,10 @@
 
 pub mod infer;
 mod pointwise;
+pub mod matmul;
+pub mod conv;
+pub mod pool;
+pub mod embedding;
 pub mod view;
 
 pub use infer::Meta;

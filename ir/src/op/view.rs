@@ -59,7 +59,7 @@ pub fn view_strides(l: &Layout, new: &[usize]) -> Option<Strides> {
     let old_s = &l.strides;
     let numel: usize = old_d.iter().product();
     let mut out: Strides = smallvec::smallvec![0; new.len()];
-    if numel == 0 {
+    if numel == 0 || old_d.is_empty() {
         return Some(crate::shape::contiguous_strides(new));
     }
     let mut view_d = new.len() as isize - 1;

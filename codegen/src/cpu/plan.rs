@@ -1,0 +1,114 @@
+//! Whether a kernel's innermost loop can run on 128-bit vectors.
+//!
+//! It can when the compute dtype D is f32 (f32x4) or f64 (f64x2), every value
+//! the row computes is of dtype D or bool (a lane mask), every loaded operand
+//! is of dtype D and contiguous or broadcast along the innermost dim, and the
+//! output is a contiguous D (pointwise) or the reduction is a Sum/Prod/Max/Min
+//! accumulating in D. Otherwise the row runs scalar code.
+
+use crate::interp::instr_args;
+use crate::kernel::{Inner, Instr, Kernel};
+use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// 1 = scalar rows; 4 = f32x4; 2 = f64x2.
+    pub lanes: u32,
+    /// Vector bodies per loop iteration.
+    pub unroll: u32,
+    /// The vector element dtype.
+    pub vdt: DType,
+}
+
+impl Plan {
+    pub(crate) const SCALAR: Plan = Plan { lanes: 1, unroll: 1, vdt: DType::F32 };
+
+    pub(crate) fn of(k: &Kernel) -> Plan {
+        match vector_dtype(k) {
+            Some(d) => Plan { lanes: (16 / d.size()) as u32, unroll: 2, vdt: d },
+            None => Plan::SCALAR,
+        }
+    }
+}
+
+/// Which body values the `roots` depend on (indexed by body value id).
+pub(crate) fn live_body(k: &Kernel, roots: &[usize]) -> Vec<bool> {
+    let mut live = vec![false; k.body.len()];
+    let mut stack: Vec<usize> = roots.iter().copied().filter(|&r| r < k.body.len()).collect();
+    while let Some(id) = stack.pop() {
+        if live[id] {
+            continue;
+        }
+        live[id] = true;
+        let (args, n) = instr_args(&k.body[id].0);
+        stack.extend_from_slice(&args[..n]);
+    }
+    live
+}
+
+fn vector_dtype(k: &Kernel) -> Option<DType> {
+    let (root, d) = match &k.reduce {
+        None => {
+            let out = k.operands[0];
+            if out.inner != Inner::Contiguous || k.out >= k.body.len() || k.dtype_of(k.out) != out.dtype {
+                return None;
+            }
+            (k.out, out.dtype)
+        }
+        Some(r) => {
+            if !matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min) {
+                return None;
+            }
+            if k.dtype_of(r.value) != r.dtype {
+                return None;
+            }
+            (r.value, r.dtype)
+        }
+    };
+    if !matches!(d, DType::F32 | DType::F64) {
+        return None;
+    }
+    let live = live_body(k, &[root]);
+    let ok_dt = |t: DType| t == d || t == DType::Bool;
+    for (id, (ins, dt)) in k.body.iter().enumerate() {
+        if !live[id] {
+            continue;
+        }
+        let dt = *dt;
+        if !ok_dt(dt) {
+            return None;
+        }
+        let ok = match *ins {
+            Instr::Load(op) => {
+                let o = k.operands[op];
+                o.dtype == d && dt == d && o.inner != Inner::Strided
+            }
+            Instr::Scalar(n) => k.scalars[n] == d && dt == d,
+            Instr::Const(_) => true,
+            Instr::Unary(op, a) => {
+                let ad = k.dtype_of(a);
+                if dt == DType::Bool {
+                    op == UnaryOp::Not && ok_dt(ad)
+                } else {
+                    ad == d
+                }
+            }
+            Instr::Binary(op, a, b) => {
+                let (ad, bd) = (k.dtype_of(a), k.dtype_of(b));
+                let want = if op.is_comparison() { DType::Bool } else { ad };
+                let bool_ok = ad != DType::Bool
+                    || matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne);
+                ad == bd && dt == want && bool_ok
+            }
+            Instr::Where(c, a, b) => {
+                k.dtype_of(c) == DType::Bool && k.dtype_of(a) == dt && k.dtype_of(b) == dt
+            }
+            Instr::Cast(a) => ok_dt(k.dtype_of(a)),
+            Instr::Acc => false,
+        };
+        if !ok {
+            return None;
+        }
+    }
+    Some(d)
+}

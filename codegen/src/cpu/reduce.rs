@@ -1,0 +1,158 @@
+//! A reduced row: accumulate the body along the innermost dim in registers,
+//! then run the epilogue once and store one output element.
+//!
+//! Sum/Prod/Max/Min with a vector plan keep two vector accumulators (one per
+//! unrolled body), combine them and then the lanes at the end of the vector
+//! loop, and finish the row's tail in a scalar accumulator. ArgMax/ArgMin run
+//! scalar code keeping (best value, index): a candidate wins when it is
+//! strictly better or NaN while the best is not NaN, so the first maximum (or
+//! first NaN) wins, as in PyTorch. Accumulators start at the identity of
+//! [`crate::interp::reduce_identity`], so an empty row gives 0, 1 or ∓inf.
+//! Combining uses the `ScalarOps` primitives (Add, Mul, NaN-propagating
+//! Max/Min), the same ones the interpreter uses.
+
+use super::emit::{flags, scalar_ty, Emitter};
+use super::loops::{for_loop, loaded_operands, store_out, Frame, Row};
+use super::plan::Plan;
+use crate::interp::{eval_value, reduce_identity};
+use crate::kernel::{Instr, Kernel};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, InstBuilder, Value};
+use kiln_ir::scalar::{Prim2, ScalarOps};
+use kiln_ir::{DType, ReduceKind};
+
+fn combine_prim(kind: ReduceKind) -> Prim2 {
+    match kind {
+        ReduceKind::Sum => Prim2::Add,
+        ReduceKind::Prod => Prim2::Mul,
+        ReduceKind::Max => Prim2::Max,
+        _ => Prim2::Min,
+    }
+}
+
+/// Emits the reduction of one row at `ptrs` (reduce index 0), its epilogue and the store.
+pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, ptrs: &[Value]) {
+    let red = k.reduce.as_ref().expect("reduction");
+    let vd = k.dtype_of(red.value);
+    let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
+    let cd = if arg { vd } else { red.dtype };
+    let prim = combine_prim(red.kind);
+    let row = Row { k, fr, ptrs, loaded: loaded_operands(k, red.value) };
+    let lo = em.b.ins().iconst(types::I64, 0);
+    let hi = fr.sizes[k.rank - 1];
+
+    em.lanes = 1;
+    let acc = em.b.declare_var(scalar_ty(cd));
+    let init = em.constant(reduce_identity(red.kind, cd), cd);
+    em.b.def_var(acc, init);
+    let idx = em.b.declare_var(types::I64);
+    if arg {
+        em.b.def_var(idx, lo);
+    }
+
+    let mut tail_lo = lo;
+    if plan.lanes > 1 {
+        let lanes = plan.lanes as i64;
+        let step = lanes * plan.unroll as i64;
+        let nm = em.b.ins().band_imm_s(hi, !(step - 1));
+        let vbytes = (lanes * plan.vdt.size() as i64) as i32;
+        em.lanes = plan.lanes;
+        let vt = em.ty(cd);
+        let vinit = em.constant(reduce_identity(red.kind, cd), cd);
+        let vacc: Vec<_> = (0..plan.unroll)
+            .map(|_| {
+                let v = em.b.declare_var(vt);
+                em.b.def_var(v, vinit);
+                v
+            })
+            .collect();
+        for_loop(
+            em,
+            lo,
+            nm,
+            step,
+            |em| row.preload(em),
+            |em, i, pre| {
+                for (u, &va) in vacc.iter().enumerate() {
+                    let v = row.eval(em, red.value, i, u as i32 * vbytes, pre);
+                    let a = em.b.use_var(va);
+                    let a = em.binary(prim, a, v, cd);
+                    em.b.def_var(va, a);
+                }
+            },
+        );
+        let mut v = em.b.use_var(vacc[0]);
+        for &va in &vacc[1..] {
+            let w = em.b.use_var(va);
+            v = em.binary(prim, v, w, cd);
+        }
+        em.lanes = 1;
+        let mut s = em.b.ins().extractlane(v, 0);
+        for l in 1..plan.lanes as u8 {
+            let e = em.b.ins().extractlane(v, l);
+            s = em.binary(prim, s, e, cd);
+        }
+        em.b.def_var(acc, s);
+        tail_lo = nm;
+    }
+
+    em.lanes = 1;
+    for_loop(
+        em,
+        tail_lo,
+        hi,
+        1,
+        |em| row.preload(em),
+        |em, i, pre| {
+            let v = row.eval(em, red.value, i, 0, pre);
+            let v = em.cast(v, vd, cd);
+            let best = em.b.use_var(acc);
+            if !arg {
+                let a = em.binary(prim, best, v, cd);
+                em.b.def_var(acc, a);
+                return;
+            }
+            let better = if cd.is_float() {
+                let cc = if red.kind == ReduceKind::ArgMax { FloatCC::GreaterThan } else { FloatCC::LessThan };
+                let gt = em.b.ins().fcmp(cc, v, best);
+                let vnan = em.b.ins().fcmp(FloatCC::Unordered, v, v);
+                let bok = em.b.ins().fcmp(FloatCC::Ordered, best, best);
+                let c = em.b.ins().bor(gt, vnan);
+                em.b.ins().band(c, bok)
+            } else {
+                let u = matches!(cd, DType::U8 | DType::Bool);
+                let cc = match (red.kind == ReduceKind::ArgMax, u) {
+                    (true, false) => IntCC::SignedGreaterThan,
+                    (true, true) => IntCC::UnsignedGreaterThan,
+                    (false, false) => IntCC::SignedLessThan,
+                    (false, true) => IntCC::UnsignedLessThan,
+                };
+                em.b.ins().icmp(cc, v, best)
+            };
+            let nb = em.b.ins().select(better, v, best);
+            em.b.def_var(acc, nb);
+            let old = em.b.use_var(idx);
+            let ni = em.b.ins().select(better, i, old);
+            em.b.def_var(idx, ni);
+        },
+    );
+
+    // Epilogue: Acc is the reduced value; loads read at reduce index 0.
+    let accv = if arg { (em.b.use_var(idx), DType::I64) } else { (em.b.use_var(acc), red.dtype) };
+    let mut pre = vec![None; k.operands.len()];
+    let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
+        match ins {
+            Instr::Acc => accv,
+            Instr::Load(op) => {
+                let dt = k.operands[op].dtype;
+                let v = *pre[op].get_or_insert_with(|| em.b.ins().load(scalar_ty(dt), flags(), ptrs[op], 0));
+                (v, dt)
+            }
+            Instr::Scalar(n) => (fr.scal[n], k.scalars[n]),
+            _ => unreachable!(),
+        }
+    };
+    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+    let v = eval_value(em, k, k.out, &mut vals, &mut leaf);
+    store_out(k, em, v, k.dtype_of(k.out), ptrs[0], 0);
+}

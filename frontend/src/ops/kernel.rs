@@ -1,0 +1,159 @@
+//! Building one KernelIR for an eager op and launching it: the eager path's
+//! "one-node graph". Every pointwise op and reduction in `ops` goes through here.
+
+use crate::Tensor;
+use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction, ValueId};
+use kiln_ir::op::view::broadcast_to;
+use kiln_ir::op::Layout;
+use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
+
+/// Incrementally builds a kernel over tensors and scalars.
+pub(crate) struct KernelCall {
+    b: KernelBuilder,
+    inputs: Vec<Tensor>,
+    scalars: Vec<DType>,
+    scalar_bits: Vec<u64>,
+}
+
+/// dtype a kernel sees for a storage dtype: f16/bf16 are widened by the runtime.
+fn kernel_dtype(d: DType) -> DType {
+    d.compute()
+}
+
+impl KernelCall {
+    pub fn new() -> KernelCall {
+        KernelCall { b: KernelBuilder::default(), inputs: vec![], scalars: vec![], scalar_bits: vec![] }
+    }
+
+    /// Loads `t` (broadcast to the output later) and casts it to `compute`.
+    pub fn input(&mut self, t: &Tensor, compute: DType) -> ValueId {
+        self.inputs.push(t.clone());
+        let v = self.b.load(self.inputs.len(), kernel_dtype(t.dtype()));
+        self.b.cast(v, compute)
+    }
+
+    /// A runtime scalar argument of dtype `dt` (so a new value reuses the kernel).
+    pub fn scalar(&mut self, v: f64, dt: DType) -> ValueId {
+        self.scalars.push(dt);
+        self.scalar_bits.push(if dt.is_float() { v.to_bits() } else { v as i64 as u64 });
+        self.b.scalar(self.scalars.len() - 1, dt)
+    }
+
+    pub fn unary(&mut self, op: UnaryOp, a: ValueId, dt: DType) -> ValueId {
+        self.b.unary(op, a, dt)
+    }
+    pub fn binary(&mut self, op: BinaryOp, a: ValueId, b: ValueId, dt: DType) -> ValueId {
+        let rdt = if op.is_comparison() { DType::Bool } else { dt };
+        self.b.binary(op, a, b, rdt)
+    }
+    pub fn select(&mut self, c: ValueId, a: ValueId, b: ValueId, dt: DType) -> ValueId {
+        self.b.select(c, a, b, dt)
+    }
+    pub fn dtype_of(&self, v: ValueId) -> DType {
+        self.b.instrs[v].1
+    }
+
+    fn operands(&self, out: DType) -> Vec<Operand> {
+        let mut ops = vec![Operand { dtype: kernel_dtype(out), inner: Inner::Contiguous }];
+        ops.extend(self.inputs.iter().map(|t| Operand { dtype: kernel_dtype(t.dtype()), inner: Inner::Contiguous }));
+        ops
+    }
+
+    /// Writes `value` into `out` at every index of `out`'s shape (inputs broadcast to it).
+    pub fn store_into(mut self, name: &str, value: ValueId, out: &Tensor) -> Result<()> {
+        let value = self.b.cast(value, kernel_dtype(out.dtype()));
+        let layouts = self
+            .inputs
+            .iter()
+            .map(|t| broadcast_to(t.layout(), out.dims()).map_err(|e| rename(e, name)))
+            .collect::<Result<Vec<Layout>>>()?;
+        let k = Kernel {
+            name: name.to_string(),
+            rank: out.rank(),
+            operands: self.operands(out.dtype()),
+            scalars: self.scalars.clone(),
+            body: std::mem::take(&mut self.b.instrs),
+            reduce: None,
+            epilogue: vec![],
+            out: value,
+        };
+        let mut views = vec![out.view()];
+        views.extend(self.inputs.iter().zip(&layouts).map(|(t, l)| kiln_runtime::View { storage: &t.storage, layout: l }));
+        kiln_runtime::launch(&k, &views, &self.scalar_bits)
+    }
+
+    /// A new tensor of `dims` and `dtype` holding `value`.
+    pub fn finish(self, name: &str, value: ValueId, dims: &[usize], dtype: DType) -> Result<Tensor> {
+        let out = Tensor::zeros(dims, dtype);
+        self.store_into(name, value, &out)?;
+        Ok(out)
+    }
+
+    /// Reduces `value` over the LAST dim of `loop_dims` (inputs are laid out so
+    /// that dim is the reduced one), applies `epilogue` to the accumulator, and
+    /// returns a tensor of `loop_dims` without the last dim.
+    ///
+    /// `epilogue(call, acc)` may add loads of tensors whose shape broadcasts to
+    /// the kept dims; they are read once per output element.
+    pub fn reduce(
+        mut self,
+        name: &str,
+        kind: ReduceKind,
+        value: ValueId,
+        loop_dims: &[usize],
+        out_dtype: DType,
+        epilogue: impl FnOnce(&mut KernelCall, ValueId) -> ValueId,
+    ) -> Result<Tensor> {
+        let acc_dtype = match kind {
+            ReduceKind::ArgMax | ReduceKind::ArgMin => DType::I64,
+            _ => self.dtype_of(value),
+        };
+        let n_body = self.b.instrs.len();
+        let n_body_inputs = self.inputs.len();
+        let acc = self.b.push(Instr::Acc, acc_dtype);
+        let res = epilogue(&mut self, acc);
+        let res = self.b.cast(res, kernel_dtype(out_dtype));
+        let kept = &loop_dims[..loop_dims.len() - 1];
+        let out = Tensor::zeros(kept, out_dtype);
+        let mut out_layout = out.layout().clone();
+        out_layout.dims.push(*loop_dims.last().unwrap());
+        out_layout.strides.push(0);
+        let mut layouts = vec![];
+        for (i, t) in self.inputs.iter().enumerate() {
+            let l = if i < n_body_inputs {
+                broadcast_to(t.layout(), loop_dims)
+            } else {
+                // epilogue operands: broadcast over the kept dims, stride 0 along the reduced one
+                broadcast_to(t.layout(), kept).map(|mut l| {
+                    l.dims.push(*loop_dims.last().unwrap());
+                    l.strides.push(0);
+                    l
+                })
+            };
+            layouts.push(l.map_err(|e| rename(e, name))?);
+        }
+        let mut body = std::mem::take(&mut self.b.instrs);
+        let epi = body.split_off(n_body);
+        let k = Kernel {
+            name: name.to_string(),
+            rank: loop_dims.len(),
+            operands: self.operands(out_dtype),
+            scalars: self.scalars.clone(),
+            body,
+            reduce: Some(Reduction { kind, value, dtype: acc_dtype }),
+            epilogue: epi,
+            out: res,
+        };
+        let mut views = vec![kiln_runtime::View { storage: &out.storage, layout: &out_layout }];
+        views.extend(self.inputs.iter().zip(&layouts).map(|(t, l)| kiln_runtime::View { storage: &t.storage, layout: l }));
+        kiln_runtime::launch(&k, &views, &self.scalar_bits)?;
+        Ok(out)
+    }
+}
+
+fn rename(e: kiln_ir::Error, op: &str) -> kiln_ir::Error {
+    match e {
+        kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op(op, msg),
+        other => other,
+    }
+}

@@ -1,0 +1,315 @@
+//! Eager pointwise ops: unary, binary (tensor or Python-number operand),
+//! comparisons, `where`, `masked_fill`, casts and copies. Each is one kernel.
+
+use super::kernel::KernelCall;
+use crate::Tensor;
+use kiln_ir::op::infer::{self, Arg};
+use kiln_ir::{bail, BinaryOp, Category, DType, Float, Result, UnaryOp};
+
+/// A Python number operand (`x + 2.5`, `x * 3`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Scalar {
+    pub fn category(self) -> Category {
+        match self {
+            Scalar::Float(_) => Category::Float,
+            Scalar::Int(_) => Category::Int,
+            Scalar::Bool(_) => Category::Bool,
+        }
+    }
+    pub fn value(self) -> f64 {
+        match self {
+            Scalar::Float(v) => v,
+            Scalar::Int(v) => v as f64,
+            Scalar::Bool(b) => b as u8 as f64,
+        }
+    }
+}
+
+impl From<f64> for Scalar {
+    fn from(v: f64) -> Self {
+        Scalar::Float(v)
+    }
+}
+impl From<f32> for Scalar {
+    fn from(v: f32) -> Self {
+        Scalar::Float(v as f64)
+    }
+}
+impl From<i64> for Scalar {
+    fn from(v: i64) -> Self {
+        Scalar::Int(v)
+    }
+}
+impl From<i32> for Scalar {
+    fn from(v: i32) -> Self {
+        Scalar::Int(v as i64)
+    }
+}
+impl From<bool> for Scalar {
+    fn from(v: bool) -> Self {
+        Scalar::Bool(v)
+    }
+}
+
+/// Writes `src` (broadcast to `dst`'s shape) into `dst`, converting the dtype.
+pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
+    if src.dtype().is_half() || dst.dtype().is_half() {
+        let l = kiln_ir::op::view::broadcast_to(src.layout(), dst.dims())?;
+        kiln_runtime::convert(kiln_runtime::View { storage: &src.storage, layout: &l }, dst.view());
+        return Ok(());
+    }
+    let mut k = KernelCall::new();
+    let v = k.input(src, src.dtype());
+    k.store_into("copy", v, dst)
+}
+
+impl Tensor {
+    /// Applies a unary pointwise op (the building block of `exp`, `gelu`, ...).
+    pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
+        let sig = infer::unary(op, &self.meta())?;
+        let mut k = KernelCall::new();
+        let x = k.input(self, sig.compute);
+        let y = k.unary(op, x, sig.compute);
+        k.finish(op.name(), y, &sig.dims, sig.out)
+    }
+
+    /// Applies a binary pointwise op with broadcasting and type promotion.
+    pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
+        let (ma, mb) = (self.meta(), other.meta());
+        let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+        let mut k = KernelCall::new();
+        let a = k.input(self, sig.compute);
+        let b = k.input(other, sig.compute);
+        let y = k.binary(op, a, b, sig.compute);
+        k.finish(op.name(), y, &sig.dims, sig.out)
+    }
+
+    /// `self op s` with a Python number; `reversed` computes `s op self`.
+    pub fn binary_scalar(&self, op: BinaryOp, s: impl Into<Scalar>, reversed: bool) -> Result<Tensor> {
+        let s = s.into();
+        let m = self.meta();
+        let sig = if reversed {
+            infer::binary(op, Arg::Scalar(s.category()), Arg::Tensor(&m))?
+        } else {
+            infer::binary(op, Arg::Tensor(&m), Arg::Scalar(s.category()))?
+        };
+        let mut k = KernelCall::new();
+        let a = k.input(self, sig.compute);
+        let b = k.scalar(s.value(), sig.compute);
+        let (l, r) = if reversed { (b, a) } else { (a, b) };
+        let y = k.binary(op, l, r, sig.compute);
+        k.finish(op.name(), y, &sig.dims, sig.out)
+    }
+
+    pub fn add(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Add, o)
+    }
+    pub fn sub(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Sub, o)
+    }
+    pub fn mul(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Mul, o)
+    }
+    pub fn div(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Div, o)
+    }
+    pub fn pow(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Pow, o)
+    }
+    pub fn maximum(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Maximum, o)
+    }
+    pub fn minimum(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Minimum, o)
+    }
+    pub fn eq(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Eq, o)
+    }
+    pub fn ne(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Ne, o)
+    }
+    pub fn lt(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Lt, o)
+    }
+    pub fn le(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Le, o)
+    }
+    pub fn gt(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Gt, o)
+    }
+    pub fn ge(&self, o: &Tensor) -> Result<Tensor> {
+        self.binary(BinaryOp::Ge, o)
+    }
+
+    /// `torch.add(self, other, alpha=alpha)`: self + alpha * other, one kernel.
+    pub fn add_scaled(&self, other: &Tensor, alpha: f64, subtract: bool) -> Result<Tensor> {
+        let op = if subtract { BinaryOp::Sub } else { BinaryOp::Add };
+        let (ma, mb) = (self.meta(), other.meta());
+        let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+        let mut k = KernelCall::new();
+        let a = k.input(self, sig.compute);
+        let b = k.input(other, sig.compute);
+        let s = k.scalar(alpha, sig.compute);
+        let bs = k.binary(BinaryOp::Mul, b, s, sig.compute);
+        let y = k.binary(op, a, bs, sig.compute);
+        k.finish(op.name(), y, &sig.dims, sig.out)
+    }
+
+    pub fn neg(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Neg)
+    }
+    pub fn abs(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Abs)
+    }
+    pub fn exp(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Exp)
+    }
+    pub fn log(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Log)
+    }
+    pub fn sqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sqrt)
+    }
+    pub fn rsqrt(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Rsqrt)
+    }
+    pub fn reciprocal(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Reciprocal)
+    }
+    pub fn square(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Square)
+    }
+    pub fn sin(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sin)
+    }
+    pub fn cos(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Cos)
+    }
+    pub fn tanh(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Tanh)
+    }
+    pub fn sigmoid(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn relu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Relu)
+    }
+    /// `F.gelu(x, approximate=...)`: exact (erf) unless `tanh_approx`.
+    pub fn gelu(&self, tanh_approx: bool) -> Result<Tensor> {
+        self.unary(if tanh_approx { UnaryOp::GeluTanh } else { UnaryOp::Gelu })
+    }
+    pub fn silu(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Silu)
+    }
+    pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Softplus { beta: Float(beta), threshold: Float(threshold) })
+    }
+    pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::LeakyRelu { slope: Float(slope) })
+    }
+    pub fn elu(&self, alpha: f64) -> Result<Tensor> {
+        self.unary(UnaryOp::Elu { alpha: Float(alpha) })
+    }
+    pub fn logical_not(&self) -> Result<Tensor> {
+        self.unary(UnaryOp::Not)
+    }
+
+    /// `torch.where(cond, self, other)`.
+    pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let (mc, ma, mb) = (cond.meta(), a.meta(), b.meta());
+        let sig = infer::where_(&mc, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+        let mut k = KernelCall::new();
+        let c = k.input(cond, DType::Bool);
+        let x = k.input(a, sig.compute);
+        let y = k.input(b, sig.compute);
+        let r = k.select(c, x, y, sig.compute);
+        k.finish("where", r, &sig.dims, sig.out)
+    }
+
+    /// `torch.where(cond, self, scalar)`.
+    pub fn where_scalar(cond: &Tensor, a: &Tensor, other: impl Into<Scalar>) -> Result<Tensor> {
+        let s = other.into();
+        let (mc, ma) = (cond.meta(), a.meta());
+        let sig = infer::where_(&mc, Arg::Tensor(&ma), Arg::Scalar(s.category()))?;
+        let mut k = KernelCall::new();
+        let c = k.input(cond, DType::Bool);
+        let x = k.input(a, sig.compute);
+        let y = k.scalar(s.value(), sig.compute);
+        let r = k.select(c, x, y, sig.compute);
+        k.finish("where", r, &sig.dims, sig.out)
+    }
+
+    /// `masked_fill(mask, value)`: mask must be bool and broadcast to self's shape.
+    pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
+        if mask.dtype() != DType::Bool {
+            bail!("masked_fill", "mask must be a bool tensor, got {} {}", mask.dtype(), kiln_ir::shape::fmt_dims(mask.dims()));
+        }
+        let dims = kiln_ir::shape::broadcast_shapes("masked_fill", self.dims(), mask.dims())?;
+        if dims.as_slice() != self.dims() {
+            bail!(
+                "masked_fill",
+                "mask of shape {} must broadcast to the input shape {}",
+                kiln_ir::shape::fmt_dims(mask.dims()),
+                kiln_ir::shape::fmt_dims(self.dims())
+            );
+        }
+        let dt = self.dtype().compute();
+        let mut k = KernelCall::new();
+        let c = k.input(mask, DType::Bool);
+        let x = k.input(self, dt);
+        let v = k.scalar(value.into().value(), dt);
+        let r = k.select(c, v, x, dt);
+        k.finish("masked_fill", r, self.dims(), self.dtype())
+    }
+
+    /// `to(dtype)`: a converted copy (or `self` when the dtype already matches).
+    /// Narrowing to f16/bf16 rounds to nearest, ties to even.
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if dtype == self.dtype() {
+            return Ok(self.clone());
+        }
+        let out = Tensor::zeros(self.dims(), dtype);
+        copy_into(self, &out)?;
+        Ok(out)
+    }
+
+    /// In-place copy of `src` (broadcast) into `self`, PyTorch's `copy_`.
+    pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        copy_into(src, self)
+    }
+}
+
+macro_rules! binop_overload {
+    ($tr:ident, $m:ident, $op:ident) => {
+        impl std::ops::$tr<&Tensor> for &Tensor {
+            type Output = Tensor;
+            /// Panics with the op's error message on bad shapes; use the method for a `Result`.
+            fn $m(self, o: &Tensor) -> Tensor {
+                self.binary(BinaryOp::$op, o).unwrap_or_else(|e| panic!("{e}"))
+            }
+        }
+        impl std::ops::$tr<f64> for &Tensor {
+            type Output = Tensor;
+            fn $m(self, s: f64) -> Tensor {
+                self.binary_scalar(BinaryOp::$op, s, false).unwrap_or_else(|e| panic!("{e}"))
+            }
+        }
+    };
+}
+binop_overload!(Add, add, Add);
+binop_overload!(Sub, sub, Sub);
+binop_overload!(Mul, mul, Mul);
+binop_overload!(Div, div, Div);
+
+impl std::ops::Neg for &Tensor {
+    type Output = Tensor;
+    fn neg(self) -> Tensor {
+        self.unary(UnaryOp::Neg).unwrap_or_else(|e| panic!("{e}"))
+    }
+}

@@ -1,0 +1,131 @@
+//! Eager reductions. Reduced dims are moved last and merged into one loop
+//! axis (a view when the layout allows), so every reduction is one kernel
+//! reducing along the innermost loop dim.
+
+use super::kernel::KernelCall;
+use crate::Tensor;
+use kiln_ir::op::infer::{self, reduced_shape};
+use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
+
+/// Lays `t` (of `x`'s shape) out as `kept ++ [product of reduced]`.
+fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Tensor> {
+    let perm: Vec<i64> = kept.iter().chain(reduced).map(|&d| d as i64).collect();
+    let p = t.permute(&perm)?;
+    let mut shape: Vec<i64> = kept.iter().map(|&d| t.dims()[d] as i64).collect();
+    shape.push(reduced.iter().map(|&d| t.dims()[d]).product::<usize>() as i64);
+    p.reshape(&shape)
+}
+
+impl Tensor {
+    /// The general eager reduction: loads `self` (and `extra` tensors broadcast
+    /// to its shape) cast to `compute`, computes `body` per element, reduces
+    /// with `kind` over `dims` (None = all), then applies `epilogue(acc, n)`
+    /// where `n` is the number of reduced elements.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce_with(
+        &self,
+        name: &str,
+        kind: ReduceKind,
+        dims: Option<&[i64]>,
+        keepdim: bool,
+        compute: DType,
+        out_dtype: DType,
+        extra: &[&Tensor],
+        body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
+        epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> usize,
+    ) -> Result<Tensor> {
+        let rank = self.rank();
+        let rd = infer::reduce_dims(name, rank, dims)?;
+        infer::reduce(kind, &self.meta(), &rd, keepdim).map_err(|e| match e {
+            kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op(name, msg),
+            e => e,
+        })?;
+        let kept: Vec<usize> = (0..rank).filter(|d| !rd.contains(d)).collect();
+        let n: usize = rd.iter().map(|&d| self.dims()[d]).product();
+        let x = if rank == 0 { self.reshape(&[1, 1])? } else { to_reduce_layout(self, &kept, &rd)? };
+        let mut k = KernelCall::new();
+        let mut vals = vec![k.input(&x, compute)];
+        for t in extra {
+            let e = t.expand_to(self.dims())?;
+            let e = if rank == 0 { e.reshape(&[1, 1])? } else { to_reduce_layout(&e, &kept, &rd)? };
+            vals.push(k.input(&e, compute));
+        }
+        let v = body(&mut k, &vals);
+        let out = k.reduce(name, kind, v, x.dims(), out_dtype, |k, acc| epilogue(k, acc, n))?;
+        let final_shape = reduced_shape(self.dims(), &rd, keepdim);
+        out.reshape_dims(&final_shape)
+    }
+
+    fn simple_reduce(&self, kind: ReduceKind, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        let rd = infer::reduce_dims(kind.name(), self.rank(), dims)?;
+        let m = infer::reduce(kind, &self.meta(), &rd, keepdim)?;
+        let compute = match kind {
+            ReduceKind::ArgMax | ReduceKind::ArgMin => self.dtype().compute(),
+            _ => m.dtype.compute(),
+        };
+        self.reduce_with(kind.name(), kind, dims, keepdim, compute, m.dtype, &[], |_, v| v[0], |_, acc, _| acc)
+    }
+
+    /// `sum(dims, keepdim)`; `None` sums everything. Integers accumulate in i64.
+    pub fn sum(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        self.simple_reduce(ReduceKind::Sum, dims, keepdim)
+    }
+
+    pub fn prod(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        self.simple_reduce(ReduceKind::Prod, dims, keepdim)
+    }
+
+    /// `amax(dims, keepdim)`: NaN-propagating maximum.
+    pub fn amax(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        self.simple_reduce(ReduceKind::Max, dims, keepdim)
+    }
+
+    pub fn amin(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        self.simple_reduce(ReduceKind::Min, dims, keepdim)
+    }
+
+    /// `argmax(dim, keepdim)`; `None` indexes the flattened tensor.
+    pub fn argmax(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ReduceKind::ArgMax, dim, keepdim)
+    }
+
+    pub fn argmin(&self, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ReduceKind::ArgMin, dim, keepdim)
+    }
+
+    fn arg_reduce(&self, kind: ReduceKind, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
+        match dim {
+            Some(d) => self.simple_reduce(kind, Some(&[d]), keepdim),
+            None => {
+                let flat = self.reshape(&[-1])?;
+                let r = flat.simple_reduce(kind, Some(&[0]), false)?;
+                if keepdim {
+                    r.reshape(&vec![1; self.rank()])
+                } else {
+                    Ok(r)
+                }
+            }
+        }
+    }
+
+    /// `max(dim, keepdim)` -> (values, indices), as `torch.max(x, dim)`.
+    pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        Ok((self.amax(Some(&[dim]), keepdim)?, self.argmax(Some(dim), keepdim)?))
+    }
+
+    pub fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
+        Ok((self.amin(Some(&[dim]), keepdim)?, self.argmin(Some(dim), keepdim)?))
+    }
+
+    /// `mean(dims, keepdim)` (floating inputs only, like PyTorch).
+    pub fn mean(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        if !self.dtype().is_float() {
+            bail!("mean", "could not infer output dtype: input dtype must be floating point, got {}", self.dtype());
+        }
+        let c = self.dtype().compute();
+        self.reduce_with("mean", ReduceKind::Sum, dims, keepdim, c, self.dtype(), &[], |_, v| v[0], |k, acc, n| {
+            let inv = k.scalar(1.0 / n as f64, c);
+            k.binary(BinaryOp::Mul, acc, inv, c)
+        })
+    }
+}

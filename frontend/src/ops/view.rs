@@ -1,0 +1,237 @@
+//! View ops (no data moves: new sizes/strides/offset over the same storage)
+//! and the data-movement ops built on them: cat, stack, chunk, split,
+//! index_select, gather.
+
+use crate::Tensor;
+use kiln_ir::op::view as lv;
+use kiln_ir::shape::{fmt_dims, norm_dim};
+use kiln_ir::{bail, promote_types, DType, Result};
+use kiln_runtime::strided::for_each_offset;
+
+impl Tensor {
+    /// `view(shape)`: shares storage; errors (suggesting `reshape`) when the strides do not allow it.
+    pub fn view_as_shape(&self, shape: &[i64]) -> Result<Tensor> {
+        Ok(self.with_layout(lv::view(&self.layout, shape)?))
+    }
+
+    /// `reshape(shape)`: a view when possible, otherwise a contiguous copy.
+    pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
+        let dims = lv::infer_size("reshape", shape, self.numel(), self.dims())?;
+        match lv::view_strides(&self.layout, &dims) {
+            Some(strides) => Ok(self.with_layout(kiln_ir::op::Layout { dims, strides, offset: self.layout.offset })),
+            None => self.copy()?.view_as_shape(shape),
+        }
+    }
+
+    /// `reshape` with `usize` dims.
+    pub fn reshape_dims(&self, dims: &[usize]) -> Result<Tensor> {
+        let s: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        self.reshape(&s)
+    }
+
+    pub fn permute(&self, perm: &[i64]) -> Result<Tensor> {
+        Ok(self.with_layout(lv::permute(&self.layout, perm)?))
+    }
+
+    pub fn transpose(&self, d0: i64, d1: i64) -> Result<Tensor> {
+        Ok(self.with_layout(lv::transpose(&self.layout, d0, d1)?))
+    }
+
+    /// `t()`: transpose of a matrix (0-D and 1-D tensors are returned as is).
+    pub fn t(&self) -> Result<Tensor> {
+        if self.rank() > 2 {
+            bail!("t", "expects a tensor with <= 2 dims, but got shape {}", fmt_dims(self.dims()));
+        }
+        if self.rank() < 2 {
+            return Ok(self.clone());
+        }
+        self.transpose(0, 1)
+    }
+
+    /// `expand(sizes)`; -1 keeps a dim.
+    pub fn expand(&self, sizes: &[i64]) -> Result<Tensor> {
+        Ok(self.with_layout(lv::expand(&self.layout, sizes)?))
+    }
+
+    pub fn expand_to(&self, dims: &[usize]) -> Result<Tensor> {
+        Ok(self.with_layout(lv::broadcast_to(&self.layout, dims)?))
+    }
+
+    pub fn narrow(&self, dim: i64, start: i64, length: usize) -> Result<Tensor> {
+        Ok(self.with_layout(lv::narrow(&self.layout, dim, start, length)?))
+    }
+
+    /// `x[start:stop:step]` along `dim`.
+    pub fn slice(&self, dim: i64, start: Option<i64>, stop: Option<i64>, step: i64) -> Result<Tensor> {
+        Ok(self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?))
+    }
+
+    pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
+        Ok(self.with_layout(lv::select(&self.layout, dim, index)?))
+    }
+
+    pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
+        Ok(self.with_layout(lv::unsqueeze(&self.layout, dim)?))
+    }
+
+    /// `squeeze()` (all size-1 dims) or `squeeze(dims)`.
+    pub fn squeeze(&self, dims: Option<&[i64]>) -> Result<Tensor> {
+        Ok(self.with_layout(lv::squeeze(&self.layout, dims)?))
+    }
+
+    pub fn flatten(&self, start: i64, end: i64) -> Result<Tensor> {
+        let shape = lv::flatten_shape(self.dims(), start, end)?;
+        self.reshape(&shape)
+    }
+
+    /// `split(size, dim)`: pieces of `size` along `dim` (the last may be smaller); views.
+    pub fn split(&self, size: usize, dim: i64) -> Result<Vec<Tensor>> {
+        let d = norm_dim("split", dim, self.rank())?;
+        if size == 0 {
+            bail!("split", "split_size must be positive, got 0 for shape {}", fmt_dims(self.dims()));
+        }
+        let n = self.dims()[d];
+        (0..n.div_ceil(size).max(1))
+            .map(|i| self.narrow(d as i64, (i * size) as i64, size.min(n - i * size)))
+            .collect()
+    }
+
+    /// `split([sizes], dim)`: sizes must sum to the dim.
+    pub fn split_sizes(&self, sizes: &[usize], dim: i64) -> Result<Vec<Tensor>> {
+        let d = norm_dim("split", dim, self.rank())?;
+        if sizes.iter().sum::<usize>() != self.dims()[d] {
+            bail!("split", "sizes {:?} do not sum to dim {d} of shape {}", sizes, fmt_dims(self.dims()));
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                let t = self.narrow(d as i64, start as i64, s);
+                start += s;
+                t
+            })
+            .collect()
+    }
+
+    /// `chunk(n, dim)`: PyTorch's rule, pieces of ceil(size/n).
+    pub fn chunk(&self, n: usize, dim: i64) -> Result<Vec<Tensor>> {
+        let d = norm_dim("chunk", dim, self.rank())?;
+        if n == 0 {
+            bail!("chunk", "number of chunks must be positive");
+        }
+        self.split(self.dims()[d].div_ceil(n).max(1), d as i64)
+    }
+
+    /// `torch.cat(tensors, dim)` with type promotion.
+    pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        let Some(first) = tensors.first() else { bail!("cat", "expected a non-empty list of tensors") };
+        let d = norm_dim("cat", dim, first.rank())?;
+        let mut dims = first.dims_vec();
+        let mut dtype = first.dtype();
+        for (i, t) in tensors.iter().enumerate().skip(1) {
+            let ok = t.rank() == first.rank() && (0..first.rank()).all(|k| k == d || t.dims()[k] == first.dims()[k]);
+            if !ok {
+                bail!(
+                    "cat",
+                    "tensor {i} has shape {} but tensor 0 has shape {}: sizes must match except in dim {d}",
+                    fmt_dims(t.dims()),
+                    fmt_dims(first.dims())
+                );
+            }
+            dims[d] += t.dims()[d];
+            dtype = promote_types(dtype, t.dtype());
+        }
+        let out = Tensor::zeros(&dims, dtype);
+        let mut at = 0;
+        for t in tensors {
+            let n = t.dims()[d];
+            out.narrow(d as i64, at as i64, n)?.copy_(t)?;
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// `torch.stack(tensors, dim)`: all shapes equal; a new dim at `dim`.
+    pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        let Some(first) = tensors.first() else { bail!("stack", "expected a non-empty list of tensors") };
+        for (i, t) in tensors.iter().enumerate() {
+            if t.dims() != first.dims() {
+                bail!("stack", "tensor {i} has shape {} but tensor 0 has shape {}: all must be equal", fmt_dims(t.dims()), fmt_dims(first.dims()));
+            }
+        }
+        let d = norm_dim("stack", dim, first.rank() + 1)?;
+        let us = tensors.iter().map(|t| t.unsqueeze(d as i64)).collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&us.iter().collect::<Vec<_>>(), d as i64)
+    }
+
+    /// `index_select(dim, index)` with a 1-D integer index.
+    pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        let d = norm_dim("index_select", dim, self.rank())?;
+        if index.rank() > 1 || index.dtype().is_float() {
+            bail!("index_select", "index must be a 1-D integer tensor, got {} {}", index.dtype(), fmt_dims(index.dims()));
+        }
+        let idx = index.to_dtype(DType::I64)?.to_vec::<i64>()?;
+        let n = self.dims()[d] as i64;
+        let mut dims = self.dims_vec();
+        dims[d] = idx.len();
+        for &i in &idx {
+            if i < -n || i >= n {
+                bail!("index_select", "index {i} is out of range for dim {d} of size {n} (shape {})", fmt_dims(self.dims()));
+            }
+        }
+        let out = Tensor::zeros(&dims, self.dtype());
+        for (j, &i) in idx.iter().enumerate() {
+            let i = if i < 0 { i + n } else { i };
+            out.select(d as i64, j as i64)?.copy_(&self.select(d as i64, i)?)?;
+        }
+        Ok(out)
+    }
+
+    /// `gather(dim, index)`: out[..i..] = self[..index[..i..]..] along `dim`.
+    pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        let d = norm_dim("gather", dim, self.rank())?;
+        if index.rank() != self.rank() || index.dtype() != DType::I64 {
+            bail!(
+                "gather",
+                "index must be an i64 tensor of the same rank as the input: input {} {}, index {} {}",
+                self.dtype(),
+                fmt_dims(self.dims()),
+                index.dtype(),
+                fmt_dims(index.dims())
+            );
+        }
+        for k in 0..self.rank() {
+            if k != d && index.dims()[k] > self.dims()[k] {
+                bail!("gather", "index shape {} exceeds input shape {} at dim {k}", fmt_dims(index.dims()), fmt_dims(self.dims()));
+            }
+        }
+        let idx = index.contiguous()?.to_vec::<i64>()?;
+        let out = Tensor::zeros(index.dims(), self.dtype());
+        let sz = self.dtype().size();
+        let n = self.dims()[d] as i64;
+        // Walk the index's positions; the source offset is the input's layout at
+        // the same position, with dim `d` replaced by the index value.
+        let l = kiln_ir::op::Layout { dims: index.dims_vec(), strides: self.strides_vec(), offset: self.offset() };
+        let mut offs = Vec::with_capacity(idx.len());
+        for_each_offset(&l, |_, o| offs.push(o));
+        let mut pos = vec![0usize; index.rank()];
+        let src = self.storage.ptr();
+        let dst = out.storage.ptr();
+        for (lin, (&o, &iv)) in offs.iter().zip(&idx).enumerate() {
+            if iv < -n || iv >= n {
+                bail!("gather", "index {iv} is out of range for dim {d} of size {n} (input shape {})", fmt_dims(self.dims()));
+            }
+            let iv = if iv < 0 { iv + n } else { iv };
+            let so = o as isize + (iv - pos[d] as i64) as isize * self.strides()[d];
+            unsafe { std::ptr::copy_nonoverlapping(src.add(so as usize * sz), dst.add(lin * sz), sz) };
+            for k in (0..pos.len()).rev() {
+                pos[k] += 1;
+                if pos[k] < index.dims()[k] {
+                    break;
+                }
+                pos[k] = 0;
+            }
+        }
+        Ok(out)
+    }
+}

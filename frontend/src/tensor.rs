@@ -1,0 +1,201 @@
+//! The strided tensor: a shared storage plus a layout (sizes, strides, offset).
+
+use kiln_ir::op::Layout;
+use kiln_ir::shape::{fmt_dims, Dims, Strides};
+use kiln_ir::{bail, DType, Result};
+use kiln_runtime::{Storage, View};
+use std::sync::Arc;
+
+/// An n-dimensional array of one dtype, like `torch.Tensor`.
+///
+/// Cloning a `Tensor` is cheap and aliases the same data (as assigning a
+/// tensor in Python does). Views (`view`, `permute`, `narrow`, ...) share the
+/// storage; [`Tensor::contiguous`] and [`Tensor::reshape`] copy only when they must.
+///
+/// ```
+/// use kiln_frontend::Tensor;
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+/// let t = x.t().unwrap();
+/// assert_eq!(t.dims(), &[3, 2]);
+/// assert!(!t.is_contiguous());
+/// assert!(t.shares_storage(&x));
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+}
+
+/// Rust element types that map onto a [`DType`].
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => { $(impl Element for $t { const DTYPE: DType = DType::$d; })* };
+}
+element!(f32 => F32, f64 => F64, i64 => I64, i32 => I32, i16 => I16, i8 => I8, u8 => U8, bool => Bool,
+         half::f16 => F16, half::bf16 => BF16);
+
+impl Tensor {
+    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
+        Tensor { storage, layout }
+    }
+
+    /// A fresh contiguous tensor (zero-filled).
+    pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {
+        let l = Layout::contiguous(dims);
+        Tensor::from_parts(Arc::new(Storage::zeros(dtype, l.numel())), l)
+    }
+
+    /// Takes ownership of `data` laid out row-major in `dims`.
+    pub fn from_vec<T: Element>(data: Vec<T>, dims: &[usize]) -> Result<Tensor> {
+        let n: usize = dims.iter().product();
+        if n != data.len() {
+            bail!("from_vec", "{} elements cannot fill shape {} ({n} elements)", data.len(), fmt_dims(dims));
+        }
+        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data.as_slice())) };
+        Ok(Tensor::from_bytes(T::DTYPE, dims, bytes))
+    }
+
+    /// A tensor holding a copy of `bytes` (little-endian elements of `dtype`).
+    pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Tensor {
+        Tensor::from_parts(Arc::new(Storage::from_bytes(dtype, bytes)), Layout::contiguous(dims))
+    }
+
+    /// A 0-dim tensor.
+    pub fn scalar<T: Element>(v: T) -> Tensor {
+        Tensor::from_vec(vec![v], &[]).expect("one element")
+    }
+
+    /// `torch.full`.
+    pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
+        let t = Tensor::zeros(dims, dtype);
+        if value != 0.0 {
+            let src = Tensor::scalar(value);
+            let src = src.expand_to(dims).expect("scalar expands anywhere");
+            kiln_runtime::convert(src.view(), t.view());
+        }
+        t
+    }
+
+    pub fn ones(dims: &[usize], dtype: DType) -> Tensor {
+        Tensor::full(dims, 1.0, dtype)
+    }
+
+    /// `torch.arange(n)` as `dtype`.
+    pub fn arange(n: usize, dtype: DType) -> Tensor {
+        let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
+        Tensor::from_vec(v, &[n]).expect("sized").to_dtype(dtype).expect("cast")
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.storage.dtype()
+    }
+    pub fn dims(&self) -> &[usize] {
+        &self.layout.dims
+    }
+    pub fn strides(&self) -> &[isize] {
+        &self.layout.strides
+    }
+    /// Storage offset in elements.
+    pub fn offset(&self) -> usize {
+        self.layout.offset
+    }
+    pub fn rank(&self) -> usize {
+        self.layout.rank()
+    }
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+    /// Whether both tensors are views of one storage.
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+    /// Size of `dim` (negative counts from the end).
+    pub fn size(&self, dim: i64) -> Result<usize> {
+        Ok(self.layout.dims[kiln_ir::shape::norm_dim("size", dim, self.rank())?])
+    }
+    pub fn meta(&self) -> kiln_ir::op::Meta {
+        kiln_ir::op::Meta { dtype: self.dtype(), dims: self.layout.dims.clone() }
+    }
+
+    /// The runtime's view of this tensor.
+    pub fn view(&self) -> View<'_> {
+        View { storage: &self.storage, layout: &self.layout }
+    }
+
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor { storage: self.storage.clone(), layout }
+    }
+
+    /// Copies the elements out in row-major order as `T` (which must match the dtype).
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype() {
+            bail!("to_vec", "tensor is {} but {} was requested", self.dtype(), T::DTYPE);
+        }
+        let c = self.contiguous()?;
+        let s = unsafe { c.storage.as_slice::<T>() };
+        Ok(s[c.layout.offset..c.layout.offset + c.numel()].to_vec())
+    }
+
+    /// The elements converted to f64, row-major (handy in tests).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        self.to_dtype(DType::F64).and_then(|t| t.to_vec::<f64>()).expect("any dtype converts to f64")
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item(&self) -> Result<f64> {
+        if self.numel() != 1 {
+            bail!("item", "a tensor with {} elements (shape {}) cannot be converted to a scalar", self.numel(), fmt_dims(self.dims()));
+        }
+        Ok(self.to_f64_vec()[0])
+    }
+
+    /// Raw little-endian bytes of the elements in row-major order.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let c = self.contiguous().expect("contiguous copy");
+        let sz = c.dtype().size();
+        let b = unsafe { c.storage.bytes() };
+        b[c.layout.offset * sz..(c.layout.offset + c.numel()) * sz].to_vec()
+    }
+
+    /// A contiguous copy in a new storage (always copies).
+    pub fn copy(&self) -> Result<Tensor> {
+        let out = Tensor::zeros(self.dims(), self.dtype());
+        crate::ops::pointwise::copy_into(self, &out)?;
+        Ok(out)
+    }
+
+    /// `self` if already contiguous, else a contiguous copy.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            Ok(self.clone())
+        } else {
+            self.copy()
+        }
+    }
+
+    pub(crate) fn strides_vec(&self) -> Strides {
+        self.layout.strides.clone()
+    }
+    pub(crate) fn dims_vec(&self) -> Dims {
+        self.layout.dims.clone()
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({} {}", self.dtype(), fmt_dims(self.dims()))?;
+        if self.numel() <= 16 {
+            write!(f, " {:?}", self.to_f64_vec())?;
+        }
+        write!(f, ")")
+    }
+}

@@ -1,0 +1,464 @@
+//! 2-D pooling on the CPU over contiguous `[N*C, H, W]` planes: `max_pool2d`
+//! (with PyTorch's flat `h*W + w` indices), `avg_pool2d`, and the adaptive
+//! variants. Geometry comes checked from `kiln_ir::op::pool`.
+//!
+//! NaN handling follows PyTorch: a NaN in a max window wins (the last NaN's
+//! index is reported); ties keep the first maximum.
+
+use super::{threads, Elem, PAR_MIN_WORK};
+use kiln_ir::op::pool::{adaptive_range, Pool2dGeometry};
+use rayon::prelude::*;
+
+/// Runs `f(plane_index, out_plane, idx_plane)` over every output plane,
+/// in parallel when the work is worth it.
+fn for_planes<T: Elem>(
+    g: &Pool2dGeometry,
+    work_per_plane: usize,
+    out: &mut [T],
+    indices: Option<&mut [i64]>,
+    f: impl Fn(usize, &mut [T], Option<&mut [i64]>) + Sync,
+) {
+    let plane = g.out_size[0] * g.out_size[1];
+    if plane == 0 || g.planes() == 0 {
+        return;
+    }
+    let par = threads() > 1 && g.planes() > 1 && work_per_plane * g.planes() >= PAR_MIN_WORK;
+    match indices {
+        Some(idx) if par => out
+            .par_chunks_mut(plane)
+            .zip(idx.par_chunks_mut(plane))
+            .enumerate()
+            .for_each(|(p, (o, i))| f(p, o, Some(i))),
+        Some(idx) => {
+            for (p, (o, i)) in out.chunks_mut(plane).zip(idx.chunks_mut(plane)).enumerate() {
+                f(p, o, Some(i));
+            }
+        }
+        None if par => out
+            .par_chunks_mut(plane)
+            .enumerate()
+            .for_each(|(p, o)| f(p, o, None)),
+        None => out
+            .chunks_mut(plane)
+            .enumerate()
+            .for_each(|(p, o)| f(p, o, None)),
+    }
+}
+
+fn check_lens<T>(op: &str, g: &Pool2dGeometry, input: &[T], out: &[T], indices: Option<&[i64]>) {
+    let [h, w] = g.in_size;
+    let [oh, ow] = g.out_size;
+    assert_eq!(
+        input.len(),
+        g.planes() * h * w,
+        "{op}: input length does not match geometry"
+    );
+    assert_eq!(
+        out.len(),
+        g.planes() * oh * ow,
+        "{op}: out length does not match geometry"
+    );
+    if let Some(i) = indices {
+        assert_eq!(
+            i.len(),
+            out.len(),
+            "{op}: indices length does not match geometry"
+        );
+    }
+}
+
+/// Max over the window `rows x cols` of `x` (row length `w`), PyTorch's
+/// update rule `val > max || isnan(val)`. Returns (value, flat index);
+/// an empty window gives `(-inf, first index)`.
+#[inline]
+fn window_max<T: Elem>(
+    x: &[T],
+    w: usize,
+    rows: impl Iterator<Item = usize> + Clone,
+    cols: impl Iterator<Item = usize> + Clone,
+    first: usize,
+) -> (T, usize) {
+    let (mut best, mut at) = (T::NEG_INFINITY, first);
+    for ih in rows {
+        let row = &x[ih * w..(ih + 1) * w];
+        for iw in cols.clone() {
+            let v = row[iw];
+            if v > best || v.is_nan() {
+                best = v;
+                at = ih * w + iw;
+            }
+        }
+    }
+    (best, at)
+}
+
+/// First index `>= start` reachable from a possibly negative `start` by steps of `d`.
+#[inline]
+fn first_inside(start: isize, d: usize) -> usize {
+    if start >= 0 {
+        start as usize
+    } else {
+        let d = d as isize;
+        (start + ((-start + d - 1) / d) * d) as usize
+    }
+}
+
+/// `max_pool2d`: writes window maxima to `out` and, if given, their flat
+/// in-plane indices (`h*W + w`) to `indices`.
+pub fn max_pool2d<T: Elem>(
+    g: &Pool2dGeometry,
+    input: &[T],
+    out: &mut [T],
+    indices: Option<&mut [i64]>,
+) {
+    check_lens("max_pool2d", g, input, out, indices.as_deref());
+    let [h, w] = g.in_size;
+    let ow = g.out_size[1];
+    let p = g.params;
+    let f = |pi: usize, o: &mut [T], mut idx: Option<&mut [i64]>| {
+        let x = &input[pi * h * w..(pi + 1) * h * w];
+        for (k, ov) in o.iter_mut().enumerate() {
+            let (r, c) = (k / ow, k % ow);
+            let h0 = (r * p.stride[0]) as isize - p.padding[0] as isize;
+            let w0 = (c * p.stride[1]) as isize - p.padding[1] as isize;
+            let h1 =
+                ((h0 + ((p.kernel[0] - 1) * p.dilation[0]) as isize + 1).max(0) as usize).min(h);
+            let w1 =
+                ((w0 + ((p.kernel[1] - 1) * p.dilation[1]) as isize + 1).max(0) as usize).min(w);
+            let (h0, w0) = (
+                first_inside(h0, p.dilation[0]),
+                first_inside(w0, p.dilation[1]),
+            );
+            let rows = (h0..h1.max(h0)).step_by(p.dilation[0]);
+            let cols = (w0..w1.max(w0)).step_by(p.dilation[1]);
+            let (v, at) = window_max(x, w, rows, cols, h0 * w + w0);
+            *ov = v;
+            if let Some(ix) = idx.as_deref_mut() {
+                ix[k] = at as i64;
+            }
+        }
+    };
+    for_planes(
+        g,
+        p.kernel[0] * p.kernel[1] * g.out_size[0] * ow,
+        out,
+        indices,
+        f,
+    );
+}
+
+/// `avg_pool2d` with PyTorch's divisor rules: the window is clipped to the
+/// padded input for `count_include_pad`, to the input otherwise;
+/// `divisor_override` (non-zero, checked by `kiln_ir::op::pool`) replaces both.
+pub fn avg_pool2d<T: Elem>(
+    g: &Pool2dGeometry,
+    input: &[T],
+    out: &mut [T],
+    count_include_pad: bool,
+    divisor_override: Option<i64>,
+) {
+    check_lens("avg_pool2d", g, input, out, None);
+    let [h, w] = g.in_size;
+    let ow = g.out_size[1];
+    let p = g.params;
+    let f = |pi: usize, o: &mut [T], _: Option<&mut [i64]>| {
+        let x = &input[pi * h * w..(pi + 1) * h * w];
+        for (k, ov) in o.iter_mut().enumerate() {
+            let (r, c) = (k / ow, k % ow);
+            let hs = (r * p.stride[0]) as isize - p.padding[0] as isize;
+            let ws = (c * p.stride[1]) as isize - p.padding[1] as isize;
+            let he = (hs + p.kernel[0] as isize).min((h + p.padding[0]) as isize);
+            let we = (ws + p.kernel[1] as isize).min((w + p.padding[1]) as isize);
+            let pool_size = (he - hs) * (we - ws);
+            let (hs, ws) = (hs.max(0) as usize, ws.max(0) as usize);
+            let (he, we) = ((he.max(0) as usize).min(h), (we.max(0) as usize).min(w));
+            if hs >= he || ws >= we {
+                *ov = T::ZERO;
+                continue;
+            }
+            let mut sum = T::ZERO;
+            for ih in hs..he {
+                for v in &x[ih * w + ws..ih * w + we] {
+                    sum += *v;
+                }
+            }
+            let div = match divisor_override {
+                Some(d) => d as f64,
+                None if count_include_pad => pool_size as f64,
+                None => ((he - hs) * (we - ws)) as f64,
+            };
+            *ov = sum / T::from_f64(div);
+        }
+    };
+    for_planes(
+        g,
+        p.kernel[0] * p.kernel[1] * g.out_size[0] * ow,
+        out,
+        None,
+        f,
+    );
+}
+
+/// `adaptive_avg_pool2d`: cell `(i, j)` averages rows
+/// `floor(i*H/OH)..ceil((i+1)*H/OH)` and the same for columns.
+pub fn adaptive_avg_pool2d<T: Elem>(g: &Pool2dGeometry, input: &[T], out: &mut [T]) {
+    check_lens("adaptive_avg_pool2d", g, input, out, None);
+    let [h, w] = g.in_size;
+    let [oh, ow] = g.out_size;
+    let f = |pi: usize, o: &mut [T], _: Option<&mut [i64]>| {
+        let x = &input[pi * h * w..(pi + 1) * h * w];
+        for (k, ov) in o.iter_mut().enumerate() {
+            let (hs, he) = adaptive_range(k / ow, h, oh);
+            let (ws, we) = adaptive_range(k % ow, w, ow);
+            let mut sum = T::ZERO;
+            for ih in hs..he {
+                for v in &x[ih * w + ws..ih * w + we] {
+                    sum += *v;
+                }
+            }
+            *ov = sum / T::from_f64(((he - hs) * (we - ws)) as f64);
+        }
+    };
+    for_planes(g, h * w, out, None, f);
+}
+
+/// `adaptive_max_pool2d` with flat in-plane indices, same windows as
+/// [`adaptive_avg_pool2d`].
+pub fn adaptive_max_pool2d<T: Elem>(
+    g: &Pool2dGeometry,
+    input: &[T],
+    out: &mut [T],
+    indices: Option<&mut [i64]>,
+) {
+    check_lens("adaptive_max_pool2d", g, input, out, indices.as_deref());
+    let [h, w] = g.in_size;
+    let [oh, ow] = g.out_size;
+    let f = |pi: usize, o: &mut [T], mut idx: Option<&mut [i64]>| {
+        let x = &input[pi * h * w..(pi + 1) * h * w];
+        for (k, ov) in o.iter_mut().enumerate() {
+            let (hs, he) = adaptive_range(k / ow, h, oh);
+            let (ws, we) = adaptive_range(k % ow, w, ow);
+            let (v, at) = window_max(x, w, hs..he, ws..we, hs * w + ws);
+            *ov = v;
+            if let Some(ix) = idx.as_deref_mut() {
+                ix[k] = at as i64;
+            }
+        }
+    };
+    for_planes(g, h * w, out, indices, f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testutil::{assert_close, Lcg};
+    use super::*;
+    use kiln_ir::op::pool::{adaptive_pool2d_geometry, pool2d_geometry, Pool2dParams};
+
+    /// Reference: visit every window cell including padding, PyTorch's rules spelled out.
+    fn naive_max(g: &Pool2dGeometry, x: &[f64]) -> (Vec<f64>, Vec<i64>) {
+        let ([h, w], [oh, ow], p) = (g.in_size, g.out_size, g.params);
+        let (mut o, mut ix) = (vec![], vec![]);
+        for pl in 0..g.planes() {
+            for r in 0..oh {
+                for c in 0..ow {
+                    let (mut best, mut at) = (f64::NEG_INFINITY, -1i64);
+                    for i in 0..p.kernel[0] {
+                        for j in 0..p.kernel[1] {
+                            let ih = (r * p.stride[0] + i * p.dilation[0]) as isize
+                                - p.padding[0] as isize;
+                            let iw = (c * p.stride[1] + j * p.dilation[1]) as isize
+                                - p.padding[1] as isize;
+                            if ih < 0 || iw < 0 || ih >= h as isize || iw >= w as isize {
+                                continue;
+                            }
+                            let fi = ih as usize * w + iw as usize;
+                            let v = x[pl * h * w + fi];
+                            if at < 0 || v > best || v.is_nan() {
+                                best = v;
+                                at = fi as i64;
+                            }
+                        }
+                    }
+                    o.push(best);
+                    ix.push(at);
+                }
+            }
+        }
+        (o, ix)
+    }
+
+    fn naive_avg(g: &Pool2dGeometry, x: &[f64], include_pad: bool, div: Option<i64>) -> Vec<f64> {
+        let ([h, w], [oh, ow], p) = (g.in_size, g.out_size, g.params);
+        let mut o = vec![];
+        for pl in 0..g.planes() {
+            for r in 0..oh {
+                for c in 0..ow {
+                    let (mut sum, mut n_in, mut n_pad) = (0.0, 0, 0);
+                    for i in 0..p.kernel[0] {
+                        for j in 0..p.kernel[1] {
+                            let ih = (r * p.stride[0] + i) as isize - p.padding[0] as isize;
+                            let iw = (c * p.stride[1] + j) as isize - p.padding[1] as isize;
+                            // Cells beyond the right/bottom padding do not count at all.
+                            if ih >= (h + p.padding[0]) as isize
+                                || iw >= (w + p.padding[1]) as isize
+                            {
+                                continue;
+                            }
+                            n_pad += 1;
+                            if ih >= 0 && iw >= 0 && ih < h as isize && iw < w as isize {
+                                sum += x[pl * h * w + ih as usize * w + iw as usize];
+                                n_in += 1;
+                            }
+                        }
+                    }
+                    let d = div.map_or(if include_pad { n_pad } else { n_in } as f64, |d| d as f64);
+                    o.push(if n_in == 0 { 0.0 } else { sum / d });
+                }
+            }
+        }
+        o
+    }
+
+    fn pp(
+        k: [usize; 2],
+        s: [usize; 2],
+        pad: [usize; 2],
+        d: [usize; 2],
+        ceil: bool,
+    ) -> Pool2dParams {
+        Pool2dParams {
+            kernel: k,
+            stride: s,
+            padding: pad,
+            dilation: d,
+            ceil_mode: ceil,
+        }
+    }
+
+    #[test]
+    fn max_pool_matches_reference() {
+        let cases = [
+            (&[2, 3, 7, 8][..], pp([2, 2], [2, 2], [0, 0], [1, 1], false)),
+            (&[2, 3, 7, 8][..], pp([2, 2], [2, 2], [0, 0], [1, 1], true)),
+            (&[1, 2, 9, 9][..], pp([3, 3], [2, 2], [1, 1], [1, 1], true)),
+            (&[1, 2, 10, 11][..], pp([3, 2], [2, 3], [1, 1], [2, 1], true)),
+            (&[2, 5, 6][..], pp([3, 3], [1, 1], [1, 0], [2, 2], false)),
+            (&[4, 16, 24, 24][..], pp([3, 3], [2, 2], [1, 1], [1, 1], false)),
+        ];
+        for (i, (shape, p)) in cases.iter().enumerate() {
+            let g = pool2d_geometry("max_pool2d", shape, p).unwrap();
+            let mut r = Lcg(40 + i as u64);
+            // Quantised values make ties common.
+            let x: Vec<f64> = (0..shape.iter().product())
+                .map(|_| (r.next_f64() * 4.0).round())
+                .collect();
+            let (want, want_ix) = naive_max(&g, &x);
+            let mut got = vec![0.0; want.len()];
+            let mut ix = vec![0i64; want.len()];
+            max_pool2d(&g, &x, &mut got, Some(&mut ix));
+            assert_close(&got, &want, 0.0, &format!("max_pool2d {shape:?} {p:?}"));
+            assert_eq!(ix, want_ix, "indices {shape:?} {p:?}");
+            let mut got2 = vec![0.0; want.len()];
+            max_pool2d(&g, &x, &mut got2, None);
+            assert_eq!(got, got2);
+        }
+    }
+
+    #[test]
+    fn max_pool_nan_wins() {
+        let g = pool2d_geometry("max_pool2d", &[1, 1, 2, 2], &Pool2dParams::new([2, 2])).unwrap();
+        let x = [1.0f32, f32::NAN, 5.0, 2.0];
+        let (mut o, mut ix) = ([0f32], [0i64]);
+        max_pool2d(&g, &x, &mut o, Some(&mut ix));
+        assert!(o[0].is_nan());
+        assert_eq!(ix[0], 1);
+        let x = [3.0f32, 3.0, 1.0, 3.0];
+        max_pool2d(&g, &x, &mut o, Some(&mut ix));
+        assert_eq!((o[0], ix[0]), (3.0, 0));
+    }
+
+    #[test]
+    fn avg_pool_matches_reference() {
+        let cases = [
+            (&[2, 3, 7, 8][..], pp([2, 2], [2, 2], [0, 0], [1, 1], false)),
+            (&[2, 3, 7, 8][..], pp([3, 3], [2, 2], [1, 1], [1, 1], true)),
+            (&[1, 2, 5, 5][..], pp([2, 2], [2, 2], [1, 1], [1, 1], true)),
+            (&[1, 2, 10, 11][..], pp([3, 2], [2, 3], [1, 1], [1, 1], true)),
+            (&[3, 6, 6][..], pp([3, 3], [1, 1], [1, 1], [1, 1], false)),
+            (&[4, 16, 24, 24][..], pp([3, 3], [2, 2], [1, 0], [1, 1], true)),
+        ];
+        for (i, (shape, p)) in cases.iter().enumerate() {
+            let g = pool2d_geometry("avg_pool2d", shape, p).unwrap();
+            let mut r = Lcg(50 + i as u64);
+            let x: Vec<f64> = r.vec(shape.iter().product());
+            for (inc, div) in [
+                (true, None),
+                (false, None),
+                (true, Some(3)),
+                (false, Some(7)),
+            ] {
+                let want = naive_avg(&g, &x, inc, div);
+                let mut got = vec![0.0; want.len()];
+                avg_pool2d(&g, &x, &mut got, inc, div);
+                assert_close(
+                    &got,
+                    &want,
+                    1e-12,
+                    &format!("avg_pool2d {shape:?} {p:?} {inc} {div:?}"),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn adaptive_pools_match_reference() {
+        for (i, (shape, os)) in [
+            (&[2, 3, 10, 9][..], [3, 4]),
+            (&[1, 2, 5, 7][..], [5, 7]),
+            (&[2, 3, 4][..], [6, 5]),
+            (&[8, 16, 13, 13][..], [1, 1]),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let g = adaptive_pool2d_geometry("adaptive_avg_pool2d", shape, *os).unwrap();
+            let mut r = Lcg(60 + i as u64);
+            let x: Vec<f64> = (0..shape.iter().product())
+                .map(|_| (r.next_f64() * 4.0).round())
+                .collect();
+            let [h, w] = g.in_size;
+            let (mut wa, mut wm, mut wi) = (vec![], vec![], vec![]);
+            for pl in 0..g.planes() {
+                for a in 0..os[0] {
+                    for b in 0..os[1] {
+                        let hs = a * h / os[0];
+                        let he = ((a + 1) * h + os[0] - 1) / os[0];
+                        let ws = b * w / os[1];
+                        let we = ((b + 1) * w + os[1] - 1) / os[1];
+                        let (mut s, mut m, mut at) = (0.0, f64::NEG_INFINITY, 0i64);
+                        for ih in hs..he {
+                            for iw in ws..we {
+                                let v = x[pl * h * w + ih * w + iw];
+                                s += v;
+                                if v > m {
+                                    m = v;
+                                    at = (ih * w + iw) as i64;
+                                }
+                            }
+                        }
+                        wa.push(s / ((he - hs) * (we - ws)) as f64);
+                        wm.push(m);
+                        wi.push(at);
+                    }
+                }
+            }
+            let mut got = vec![0.0; wa.len()];
+            adaptive_avg_pool2d(&g, &x, &mut got);
+            assert_close(&got, &wa, 1e-12, &format!("adaptive_avg {shape:?}"));
+            let mut ix = vec![0i64; wa.len()];
+            adaptive_max_pool2d(&g, &x, &mut got, Some(&mut ix));
+            assert_close(&got, &wm, 0.0, &format!("adaptive_max {shape:?}"));
+            assert_eq!(ix, wi);
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Loading the PyTorch fixtures: manifest, safetensors, `input_view`
+//! expressions, and NaN-aware comparison.
+
+pub mod ops;
+
+use kiln::{DType, Tensor};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+pub struct Fixtures {
+    pub cases: Vec<Value>,
+    files: HashMap<String, Vec<u8>>,
+}
+
+/// One manifest case, with the fields the harness uses.
+pub struct Case {
+    pub suite: String,
+    pub file: String,
+    pub case: String,
+    pub op: String,
+    pub attrs: Value,
+    pub inputs: Vec<String>,
+    pub roles: Vec<String>,
+    pub outputs: Vec<String>,
+    pub dtypes: HashMap<String, String>,
+    pub input_view: HashMap<String, String>,
+    pub rtol: f64,
+    pub atol: f64,
+    pub expect_error: bool,
+    pub views: Vec<Value>,
+}
+
+pub fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+impl Fixtures {
+    pub fn load() -> Fixtures {
+        let text = std::fs::read_to_string(dir().join("manifest.json")).expect("tests/fixtures/manifest.json");
+        let m: Value = serde_json::from_str(&text).expect("manifest parses");
+        let cases = m["cases"].as_array().expect("cases").clone();
+        let mut files = HashMap::new();
+        for c in &cases {
+            let f = c["file"].as_str().unwrap().to_string();
+            if !files.contains_key(&f) {
+                let bytes = std::fs::read(dir().join(&f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+                files.insert(f, bytes);
+            }
+        }
+        Fixtures { cases, files }
+    }
+
+    /// A stored tensor as a kiln tensor of the manifest's dtype (bools are stored as u8).
+    pub fn tensor(&self, c: &Case, name: &str) -> Result<Tensor, String> {
+        let st = safetensors::SafeTensors::deserialize(&self.files[&c.file]).map_err(|e| e.to_string())?;
+        let v = st.tensor(name).map_err(|e| format!("{name}: {e}"))?;
+        let dt = match v.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F64 => DType::F64,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::BF16 => DType::BF16,
+            safetensors::Dtype::I64 => DType::I64,
+            safetensors::Dtype::I32 => DType::I32,
+            safetensors::Dtype::I16 => DType::I16,
+            safetensors::Dtype::I8 => DType::I8,
+            safetensors::Dtype::U8 => DType::U8,
+            safetensors::Dtype::BOOL => DType::Bool,
+            other => return Err(format!("{name}: unsupported dtype {other:?}")),
+        };
+        let dt = match c.dtypes.get(name).map(String::as_str) {
+            Some("bool") => DType::Bool,
+            _ => dt,
+        };
+        Ok(Tensor::from_bytes(dt, v.shape(), v.data()))
+    }
+
+    /// The case's inputs, each through its `input_view` expression when given.
+    pub fn inputs(&self, c: &Case) -> Result<Vec<Tensor>, String> {
+        let stored = c.inputs.iter().map(|n| self.tensor(c, n)).collect::<Result<Vec<_>, _>>()?;
+        (0..stored.len())
+            .map(|k| match c.input_view.get(&format!("in{k}")) {
+                Some(expr) => eval_view(&stored, expr),
+                None => Ok(stored[k].clone()),
+            })
+            .collect()
+    }
+}
+
+pub fn load_suite(fx: &Fixtures, suite: &str) -> Vec<Case> {
+    fx.cases
+        .iter()
+        .filter(|c| c["suite"] == suite && !c["outputs"].as_array().map(|o| o.is_empty()).unwrap_or(true) || (c["suite"] == suite && c["expect_error"] == true))
+        .map(|c| {
+            let strs = |k: &str| -> Vec<String> {
+                c[k].as_array().map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect()).unwrap_or_default()
+            };
+            let map = |k: &str| -> HashMap<String, String> {
+                c[k].as_object()
+                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+                    .unwrap_or_default()
+            };
+            Case {
+                suite: suite.to_string(),
+                file: c["file"].as_str().unwrap().to_string(),
+                case: c["case"].as_str().unwrap().to_string(),
+                op: c["op"].as_str().unwrap().to_string(),
+                attrs: c["attrs"].clone(),
+                inputs: strs("inputs"),
+                roles: strs("roles"),
+                outputs: strs("outputs"),
+                dtypes: map("dtypes"),
+                input_view: map("input_view"),
+                rtol: c["rtol"].as_f64().unwrap_or(0.0),
+                atol: c["atol"].as_f64().unwrap_or(0.0),
+                expect_error: c["expect_error"] == true,
+                views: c["views"].as_array().cloned().unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+fn ints(s: &str) -> Vec<i64> {
+    s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect()
+}
+
+/// Evaluates the small Python view expressions of the manifest:
+/// `in0.t()`, `in0.transpose(0, 2)`, `in0.permute(1, 0, 2)`, `in0.expand(3, 4)`, `in0[1:]`.
+pub fn eval_view(stored: &[Tensor], expr: &str) -> Result<Tensor, String> {
+    let k: usize = expr[2..3].parse().map_err(|_| format!("bad expr {expr}"))?;
+    let mut t = stored[k].clone();
+    let mut rest = &expr[3..];
+    while !rest.is_empty() {
+        let r = if let Some(body) = rest.strip_prefix('[') {
+            let end = body.find(']').unwrap();
+            for (d, part) in body[..end].split(',').enumerate() {
+                let p: Vec<&str> = part.split(':').map(str::trim).collect();
+                let num = |s: &str| if s.is_empty() { None } else { Some(s.parse::<i64>().unwrap()) };
+                t = t.slice(d as i64, num(p[0]), p.get(1).and_then(|s| num(s)), p.get(2).and_then(|s| num(s)).unwrap_or(1)).map_err(|e| e.to_string())?;
+            }
+            rest = &body[end + 1..];
+            continue;
+        } else {
+            rest.strip_prefix('.').ok_or(format!("bad expr {expr}"))?
+        };
+        let open = r.find('(').unwrap();
+        let close = r.find(')').unwrap();
+        let (name, args) = (&r[..open], ints(&r[open + 1..close]));
+        t = match name {
+            "t" => t.t(),
+            "transpose" => t.transpose(args[0], args[1]),
+            "permute" => t.permute(&args),
+            "expand" => t.expand(&args),
+            _ => return Err(format!("unknown view method {name} in {expr}")),
+        }
+        .map_err(|e| e.to_string())?;
+        rest = &r[close + 1..];
+    }
+    Ok(t)
+}
+
+/// `|a - b| <= atol + rtol |b|` elementwise, NaN == NaN, infinities equal only
+/// to themselves; shapes and dtypes must match too.
+pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+    if got.dims() != want.dims() {
+        return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
+    }
+    if got.dtype() != want.dtype() {
+        return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
+    }
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let mut worst: Option<(usize, f64, f64)> = None;
+    let mut bad = 0;
+    for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+        let ok = if a.is_nan() || b.is_nan() {
+            a.is_nan() && b.is_nan()
+        } else if a.is_infinite() || b.is_infinite() {
+            a == b
+        } else {
+            (a - b).abs() <= atol + rtol * b.abs()
+        };
+        if !ok {
+            bad += 1;
+            if worst.is_none() {
+                worst = Some((i, a, b));
+            }
+        }
+    }
+    match worst {
+        None => Ok(()),
+        Some((i, a, b)) => Err(format!("{bad}/{} elements differ; first at {i}: got {a:e}, expected {b:e}", g.len())),
+    }
+}
+
+/// Layout checks of view cases: shape, strides, offset, contiguity, aliasing.
+pub fn check_view(got: &Tensor, v: &Value, inputs: &[Tensor]) -> Result<(), String> {
+    let arr = |k: &str| -> Vec<i64> { v[k].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect() };
+    let dims: Vec<i64> = got.dims().iter().map(|&d| d as i64).collect();
+    let strides: Vec<i64> = got.strides().iter().map(|&d| d as i64).collect();
+    if dims != arr("shape") {
+        return Err(format!("view shape {dims:?}, expected {:?}", arr("shape")));
+    }
+    if got.is_contiguous() != v["is_contiguous"].as_bool().unwrap() {
+        return Err(format!("is_contiguous {}, expected {}", got.is_contiguous(), v["is_contiguous"]));
+    }
+    let aliases = inputs.iter().any(|i| got.shares_storage(i));
+    if aliases != v["aliases_input"].as_bool().unwrap() {
+        return Err(format!("aliases input: {aliases}, expected {}", v["aliases_input"]));
+    }
+    let want_s = arr("strides");
+    if strides != want_s {
+        return Err(format!("strides {strides:?}, expected {want_s:?}"));
+    }
+    if aliases && got.offset() as i64 != v["offset"].as_i64().unwrap() {
+        return Err(format!("offset {}, expected {}", got.offset(), v["offset"]));
+    }
+    Ok(())
+}
