@@ -7,6 +7,7 @@ mod fixture_support;
 
 use fixture_support::{compare, load_suite, Case, Fixtures};
 use kiln::Tensor;
+use std::io::Write;
 
 const FORWARD_SUITES: [&str; 11] =
     ["ops_unary", "ops_binary", "reduce", "views", "matmul", "conv", "pool", "norm", "loss", "embedding", "half"];
@@ -47,11 +48,10 @@ fn pytorch_forward_fixtures() {
         }
         summary.push(format!("forward {suite}: {pass}/{}", cases.len()));
     }
-    for line in &summary {
-        println!("{line}");
-    }
-    for f in &failed {
-        println!("FAILED {f}");
+    // Written to stderr directly (not eprintln!) so the summary shows even when the test passes.
+    let mut err = std::io::stderr();
+    for line in summary.iter().chain(failed.iter()) {
+        let _ = writeln!(err, "{line}");
     }
     assert!(failed.is_empty(), "{} fixture cases failed:\n{}", failed.len(), failed.join("\n"));
 }
