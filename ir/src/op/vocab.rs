@@ -1,0 +1,275 @@
+//! [`Op`]: the one op vocabulary of kiln. Graph nodes (the tracer, the
+//! passes) name ops with it; [`Op::infer`] dispatches to the same inference
+//! and argument checks the eager path calls directly, so both agree.
+
+use super::conv::{self, ConvParams, ConvTransposeParams};
+use super::infer::{self, Arg, Meta};
+use super::pool::{self, Pool2dParams};
+use super::{embedding, matmul, view, BinaryOp, Float, Layout, ReduceKind, UnaryOp};
+use crate::dtype::Category;
+use crate::shape::{fmt_dims, Dims};
+use crate::{bail, DType, Result};
+
+/// Every op kiln knows, with its non-tensor arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    // pointwise
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    /// `x op s` (or `s op x` when `reversed`) with a Python number.
+    BinaryScalar { op: BinaryOp, scalar: Category, reversed: bool },
+    Where,
+    Cast(DType),
+    // reductions (dims empty = all)
+    Reduce { kind: ReduceKind, dims: Vec<i64>, keepdim: bool },
+    Mean { dims: Vec<i64>, keepdim: bool },
+    Var { dims: Vec<i64>, correction: Float, keepdim: bool },
+    Std { dims: Vec<i64>, correction: Float, keepdim: bool },
+    LogSumExp { dims: Vec<i64>, keepdim: bool },
+    Softmax { dim: i64 },
+    LogSoftmax { dim: i64 },
+    // normalisation (inputs: x, then the optional tensors present)
+    LayerNorm { normalized_shape: Vec<usize>, eps: Float },
+    GroupNorm { groups: usize, eps: Float },
+    BatchNorm { training: bool, momentum: Float, eps: Float },
+    // extern kernels
+    Matmul,
+    Linear,
+    Conv { params: ConvParams, spatial: usize },
+    ConvTranspose2d(ConvTransposeParams),
+    MaxPool2d(Pool2dParams),
+    AvgPool2d { params: Pool2dParams, count_include_pad: bool },
+    AdaptiveAvgPool2d([usize; 2]),
+    AdaptiveMaxPool2d([usize; 2]),
+    Embedding,
+    // layout and data movement
+    View(Vec<i64>),
+    Permute(Vec<i64>),
+    Expand(Vec<i64>),
+    Slice { dim: i64, start: Option<i64>, stop: Option<i64>, step: i64 },
+    Select { dim: i64, index: i64 },
+    Cat { dim: i64 },
+    IndexSelect { dim: i64 },
+    Gather { dim: i64 },
+    MaskedFill,
+    // losses (inputs: input, target, then weights)
+    CrossEntropy,
+    NllLoss,
+    /// mse, l1, smooth_l1, huber, bce, bce_with_logits: elementwise then reduced
+    PairLoss { name: &'static str, reduce: bool },
+}
+
+fn one(m: Meta) -> Result<Vec<Meta>> {
+    Ok(vec![m])
+}
+
+fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+    if ins.len() < n {
+        bail!(op, "expected at least {n} tensor inputs, got {}", ins.len());
+    }
+    Ok(())
+}
+
+impl Op {
+    pub fn name(&self) -> String {
+        match self {
+            Op::Unary(u) => u.name().into(),
+            Op::Binary(b) | Op::BinaryScalar { op: b, .. } => b.name().into(),
+            Op::Reduce { kind, .. } => kind.name().into(),
+            Op::PairLoss { name, .. } => (*name).into(),
+            other => {
+                let s = format!("{other:?}");
+                let head = s.split(|c: char| !c.is_alphanumeric()).next().unwrap_or("");
+                // CamelCase -> snake_case
+                let mut out = String::new();
+                for (i, ch) in head.chars().enumerate() {
+                    if ch.is_uppercase() && i > 0 {
+                        out.push('_');
+                    }
+                    out.push(ch.to_ascii_lowercase());
+                }
+                out
+            }
+        }
+    }
+
+    /// Output types and shapes for `ins`, with the op's argument checks.
+    pub fn infer(&self, ins: &[Meta]) -> Result<Vec<Meta>> {
+        let name = self.name();
+        let pw = |s: infer::PointwiseSig| one(Meta { dtype: s.out, dims: s.dims });
+        let x = ins.first();
+        match self {
+            Op::Unary(u) => {
+                need(&name, ins, 1)?;
+                pw(infer::unary(*u, &ins[0])?)
+            }
+            Op::Binary(b) => {
+                need(&name, ins, 2)?;
+                pw(infer::binary(*b, Arg::Tensor(&ins[0]), Arg::Tensor(&ins[1]))?)
+            }
+            Op::BinaryScalar { op, scalar, reversed } => {
+                need(&name, ins, 1)?;
+                let (t, s) = (Arg::Tensor(&ins[0]), Arg::Scalar(*scalar));
+                pw(if *reversed { infer::binary(*op, s, t)? } else { infer::binary(*op, t, s)? })
+            }
+            Op::Where => {
+                need(&name, ins, 3)?;
+                pw(infer::where_(&ins[0], Arg::Tensor(&ins[1]), Arg::Tensor(&ins[2]))?)
+            }
+            Op::Cast(d) => {
+                need(&name, ins, 1)?;
+                one(Meta { dtype: *d, dims: ins[0].dims.clone() })
+            }
+            Op::Reduce { kind, dims, keepdim } => {
+                need(&name, ins, 1)?;
+                let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
+                one(infer::reduce(*kind, &ins[0], &rd, *keepdim)?)
+            }
+            Op::Mean { dims, keepdim } | Op::Var { dims, keepdim, .. } | Op::Std { dims, keepdim, .. } | Op::LogSumExp { dims, keepdim } => {
+                need(&name, ins, 1)?;
+                infer::require_float(&name, &ins[0])?;
+                let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
+                one(Meta { dtype: ins[0].dtype, dims: infer::reduced_shape(&ins[0].dims, &rd, *keepdim) })
+            }
+            Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+                need(&name, ins, 1)?;
+                infer::require_float(&name, &ins[0])?;
+                crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
+                one(ins[0].clone())
+            }
+            Op::LayerNorm { normalized_shape, .. } => {
+                need(&name, ins, 1)?;
+                let d = &ins[0].dims;
+                let k = normalized_shape.len();
+                if k == 0 || k > d.len() || d[d.len() - k..] != normalized_shape[..] {
+                    bail!(name, "normalized_shape {} does not match the trailing dims of input {}", fmt_dims(normalized_shape), fmt_dims(d));
+                }
+                one(ins[0].clone())
+            }
+            Op::GroupNorm { .. } | Op::BatchNorm { .. } => {
+                need(&name, ins, 1)?;
+                if ins[0].dims.len() < 2 {
+                    bail!(name, "expected an input of shape (N, C, *), got {}", fmt_dims(&ins[0].dims));
+                }
+                let c = ins[0].dims[1];
+                for m in &ins[1..] {
+                    if m.dims.as_slice() != [c] {
+                        bail!(name, "per-channel tensor has shape {} but the input {} has {c} channels", fmt_dims(&m.dims), fmt_dims(&ins[0].dims));
+                    }
+                }
+                one(ins[0].clone())
+            }
+            Op::Matmul => {
+                need(&name, ins, 2)?;
+                one(Meta { dtype: ins[0].dtype, dims: matmul::matmul_shape(&ins[0].dims, &ins[1].dims)? })
+            }
+            Op::Linear => {
+                need(&name, ins, 2)?;
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta { dtype: ins[0].dtype, dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)? })
+            }
+            Op::Conv { params, spatial } => {
+                need(&name, ins, 2)?;
+                let op = if *spatial == 1 { "conv1d" } else { "conv2d" };
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta { dtype: ins[0].dtype, dims: conv::conv_shape(op, &ins[0].dims, &ins[1].dims, bias, params)? })
+            }
+            Op::ConvTranspose2d(p) => {
+                need(&name, ins, 2)?;
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta { dtype: ins[0].dtype, dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)? })
+            }
+            Op::MaxPool2d(p) => {
+                need(&name, ins, 1)?;
+                let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
+                Ok(vec![Meta { dtype: ins[0].dtype, dims: d.clone() }, Meta { dtype: DType::I64, dims: d }])
+            }
+            Op::AvgPool2d { params, .. } => {
+                need(&name, ins, 1)?;
+                one(Meta { dtype: ins[0].dtype, dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)? })
+            }
+            Op::AdaptiveAvgPool2d(o) | Op::AdaptiveMaxPool2d(o) => {
+                need(&name, ins, 1)?;
+                let d = pool::adaptive_pool2d_shape(&name, &ins[0].dims, *o)?;
+                let mut out = vec![Meta { dtype: ins[0].dtype, dims: d.clone() }];
+                if matches!(self, Op::AdaptiveMaxPool2d(_)) {
+                    out.push(Meta { dtype: DType::I64, dims: d });
+                }
+                Ok(out)
+            }
+            Op::Embedding => {
+                need(&name, ins, 2)?;
+                one(Meta { dtype: ins[1].dtype, dims: embedding::embedding_shape(&ins[1].dims, &ins[0].dims, ins[0].dtype)? })
+            }
+            Op::View(shape) => {
+                need(&name, ins, 1)?;
+                let dims = view::infer_size("view", shape, ins[0].dims.iter().product(), &ins[0].dims)?;
+                one(Meta { dtype: ins[0].dtype, dims })
+            }
+            Op::Permute(p) => layout_op(ins, |l| view::permute(l, p)),
+            Op::Expand(s) => layout_op(ins, |l| view::expand(l, s)),
+            Op::Slice { dim, start, stop, step } => layout_op(ins, |l| view::slice(l, *dim, *start, *stop, *step)),
+            Op::Select { dim, index } => layout_op(ins, |l| view::select(l, *dim, *index)),
+            Op::Cat { dim } => {
+                need(&name, ins, 1)?;
+                let d = crate::shape::norm_dim("cat", *dim, ins[0].dims.len())?;
+                let mut dims: Dims = ins[0].dims.clone();
+                let mut dtype = ins[0].dtype;
+                for (i, m) in ins.iter().enumerate().skip(1) {
+                    if m.dims.len() != dims.len() || (0..dims.len()).any(|k| k != d && m.dims[k] != dims[k]) {
+                        bail!("cat", "tensor {i} has shape {} but tensor 0 has shape {}: sizes must match except in dim {d}", fmt_dims(&m.dims), fmt_dims(&ins[0].dims));
+                    }
+                    dims[d] += m.dims[d];
+                    dtype = crate::promote_types(dtype, m.dtype);
+                }
+                one(Meta { dtype, dims })
+            }
+            Op::IndexSelect { dim } => {
+                need(&name, ins, 2)?;
+                let d = crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
+                let mut dims = ins[0].dims.clone();
+                dims[d] = ins[1].dims.iter().product();
+                one(Meta { dtype: ins[0].dtype, dims })
+            }
+            Op::Gather { .. } => {
+                need(&name, ins, 2)?;
+                one(Meta { dtype: ins[0].dtype, dims: ins[1].dims.clone() })
+            }
+            Op::MaskedFill => {
+                need(&name, ins, 2)?;
+                one(ins[0].clone())
+            }
+            Op::CrossEntropy | Op::NllLoss | Op::PairLoss { reduce: true, .. } => {
+                need(&name, ins, 2)?;
+                one(Meta { dtype: x.map(|m| m.dtype).unwrap_or(DType::F32), dims: Dims::new() })
+            }
+            Op::PairLoss { reduce: false, .. } => {
+                need(&name, ins, 2)?;
+                one(ins[0].clone())
+            }
+        }
+    }
+}
+
+fn layout_op(ins: &[Meta], f: impl FnOnce(&Layout) -> Result<Layout>) -> Result<Vec<Meta>> {
+    need("view", ins, 1)?;
+    let l = f(&Layout::contiguous(&ins[0].dims))?;
+    one(Meta { dtype: ins[0].dtype, dims: l.dims })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn infer_dispatches_to_the_shared_checks() {
+        let a = Meta::new(DType::F32, &[32, 2]);
+        let b = Meta::new(DType::F32, &[3]);
+        let e = Op::Binary(BinaryOp::Add).infer(&[a.clone(), b]).unwrap_err();
+        assert_eq!(e.to_string(), "add: shapes [32,2] and [3] cannot broadcast at dim 1 (2 vs 3)");
+        let m = Op::Matmul.infer(&[Meta::new(DType::F32, &[2, 5, 3]), Meta::new(DType::F32, &[3, 4])]).unwrap();
+        assert_eq!(m[0].dims.as_slice(), &[2, 5, 4]);
+        assert_eq!(Op::Softmax { dim: -1 }.name(), "softmax");
+        assert!(Op::Softmax { dim: 2 }.infer(&[a]).is_err());
+    }
+}
