@@ -2,7 +2,8 @@
 //! the runtime's extern kernels; norms and losses come from the decomposition
 //! table (`kiln_passes::decompose`), run eagerly.
 
-use crate::ops::composite::Eager;
+use crate::ops::composite::{lazy, run};
+use crate::ops::fuse::{Fuser, Lazy};
 use crate::Tensor;
 use kiln_ir::op::conv::{self, ConvParams, ConvTransposeParams};
 use kiln_ir::op::pool::{self, Pool2dGeometry, Pool2dParams};
@@ -221,13 +222,15 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
 /// `F.layer_norm` over the trailing `normalized_shape` dims.
 pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
-    decompose::layer_norm(&mut Eager, x, normalized_shape, weight, bias, eps)
+    let (w, b) = (lazy(weight), lazy(bias));
+    run(x, |f, x| decompose::layer_norm(f, x, normalized_shape, w.as_ref(), b.as_ref(), eps))
 }
 
 /// `F.group_norm` on (N, C, *).
 pub fn group_norm(x: &Tensor, groups: usize, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
-    decompose::group_norm(&mut Eager, x, groups, weight, bias, eps)
+    let (w, b) = (lazy(weight), lazy(bias));
+    run(x, |f, x| decompose::group_norm(f, x, groups, w.as_ref(), b.as_ref(), eps))
 }
 
 /// `F.batch_norm`: in training, `running_mean`/`running_var` are updated in
@@ -244,39 +247,47 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
-    let r = decompose::batch_norm(&mut Eager, x, running_mean, running_var, weight, bias, training, momentum, eps)?;
+    let (rm, rv, w, b) = (lazy(running_mean), lazy(running_var), lazy(weight), lazy(bias));
+    let r = decompose::batch_norm(&mut Fuser, &Lazy::tensor(x), rm.as_ref(), rv.as_ref(), w.as_ref(), b.as_ref(), training, momentum, eps)?;
+    let y = r.y.materialize()?;
     if let (Some((m, v)), Some(rm), Some(rv)) = (r.running, running_mean, running_var) {
-        rm.copy_(&m)?;
-        rv.copy_(&v)?;
+        rm.copy_(&m.materialize()?)?;
+        rv.copy_(&v.materialize()?)?;
     }
-    Ok(r.y)
+    Ok(y)
 }
 
 /// `F.cross_entropy` (class indices or probabilities; weight, ignore_index, label_smoothing).
 pub fn cross_entropy(x: &Tensor, target: &Tensor, weight: Option<&Tensor>, o: ClassLossOpts) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
-    loss::cross_entropy(&mut Eager, x, target, weight, o)
+    let (t, w) = (Lazy::tensor(target), lazy(weight));
+    run(x, |f, x| loss::cross_entropy(f, x, &t, w.as_ref(), o))
 }
 
 /// `F.nll_loss` on log-probabilities.
 pub fn nll_loss(logp: &Tensor, target: &Tensor, weight: Option<&Tensor>, o: ClassLossOpts) -> Result<Tensor> {
-    loss::nll_loss(&mut Eager, logp, target, weight, o)
+    let (t, w) = (Lazy::tensor(target), lazy(weight));
+    run(logp, |f, x| loss::nll_loss(f, x, &t, w.as_ref(), o))
 }
 
 pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    loss::mse_loss(&mut Eager, x, y, r)
+    let y = Lazy::tensor(y);
+    run(x, |f, x| loss::mse_loss(f, x, &y, r))
 }
 
 pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    loss::l1_loss(&mut Eager, x, y, r)
+    let y = Lazy::tensor(y);
+    run(x, |f, x| loss::l1_loss(f, x, &y, r))
 }
 
 pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result<Tensor> {
-    loss::smooth_l1_loss(&mut Eager, x, y, r, beta)
+    let y = Lazy::tensor(y);
+    run(x, |f, x| loss::smooth_l1_loss(f, x, &y, r, beta))
 }
 
 pub fn huber_loss(x: &Tensor, y: &Tensor, r: Reduction, delta: f64) -> Result<Tensor> {
-    loss::huber_loss(&mut Eager, x, y, r, delta)
+    let y = Lazy::tensor(y);
+    run(x, |f, x| loss::huber_loss(f, x, &y, r, delta))
 }
 
 pub fn binary_cross_entropy_with_logits(
@@ -286,10 +297,12 @@ pub fn binary_cross_entropy_with_logits(
     pos_weight: Option<&Tensor>,
     r: Reduction,
 ) -> Result<Tensor> {
-    loss::bce_with_logits(&mut Eager, x, y, weight, pos_weight, r)
+    let (y, w, pw) = (Lazy::tensor(y), lazy(weight), lazy(pos_weight));
+    run(x, |f, x| loss::bce_with_logits(f, x, &y, w.as_ref(), pw.as_ref(), r))
 }
 
 pub fn binary_cross_entropy(p: &Tensor, y: &Tensor, weight: Option<&Tensor>, r: Reduction) -> Result<Tensor> {
-    loss::binary_cross_entropy(&mut Eager, p, y, weight, r)
+    let (y, w) = (Lazy::tensor(y), lazy(weight));
+    run(p, |f, p| loss::binary_cross_entropy(f, p, &y, w.as_ref(), r))
 }
 

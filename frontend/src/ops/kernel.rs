@@ -27,9 +27,19 @@ impl KernelCall {
 
     /// Loads `t` (broadcast to the output later) and casts it to `compute`.
     pub fn input(&mut self, t: &Tensor, compute: DType) -> ValueId {
-        self.inputs.push(t.clone());
-        let v = self.b.load(self.inputs.len(), kernel_dtype(t.dtype()));
+        let v = self.load(t);
         self.b.cast(v, compute)
+    }
+
+    /// Loads `t` in the dtype kernels see for its storage (f16/bf16 as f32).
+    pub fn load(&mut self, t: &Tensor) -> ValueId {
+        self.inputs.push(t.clone());
+        self.b.load(self.inputs.len(), kernel_dtype(t.dtype()))
+    }
+
+    /// Casts `a` to `to` (no-op when it already has that dtype).
+    pub fn cast(&mut self, a: ValueId, to: DType) -> ValueId {
+        self.b.cast(a, to)
     }
 
     /// A runtime scalar argument of dtype `dt` (so a new value reuses the kernel).

@@ -3,6 +3,7 @@
 
 pub(crate) mod kernel;
 pub mod composite;
+pub mod fuse;
 pub mod pointwise;
 pub mod reduce;
 pub mod view;

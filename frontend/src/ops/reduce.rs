@@ -5,6 +5,7 @@
 use super::kernel::KernelCall;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, reduced_shape};
+use kiln_ir::op::Meta;
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 
 /// Lays `t` (of `x`'s shape) out as `kept ++ [product of reduced]`.
@@ -16,46 +17,47 @@ fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Ten
     p.reshape(&shape)
 }
 
-impl Tensor {
-    /// The general eager reduction: loads `self` (and `extra` tensors broadcast
-    /// to its shape) cast to `compute`, computes `body` per element, reduces
-    /// with `kind` over `dims` (None = all), then applies `epilogue(acc, n)`
-    /// where `n` is the number of reduced elements.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce_with(
-        &self,
-        name: &str,
-        kind: ReduceKind,
-        dims: Option<&[i64]>,
-        keepdim: bool,
-        compute: DType,
-        out_dtype: DType,
-        extra: &[&Tensor],
-        body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
-        epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> usize,
-    ) -> Result<Tensor> {
-        let rank = self.rank();
-        let rd = infer::reduce_dims(name, rank, dims)?;
-        infer::reduce(kind, &self.meta(), &rd, keepdim).map_err(|e| match e {
-            kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op(name, msg),
-            e => e,
-        })?;
-        let kept: Vec<usize> = (0..rank).filter(|d| !rd.contains(d)).collect();
-        let n: usize = rd.iter().map(|&d| self.dims()[d]).product();
-        let x = if rank == 0 { self.reshape(&[1, 1])? } else { to_reduce_layout(self, &kept, &rd)? };
-        let mut k = KernelCall::new();
-        let mut vals = vec![k.input(&x, compute)];
-        for t in extra {
-            let e = t.expand_to(self.dims())?;
-            let e = if rank == 0 { e.reshape(&[1, 1])? } else { to_reduce_layout(&e, &kept, &rd)? };
-            vals.push(k.input(&e, compute));
-        }
-        let v = body(&mut k, &vals);
-        let out = k.reduce(name, kind, v, x.dims(), out_dtype, |k, acc| epilogue(k, acc, n))?;
-        let final_shape = reduced_shape(self.dims(), &rd, keepdim);
-        out.reshape_dims(&final_shape)
+/// The general eager reduction. `leaves` (each broadcastable to `value.dims`)
+/// are loaded in the kernel; `body(k, loaded)` computes the value to reduce
+/// (of dtype `value.dtype`) per element; it is reduced with `kind` over `dims`
+/// (None = all), then `epilogue(k, acc, n)` runs with `n` the number of reduced
+/// elements. The leaves are laid out so the reduced dims form the innermost
+/// loop axis (a view when strides allow).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_expr(
+    name: &str,
+    kind: ReduceKind,
+    value: &Meta,
+    leaves: &[Tensor],
+    dims: Option<&[i64]>,
+    keepdim: bool,
+    out_dtype: DType,
+    body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
+    epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> usize,
+) -> Result<Tensor> {
+    let rank = value.dims.len();
+    let rd = infer::reduce_dims(name, rank, dims)?;
+    infer::reduce(kind, value, &rd, keepdim).map_err(|e| match e {
+        kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op(name, msg),
+        e => e,
+    })?;
+    let kept: Vec<usize> = (0..rank).filter(|d| !rd.contains(d)).collect();
+    let n: usize = rd.iter().map(|&d| value.dims[d]).product();
+    let mut k = KernelCall::new();
+    let mut loop_dims = vec![];
+    let mut vals = vec![];
+    for t in leaves {
+        let e = t.expand_to(&value.dims)?;
+        let e = if rank == 0 { e.reshape(&[1, 1])? } else { to_reduce_layout(&e, &kept, &rd)? };
+        loop_dims = e.dims().to_vec();
+        vals.push(k.load(&e));
     }
+    let v = body(&mut k, &vals);
+    let out = k.reduce(name, kind, v, &loop_dims, out_dtype, |k, acc| epilogue(k, acc, n))?;
+    out.reshape_dims(&reduced_shape(&value.dims, &rd, keepdim))
+}
 
+impl Tensor {
     fn simple_reduce(&self, kind: ReduceKind, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
         let rd = infer::reduce_dims(kind.name(), self.rank(), dims)?;
         let m = infer::reduce(kind, &self.meta(), &rd, keepdim)?;
@@ -63,7 +65,8 @@ impl Tensor {
             ReduceKind::ArgMax | ReduceKind::ArgMin => self.dtype().compute(),
             _ => m.dtype.compute(),
         };
-        self.reduce_with(kind.name(), kind, dims, keepdim, compute, m.dtype, &[], |_, v| v[0], |_, acc, _| acc)
+        let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], compute);
+        reduce_expr(kind.name(), kind, &self.meta(), &[self.clone()], dims, keepdim, m.dtype, body, |_, acc, _| acc)
     }
 
     /// `sum(dims, keepdim)`; `None` sums everything. Integers accumulate in i64.
@@ -123,9 +126,13 @@ impl Tensor {
             bail!("mean", "could not infer output dtype: input dtype must be floating point, got {}", self.dtype());
         }
         let c = self.dtype().compute();
-        self.reduce_with("mean", ReduceKind::Sum, dims, keepdim, c, self.dtype(), &[], |_, v| v[0], |k, acc, n| {
-            let inv = k.scalar(1.0 / n as f64, c);
-            k.binary(BinaryOp::Mul, acc, inv, c)
-        })
+        let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], c);
+        reduce_expr("mean", ReduceKind::Sum, &self.meta(), &[self.clone()], dims, keepdim, self.dtype(), body, |k, acc, n| mean_epilogue(k, acc, n, c))
     }
+}
+
+/// acc * (1/n), with 1/n a runtime scalar so every size shares the kernel.
+pub(crate) fn mean_epilogue(k: &mut KernelCall, acc: usize, n: usize, dt: DType) -> usize {
+    let inv = k.scalar(1.0 / n as f64, dt);
+    k.binary(BinaryOp::Mul, acc, inv, dt)
 }

@@ -1,0 +1,255 @@
+//! Eager execution of decompositions with pointwise fusion.
+//!
+//! [`Fuser`] implements `kiln_passes::decompose::Builder` lazily: pointwise
+//! ops build an expression over materialised tensors instead of running; a
+//! reduction compiles the pending expression into its own loop body (a
+//! prologue), and whatever is pending at the end becomes one pointwise
+//! kernel. So eager softmax is 3 kernels (max; sum of exp(x-max); the
+//! normalised exp) instead of 5, and layer_norm 3 instead of 9. Types follow
+//! the same inference functions as the unfused ops.
+
+use super::kernel::KernelCall;
+use super::reduce::{mean_epilogue, reduce_expr};
+use crate::{Scalar, Tensor};
+use kiln_ir::op::infer::{self, Arg, Meta};
+use kiln_ir::shape::Dims;
+use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
+use kiln_passes::decompose::Builder;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// A value of a decomposition: a tensor, or a pending pointwise expression.
+#[derive(Clone)]
+pub struct Lazy(Rc<Node>);
+
+struct Node {
+    meta: Meta,
+    kind: Kind,
+}
+
+enum Kind {
+    Leaf(Tensor),
+    /// A Python number, already in the compute dtype of its use.
+    Scalar(f64, DType),
+    /// `op(args cast to compute)`, then cast to `meta.dtype`.
+    Unary(UnaryOp, DType, Lazy),
+    Binary(BinaryOp, DType, Lazy, Lazy),
+    Select(DType, Lazy, Lazy, Lazy),
+    Cast(Lazy),
+}
+
+impl Lazy {
+    pub fn tensor(t: &Tensor) -> Lazy {
+        Lazy(Rc::new(Node { meta: t.meta(), kind: Kind::Leaf(t.clone()) }))
+    }
+    fn new(meta: Meta, kind: Kind) -> Lazy {
+        Lazy(Rc::new(Node { meta, kind }))
+    }
+    fn as_tensor(&self) -> Option<&Tensor> {
+        match &self.0.kind {
+            Kind::Leaf(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Runs the pending expression (one kernel), or returns the tensor.
+    pub fn materialize(&self) -> Result<Tensor> {
+        if let Some(t) = self.as_tensor() {
+            return Ok(t.clone());
+        }
+        let mut e = Emitter::default();
+        let leaves = self.leaves();
+        let mut k = KernelCall::new();
+        for l in &leaves {
+            let v = k.load(l);
+            e.leaf_vals.push(v);
+        }
+        e.leaves = leaves;
+        let v = e.emit(&mut k, self);
+        k.finish(&e.name(self), v, &self.0.meta.dims, self.0.meta.dtype)
+    }
+
+    /// Distinct leaf tensors, in first-use order.
+    fn leaves(&self) -> Vec<Tensor> {
+        fn walk(n: &Lazy, out: &mut Vec<Tensor>) {
+            match &n.0.kind {
+                Kind::Leaf(t) => {
+                    if !out.iter().any(|o| o.shares_storage(t) && o.layout() == t.layout()) {
+                        out.push(t.clone())
+                    }
+                }
+                Kind::Scalar(..) => {}
+                Kind::Unary(_, _, a) | Kind::Cast(a) => walk(a, out),
+                Kind::Binary(_, _, a, b) => {
+                    walk(a, out);
+                    walk(b, out)
+                }
+                Kind::Select(_, c, a, b) => {
+                    walk(c, out);
+                    walk(a, out);
+                    walk(b, out)
+                }
+            }
+        }
+        let mut v = vec![];
+        walk(self, &mut v);
+        v
+    }
+}
+
+/// Turns an expression into kernel instructions, emitting shared nodes once.
+#[derive(Default)]
+struct Emitter {
+    leaves: Vec<Tensor>,
+    leaf_vals: Vec<usize>,
+    done: HashMap<*const Node, usize>,
+    ops: Vec<&'static str>,
+}
+
+impl Emitter {
+    fn emit(&mut self, k: &mut KernelCall, n: &Lazy) -> usize {
+        let key = Rc::as_ptr(&n.0);
+        if let Some(&v) = self.done.get(&key) {
+            return v;
+        }
+        let out = n.0.meta.dtype.compute();
+        let v = match &n.0.kind {
+            Kind::Leaf(t) => {
+                let i = self.leaves.iter().position(|o| o.shares_storage(t) && o.layout() == t.layout()).unwrap();
+                self.leaf_vals[i]
+            }
+            Kind::Scalar(x, dt) => k.scalar(*x, *dt),
+            Kind::Unary(op, c, a) => {
+                self.ops.push(op.name());
+                let a = self.emit(k, a);
+                let a = k.cast(a, *c);
+                let r = k.unary(*op, a, *c);
+                k.cast(r, out)
+            }
+            Kind::Binary(op, c, a, b) => {
+                self.ops.push(op.name());
+                let (a, b) = (self.emit(k, a), self.emit(k, b));
+                let (a, b) = (k.cast(a, *c), k.cast(b, *c));
+                let r = k.binary(*op, a, b, *c);
+                k.cast(r, out)
+            }
+            Kind::Select(c, m, a, b) => {
+                self.ops.push("where");
+                let (m, a, b) = (self.emit(k, m), self.emit(k, a), self.emit(k, b));
+                let m = k.cast(m, DType::Bool);
+                let (a, b) = (k.cast(a, *c), k.cast(b, *c));
+                let r = k.select(m, a, b, *c);
+                k.cast(r, out)
+            }
+            Kind::Cast(a) => {
+                let a = self.emit(k, a);
+                k.cast(a, out)
+            }
+        };
+        self.done.insert(key, v);
+        v
+    }
+
+    /// `fused[sub+exp+div]`-style kernel names, for dumps and profiles.
+    fn name(&self, n: &Lazy) -> String {
+        let _ = n;
+        if self.ops.len() == 1 {
+            self.ops[0].to_string()
+        } else {
+            format!("fused[{}]", self.ops.join("+"))
+        }
+    }
+}
+
+fn scalar_for(dt: DType, s: f64) -> Scalar {
+    // an integral value against an integer tensor stays integer (e.g. where(mask, idx, 0))
+    if !dt.is_float() && s.fract() == 0.0 {
+        Scalar::Int(s as i64)
+    } else {
+        Scalar::Float(s)
+    }
+}
+
+/// The eager [`Builder`]: fuses pointwise chains into the next reduction or the final kernel.
+pub struct Fuser;
+
+impl Fuser {
+    fn reduce_lazy(&self, name: &str, kind: ReduceKind, x: &Lazy, dims: &[i64], keepdim: bool, mean: bool) -> Result<Lazy> {
+        let m = &x.0.meta;
+        let rd = infer::reduce_dims(name, m.dims.len(), Some(dims))?;
+        let out = infer::reduce(kind, m, &rd, keepdim)?;
+        let compute = match kind {
+            ReduceKind::ArgMax | ReduceKind::ArgMin => m.dtype.compute(),
+            _ => out.dtype.compute(),
+        };
+        let leaves = x.leaves();
+        let mut e = Emitter::default();
+        e.leaves = leaves.clone();
+        let body = |k: &mut KernelCall, loaded: &[usize]| {
+            e.leaf_vals = loaded.to_vec();
+            let v = e.emit(k, x);
+            k.cast(v, compute)
+        };
+        let t = reduce_expr(name, kind, m, &leaves, Some(dims), keepdim, out.dtype, body, |k, acc, n| {
+            if mean {
+                mean_epilogue(k, acc, n, compute)
+            } else {
+                acc
+            }
+        })?;
+        Ok(Lazy::tensor(&t))
+    }
+}
+
+impl Builder for Fuser {
+    type T = Lazy;
+    fn dims(&self, x: &Lazy) -> Dims {
+        x.0.meta.dims.clone()
+    }
+    fn dtype(&self, x: &Lazy) -> DType {
+        x.0.meta.dtype
+    }
+    fn unary(&mut self, op: UnaryOp, x: &Lazy) -> Result<Lazy> {
+        let s = infer::unary(op, &x.0.meta)?;
+        Ok(Lazy::new(Meta { dtype: s.out, dims: s.dims }, Kind::Unary(op, s.compute, x.clone())))
+    }
+    fn binary(&mut self, op: BinaryOp, a: &Lazy, b: &Lazy) -> Result<Lazy> {
+        let s = infer::binary(op, Arg::Tensor(&a.0.meta), Arg::Tensor(&b.0.meta))?;
+        Ok(Lazy::new(Meta { dtype: s.out, dims: s.dims }, Kind::Binary(op, s.compute, a.clone(), b.clone())))
+    }
+    fn scalar(&mut self, op: BinaryOp, a: &Lazy, v: f64) -> Result<Lazy> {
+        let sc = scalar_for(a.0.meta.dtype, v);
+        let s = infer::binary(op, Arg::Tensor(&a.0.meta), Arg::Scalar(sc.category()))?;
+        let c = Lazy::new(Meta { dtype: s.compute, dims: Dims::new() }, Kind::Scalar(sc.value(), s.compute));
+        Ok(Lazy::new(Meta { dtype: s.out, dims: s.dims }, Kind::Binary(op, s.compute, a.clone(), c)))
+    }
+    fn select(&mut self, c: &Lazy, a: &Lazy, b: &Lazy) -> Result<Lazy> {
+        let s = infer::where_(&c.0.meta, Arg::Tensor(&a.0.meta), Arg::Tensor(&b.0.meta))?;
+        Ok(Lazy::new(Meta { dtype: s.out, dims: s.dims }, Kind::Select(s.compute, c.clone(), a.clone(), b.clone())))
+    }
+    fn select_scalar(&mut self, c: &Lazy, a: &Lazy, v: f64) -> Result<Lazy> {
+        let sc = scalar_for(a.0.meta.dtype, v);
+        let s = infer::where_(&c.0.meta, Arg::Tensor(&a.0.meta), Arg::Scalar(sc.category()))?;
+        let k = Lazy::new(Meta { dtype: s.compute, dims: Dims::new() }, Kind::Scalar(sc.value(), s.compute));
+        Ok(Lazy::new(Meta { dtype: s.out, dims: s.dims }, Kind::Select(s.compute, c.clone(), a.clone(), k)))
+    }
+    fn reduce(&mut self, kind: ReduceKind, x: &Lazy, dims: &[i64], keepdim: bool) -> Result<Lazy> {
+        self.reduce_lazy(kind.name(), kind, x, dims, keepdim, false)
+    }
+    fn mean(&mut self, x: &Lazy, dims: &[i64], keepdim: bool) -> Result<Lazy> {
+        infer::require_float("mean", &x.0.meta)?;
+        self.reduce_lazy("mean", ReduceKind::Sum, x, dims, keepdim, true)
+    }
+    fn reshape(&mut self, x: &Lazy, shape: &[i64]) -> Result<Lazy> {
+        Ok(Lazy::tensor(&x.materialize()?.reshape(shape)?))
+    }
+    fn cast(&mut self, x: &Lazy, dt: DType) -> Result<Lazy> {
+        if dt == x.0.meta.dtype {
+            return Ok(x.clone());
+        }
+        Ok(Lazy::new(Meta { dtype: dt, dims: x.0.meta.dims.clone() }, Kind::Cast(x.clone())))
+    }
+    fn gather(&mut self, x: &Lazy, dim: i64, index: &Lazy) -> Result<Lazy> {
+        Ok(Lazy::tensor(&x.materialize()?.gather(dim, &index.materialize()?)?))
+    }
+}
