@@ -35,6 +35,25 @@ static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
 static HITS: AtomicUsize = AtomicUsize::new(0);
 static COMPILES: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    static RECORDING: std::cell::RefCell<Option<Vec<Kernel>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` and returns it with the kernels it launched on this thread, as
+/// specialised for launch (rank after collapsing, inner-stride pattern) — what
+/// snapshot tests and `explain`-style tools look at.
+pub fn record_kernels<R>(f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
+    let prev = RECORDING.with(|r| r.borrow_mut().replace(vec![]));
+    let out = f();
+    let got = RECORDING.with(|r| std::mem::replace(&mut *r.borrow_mut(), prev)).unwrap_or_default();
+    (out, got)
+}
+
+fn log_enabled(what: &str) -> bool {
+    static LOG: OnceLock<String> = OnceLock::new();
+    LOG.get_or_init(|| std::env::var("KILN_LOG").unwrap_or_default()).split(',').any(|w| w.trim() == what)
+}
+
 /// Counters of the kernel cache since the process started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
@@ -56,6 +75,9 @@ pub fn compiled(k: &Kernel) -> Result<Arc<CompiledKernel>> {
     }
     let f = Arc::new(CompiledKernel(k.clone()));
     COMPILES.fetch_add(1, Ordering::Relaxed);
+    if log_enabled("kernels") {
+        eprint!("{}", k.to_text());
+    }
     c.kernels.insert(k.clone(), f.clone());
     Ok(f)
 }
@@ -138,6 +160,11 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     for (op, s) in k.operands.iter_mut().zip(&cs) {
         op.inner = Inner::of_stride(*s.last().unwrap());
     }
+    RECORDING.with(|r| {
+        if let Some(v) = r.borrow_mut().as_mut() {
+            v.push(k.clone())
+        }
+    });
     let f = compiled(&k)?;
     let ptrs = SendPtrs(
         views

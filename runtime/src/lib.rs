@@ -6,5 +6,5 @@ pub mod launch;
 pub mod storage;
 pub mod strided;
 
-pub use launch::{cache_stats, convert, launch, CacheStats, View};
+pub use launch::{cache_stats, convert, launch, record_kernels, CacheStats, View};
 pub use storage::{memory_allocated, Storage};

@@ -66,7 +66,7 @@ impl Lazy {
         }
         e.leaves = leaves;
         let v = e.emit(&mut k, self);
-        k.finish(&e.name(self), v, &self.0.meta.dims, self.0.meta.dtype)
+        k.finish(&e.name(), v, &self.0.meta.dims, self.0.meta.dtype)
     }
 
     /// Distinct leaf tensors, in first-use order.
@@ -120,22 +120,22 @@ impl Emitter {
             }
             Kind::Scalar(x, dt) => k.scalar(*x, *dt),
             Kind::Unary(op, c, a) => {
-                self.ops.push(op.name());
                 let a = self.emit(k, a);
+                self.ops.push(op.name());
                 let a = k.cast(a, *c);
                 let r = k.unary(*op, a, *c);
                 k.cast(r, out)
             }
             Kind::Binary(op, c, a, b) => {
-                self.ops.push(op.name());
                 let (a, b) = (self.emit(k, a), self.emit(k, b));
+                self.ops.push(op.name());
                 let (a, b) = (k.cast(a, *c), k.cast(b, *c));
                 let r = k.binary(*op, a, b, *c);
                 k.cast(r, out)
             }
             Kind::Select(c, m, a, b) => {
-                self.ops.push("where");
                 let (m, a, b) = (self.emit(k, m), self.emit(k, a), self.emit(k, b));
+                self.ops.push("where");
                 let m = k.cast(m, DType::Bool);
                 let (a, b) = (k.cast(a, *c), k.cast(b, *c));
                 let r = k.select(m, a, b, *c);
@@ -151,8 +151,7 @@ impl Emitter {
     }
 
     /// `fused[sub+exp+div]`-style kernel names, for dumps and profiles.
-    fn name(&self, n: &Lazy) -> String {
-        let _ = n;
+    fn name(&self) -> String {
         if self.ops.len() == 1 {
             self.ops[0].to_string()
         } else {
