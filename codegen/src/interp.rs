@@ -46,11 +46,17 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
     if k.operands.is_empty() {
         return Err(bad(format!("kernel {name}: no output operand")));
     }
-    let halfs = k.operands.iter().map(|o| o.dtype).chain(k.scalars.iter().copied());
+    let halfs = k
+        .operands
+        .iter()
+        .map(|o| o.dtype)
+        .chain(k.scalars.iter().copied());
     let instrs = k.body.iter().chain(k.epilogue.iter());
     for dt in halfs.chain(instrs.map(|(_, d)| *d)) {
         if dt.is_half() {
-            return Err(bad(format!("kernel {name}: {dt} must be widened to f32 by the caller")));
+            return Err(bad(format!(
+                "kernel {name}: {dt} must be widened to f32 by the caller"
+            )));
         }
     }
     if k.reduce.is_some() && k.rank == 0 {
@@ -65,7 +71,9 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
         let (args, n) = instr_args(ins);
         for &a in &args[..n] {
             if a >= id {
-                return Err(bad(format!("kernel {name}: %{id} uses %{a} before its definition")));
+                return Err(bad(format!(
+                    "kernel {name}: %{id} uses %{a} before its definition"
+                )));
             }
         }
         match *ins {
@@ -73,7 +81,9 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
                 return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
             }
             Instr::Scalar(n) if n >= k.scalars.len() => {
-                return Err(bad(format!("kernel {name}: %{id} reads missing scalar {n}")));
+                return Err(bad(format!(
+                    "kernel {name}: %{id} reads missing scalar {n}"
+                )));
             }
             Instr::Acc if id < nb => {
                 return Err(bad(format!("kernel {name}: acc in the body (%{id})")));
@@ -83,15 +93,24 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
     }
     if let Some(r) = &k.reduce {
         if r.value >= nb {
-            return Err(bad(format!("kernel {name}: reduced value %{} is not a body value", r.value)));
+            return Err(bad(format!(
+                "kernel {name}: reduced value %{} is not a body value",
+                r.value
+            )));
         }
         let arg = matches!(r.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
         if arg && r.dtype.is_float() {
-            return Err(bad(format!("kernel {name}: {} accumulates an index, not {}", r.kind, r.dtype)));
+            return Err(bad(format!(
+                "kernel {name}: {} accumulates an index, not {}",
+                r.kind, r.dtype
+            )));
         }
     }
     if k.out >= total {
-        return Err(bad(format!("kernel {name}: stored value %{} does not exist", k.out)));
+        return Err(bad(format!(
+            "kernel {name}: stored value %{} does not exist",
+            k.out
+        )));
     }
     Ok(())
 }
@@ -112,13 +131,23 @@ pub(crate) fn eval_value<S: ScalarOps>(
     if let Some(v) = vals[id] {
         return v;
     }
-    let (ins, dt) = if id < k.body.len() { k.body[id] } else { k.epilogue[id - k.body.len()] };
+    let (ins, dt) = if id < k.body.len() {
+        k.body[id]
+    } else {
+        k.epilogue[id - k.body.len()]
+    };
     let (args, n) = instr_args(&ins);
     for &a in &args[..n] {
         eval_value(s, k, a, vals, leaf);
     }
     let get = |vals: &[Option<S::V>], a: ValueId| vals[a].expect("evaluated above");
-    let conv = |s: &mut S, x: S::V, from: DType, to: DType| if from == to { x } else { s.cast(x, from, to) };
+    let conv = |s: &mut S, x: S::V, from: DType, to: DType| {
+        if from == to {
+            x
+        } else {
+            s.cast(x, from, to)
+        }
+    };
     let v = match ins {
         Instr::Load(_) | Instr::Scalar(_) | Instr::Acc => {
             let (x, from) = leaf(s, ins);
@@ -200,7 +229,12 @@ pub unsafe fn run_kernel(
     }
     let r = k.rank;
     let nops = k.operands.len();
-    let scal: Vec<Val> = k.scalars.iter().enumerate().map(|(n, &d)| Val::from_arg_bits(scalars[n], d)).collect();
+    let scal: Vec<Val> = k
+        .scalars
+        .iter()
+        .enumerate()
+        .map(|(n, &d)| Val::from_arg_bits(scalars[n], d))
+        .collect();
     let iter_dims = if k.reduce.is_some() { r - 1 } else { r };
     let stride = |op: usize, d: usize| strides[op * r + d];
     let mut idx = vec![0usize; iter_dims];
@@ -220,7 +254,9 @@ pub unsafe fn run_kernel(
     let mut offs = vec![0isize; nops];
     loop {
         for (op, o) in offs.iter_mut().enumerate() {
-            *o = (0..iter_dims).map(|d| idx[d] as isize * stride(op, d)).sum();
+            *o = (0..iter_dims)
+                .map(|d| idx[d] as isize * stride(op, d))
+                .sum();
         }
         point(k, ptrs, &offs, &scal, sizes, &stride);
         // odometer: innermost iterated dim fastest
@@ -260,7 +296,11 @@ unsafe fn point(
             match ins {
                 Instr::Load(op) => {
                     let dt = k.operands[op].dtype;
-                    let rd = if j == 0 { 0 } else { j as isize * stride(op, k.rank - 1) };
+                    let rd = if j == 0 {
+                        0
+                    } else {
+                        j as isize * stride(op, k.rank - 1)
+                    };
                     (read(ptrs[op], offs[op] + rd, dt), dt)
                 }
                 Instr::Scalar(n) => (scal[n], k.scalars[n]),
@@ -271,7 +311,12 @@ unsafe fn point(
     let Some(red) = &k.reduce else {
         let mut vals = vec![None; total];
         let v = eval_value(s, k, k.out, &mut vals, &mut leaf_at(0));
-        write(ptrs[0], offs[0], out_dt, s.cast(v, k.dtype_of(k.out), out_dt));
+        write(
+            ptrs[0],
+            offs[0],
+            out_dt,
+            s.cast(v, k.dtype_of(k.out), out_dt),
+        );
         return;
     };
     let vd = k.dtype_of(red.value);
@@ -283,14 +328,22 @@ unsafe fn point(
     for j in 0..n {
         let mut vals = vec![None; total];
         let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
-        let v = if vd == cmp_dt { v } else { s.cast(v, vd, cmp_dt) };
+        let v = if vd == cmp_dt {
+            v
+        } else {
+            s.cast(v, vd, cmp_dt)
+        };
         match red.kind {
             ReduceKind::Sum => best = s.binary(Prim2::Add, best, v, cmp_dt),
             ReduceKind::Prod => best = s.binary(Prim2::Mul, best, v, cmp_dt),
             ReduceKind::Max => best = s.binary(Prim2::Max, best, v, cmp_dt),
             ReduceKind::Min => best = s.binary(Prim2::Min, best, v, cmp_dt),
             ReduceKind::ArgMax | ReduceKind::ArgMin => {
-                let c = if red.kind == ReduceKind::ArgMax { Cmp::Gt } else { Cmp::Lt };
+                let c = if red.kind == ReduceKind::ArgMax {
+                    Cmp::Gt
+                } else {
+                    Cmp::Lt
+                };
                 if !best.is_nan() && (v.is_nan() || s.compare(c, v, best, cmp_dt).is_true()) {
                     best = v;
                     best_idx = j as i64;
@@ -298,7 +351,11 @@ unsafe fn point(
             }
         }
     }
-    let acc = if arg { (Val::I(best_idx), DType::I64) } else { (best, red.dtype) };
+    let acc = if arg {
+        (Val::I(best_idx), DType::I64)
+    } else {
+        (best, red.dtype)
+    };
     let mut vals = vec![None; total];
     let base = leaf_at(0);
     let mut leaf = |s: &mut Interp, ins: Instr| match ins {
@@ -306,7 +363,12 @@ unsafe fn point(
         _ => base(s, ins),
     };
     let v = eval_value(s, k, k.out, &mut vals, &mut leaf);
-    write(ptrs[0], offs[0], out_dt, s.cast(v, k.dtype_of(k.out), out_dt));
+    write(
+        ptrs[0],
+        offs[0],
+        out_dt,
+        s.cast(v, k.dtype_of(k.out), out_dt),
+    );
 }
 
 #[cfg(test)]
@@ -328,7 +390,11 @@ mod tests {
         let k = Kernel {
             name: "add".into(),
             rank: 2,
-            operands: vec![op(DType::F32, Inner::Contiguous), op(DType::F32, Inner::Contiguous), op(DType::F32, Inner::Broadcast)],
+            operands: vec![
+                op(DType::F32, Inner::Contiguous),
+                op(DType::F32, Inner::Contiguous),
+                op(DType::F32, Inner::Broadcast),
+            ],
             scalars: vec![],
             body: b.instrs,
             reduce: None,
@@ -338,14 +404,22 @@ mod tests {
         let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
         let c = [10.0f32, 20.0];
         let mut o = [0f32; 6];
-        let ptrs = [o.as_mut_ptr() as *mut u8, a.as_ptr() as *mut u8, c.as_ptr() as *mut u8];
+        let ptrs = [
+            o.as_mut_ptr() as *mut u8,
+            a.as_ptr() as *mut u8,
+            c.as_ptr() as *mut u8,
+        ];
         // out[2,3], in2 is a column [2,1] broadcast along dim 1
         let strides = [3, 1, 3, 1, 1, 0];
         unsafe { run_kernel(&k, &ptrs, &strides, &[2, 3], &[], 0, 2) };
         assert_eq!(o, [10.0, 11.0, 12.0, 23.0, 24.0, 25.0]);
         // thread split: only row 1
         let mut o2 = [0f32; 6];
-        let ptrs = [o2.as_mut_ptr() as *mut u8, a.as_ptr() as *mut u8, c.as_ptr() as *mut u8];
+        let ptrs = [
+            o2.as_mut_ptr() as *mut u8,
+            a.as_ptr() as *mut u8,
+            c.as_ptr() as *mut u8,
+        ];
         unsafe { run_kernel(&k, &ptrs, &strides, &[2, 3], &[], 1, 2) };
         assert_eq!(o2, [0.0, 0.0, 0.0, 23.0, 24.0, 25.0]);
     }
@@ -365,10 +439,17 @@ mod tests {
             let k = Kernel {
                 name: "r".into(),
                 rank: 2,
-                operands: vec![op(out_dt, Inner::Broadcast), op(DType::F32, Inner::Contiguous)],
+                operands: vec![
+                    op(out_dt, Inner::Broadcast),
+                    op(DType::F32, Inner::Contiguous),
+                ],
                 scalars: vec![],
                 body: b.instrs.clone(),
-                reduce: Some(Reduction { kind, value: e, dtype: acc_dt }),
+                reduce: Some(Reduction {
+                    kind,
+                    value: e,
+                    dtype: acc_dt,
+                }),
                 epilogue: vec![(Instr::Acc, acc_dt)],
                 out: b.instrs.len(),
             };
@@ -396,6 +477,9 @@ mod tests {
             epilogue: vec![],
             out: 0,
         };
-        assert!(validate(&k).unwrap_err().to_string().contains("loads operand 3"));
+        assert!(validate(&k)
+            .unwrap_err()
+            .to_string()
+            .contains("loads operand 3"));
     }
 }

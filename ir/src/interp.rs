@@ -17,6 +17,8 @@
 //!   then wraps to the target width; int narrowing wraps; `to bool` is `!= 0`
 //!   (NaN is true).
 
+#![allow(clippy::excessive_precision)]
+
 use crate::scalar::{Cmp, Prim1, Prim2, ScalarOps};
 use crate::DType;
 
@@ -83,8 +85,12 @@ impl Val {
         };
         let n = dt.size();
         match (dt, v) {
-            (DType::F16, v) => out[..n].copy_from_slice(&half::f16::from_f64(v.as_f64()).to_le_bytes()),
-            (DType::BF16, v) => out[..n].copy_from_slice(&half::bf16::from_f64(v.as_f64()).to_le_bytes()),
+            (DType::F16, v) => {
+                out[..n].copy_from_slice(&half::f16::from_f64(v.as_f64()).to_le_bytes())
+            }
+            (DType::BF16, v) => {
+                out[..n].copy_from_slice(&half::bf16::from_f64(v.as_f64()).to_le_bytes())
+            }
             (DType::F32, v) => out[..n].copy_from_slice(&(v.as_f64() as f32).to_le_bytes()),
             (DType::F64, v) => out[..n].copy_from_slice(&v.as_f64().to_le_bytes()),
             (_, v) => out[..n].copy_from_slice(&v.as_i64().to_le_bytes()[..n]),
@@ -183,6 +189,16 @@ pub fn fmin(a: f64, b: f64) -> f64 {
     } else {
         b
     }
+}
+
+/// Evaluates a unary op on a value of compute dtype `dt` (for constant folding).
+pub fn eval_unary(op: crate::UnaryOp, x: Val, dt: DType) -> Val {
+    crate::scalar::lower_unary(&mut Interp, op, x, dt)
+}
+
+/// Evaluates a binary op on values of compute dtype `dt` (comparisons give bool 0/1).
+pub fn eval_binary(op: crate::BinaryOp, a: Val, b: Val, dt: DType) -> Val {
+    crate::scalar::lower_binary(&mut Interp, op, a, b, dt)
 }
 
 /// The reference interpreter (stateless).
@@ -513,7 +529,11 @@ mod tests {
         for (x, want) in cases {
             for s in [1.0, -1.0] {
                 let got = erf(s * x);
-                assert!((got - s * want).abs() <= 2e-16 * want.abs().max(1e-300), "erf({}) = {got}", s * x);
+                assert!(
+                    (got - s * want).abs() <= 2e-16 * want.abs().max(1e-300),
+                    "erf({}) = {got}",
+                    s * x
+                );
             }
         }
         assert_eq!(erf(f64::INFINITY), 1.0);
@@ -544,7 +564,10 @@ mod tests {
         assert_eq!(bin(BinaryOp::Sub, 0.0, 1.0, U8), 255.0);
         assert_eq!(bin(BinaryOp::Mul, 100.0, 3.0, I8), 44.0);
         assert_eq!(bin(BinaryOp::Add, 127.0, 1.0, I8), -128.0);
-        assert_eq!(bin(BinaryOp::Add, i32::MAX as f64, 1.0, I32), i32::MIN as f64);
+        assert_eq!(
+            bin(BinaryOp::Add, i32::MAX as f64, 1.0, I32),
+            i32::MIN as f64
+        );
         assert_eq!(bin(BinaryOp::Div, 7.0, 0.0, I32), 0.0);
         assert_eq!(bin(BinaryOp::Fmod, 7.0, 0.0, I64), 0.0);
         assert_eq!(bin(BinaryOp::Div, -7.0, 2.0, I64), -3.0);
@@ -583,8 +606,14 @@ mod tests {
         assert_eq!(un(UnaryOp::Relu, -2.0, F32), 0.0);
         assert!(bin(BinaryOp::Maximum, nan, 1.0, F32).is_nan());
         assert!(bin(BinaryOp::Minimum, 1.0, nan, F64).is_nan());
-        assert_eq!(bin(BinaryOp::Maximum, -0.0, 0.0, F32).to_bits(), 0.0f64.to_bits());
-        assert_eq!(bin(BinaryOp::Minimum, 0.0, -0.0, F32).to_bits(), (-0.0f64).to_bits());
+        assert_eq!(
+            bin(BinaryOp::Maximum, -0.0, 0.0, F32).to_bits(),
+            0.0f64.to_bits()
+        );
+        assert_eq!(
+            bin(BinaryOp::Minimum, 0.0, -0.0, F32).to_bits(),
+            (-0.0f64).to_bits()
+        );
         assert_eq!(bin(BinaryOp::Lt, nan, 1.0, F32), 0.0);
         assert_eq!(bin(BinaryOp::Ne, nan, nan, F32), 1.0);
         assert!(un(UnaryOp::Sigmoid, nan, F32).is_nan());
@@ -600,7 +629,10 @@ mod tests {
         assert!((g - 0.8413447460685429).abs() < 1e-15);
         let gt = un(UnaryOp::GeluTanh, 1.0, F64);
         assert!((gt - 0.8411919906082768).abs() < 1e-15);
-        let sp = UnaryOp::Softplus { beta: Float(1.0), threshold: Float(20.0) };
+        let sp = UnaryOp::Softplus {
+            beta: Float(1.0),
+            threshold: Float(20.0),
+        };
         assert!((un(sp, 0.0, F64) - 2f64.ln()).abs() < 1e-15);
         assert_eq!(un(sp, 30.0, F64), 30.0);
         let elu = UnaryOp::Elu { alpha: Float(1.0) };
@@ -632,11 +664,18 @@ mod tests {
     fn bytes_roundtrip() {
         for dt in DType::ALL {
             let mut b = [0u8; 8];
-            let v = if dt.is_float() { Val::F(1.5) } else { Val::I(1) };
+            let v = if dt.is_float() {
+                Val::F(1.5)
+            } else {
+                Val::I(1)
+            };
             v.write_le_bytes(dt, &mut b);
             assert_eq!(Val::from_le_bytes(&b, dt), v, "{dt}");
         }
-        assert_eq!(Val::from_arg_bits(0.1f64.to_bits(), F32), Val::F(0.1f32 as f64));
+        assert_eq!(
+            Val::from_arg_bits(0.1f64.to_bits(), F32),
+            Val::F(0.1f32 as f64)
+        );
         assert_eq!(Val::from_arg_bits((-1i64) as u64, U8), Val::I(255));
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::storage::Storage;
 use crate::strided::for_each_offset;
+use kiln_codegen::cpu::{CompiledKernel, CpuJit};
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::op::Layout;
 use kiln_ir::{DType, Result, Strides};
@@ -24,11 +25,35 @@ impl View<'_> {
     }
 }
 
-/// A kernel ready to run (until the Cranelift backend lands: the interpreter).
-pub struct CompiledKernel(Kernel);
+/// How launched kernels execute: Cranelift machine code, or the reference
+/// interpreter when `KILN_BACKEND=interp` (to tell a miscompile from a bad kernel).
+enum Backend {
+    Jit(CpuJit),
+    Interp,
+}
+
+/// A kernel ready to run.
+pub enum Executable {
+    Native(CompiledKernel),
+    Interpreted(Kernel),
+}
+
+impl Executable {
+    /// Runs dim 0 over `start..end` (see [`kiln_codegen::KernelFn`] for the ABI).
+    ///
+    /// # Safety
+    /// Pointers, strides and sizes must describe valid buffers for the kernel.
+    pub unsafe fn run(&self, ptrs: &[*mut u8], strides: &[isize], sizes: &[usize], scalars: &[u64], start: usize, end: usize) {
+        match self {
+            Executable::Native(f) => (f.func())(ptrs.as_ptr(), strides.as_ptr(), sizes.as_ptr(), scalars.as_ptr(), start, end),
+            Executable::Interpreted(k) => kiln_codegen::interp::run_kernel(k, ptrs, strides, sizes, scalars, start, end),
+        }
+    }
+}
 
 struct Cache {
-    kernels: HashMap<Kernel, Arc<CompiledKernel>>,
+    backend: Backend,
+    kernels: HashMap<Kernel, Arc<Executable>>,
 }
 
 static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
@@ -66,14 +91,23 @@ pub fn cache_stats() -> CacheStats {
 }
 
 /// Looks `k` up by signature (dtypes, rank, inner-stride pattern, body), compiling on a miss.
-pub fn compiled(k: &Kernel) -> Result<Arc<CompiledKernel>> {
-    let cache = CACHE.get_or_init(|| Mutex::new(Cache { kernels: HashMap::new() }));
+pub fn compiled(k: &Kernel) -> Result<Arc<Executable>> {
+    let cache = CACHE.get_or_init(|| {
+        let backend = match std::env::var("KILN_BACKEND").as_deref() {
+            Ok("interp") => Backend::Interp,
+            _ => Backend::Jit(CpuJit::new().expect("Cranelift supports the host CPU")),
+        };
+        Mutex::new(Cache { backend, kernels: HashMap::new() })
+    });
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(f) = c.kernels.get(k) {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(f.clone());
     }
-    let f = Arc::new(CompiledKernel(k.clone()));
+    let f = Arc::new(match &mut c.backend {
+        Backend::Jit(jit) => Executable::Native(jit.compile(k)?),
+        Backend::Interp => Executable::Interpreted(k.clone()),
+    });
     COMPILES.fetch_add(1, Ordering::Relaxed);
     if log_enabled("kernels") {
         eprint!("{}", k.to_text());
@@ -176,10 +210,10 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     let total: usize = cd.iter().product();
     let n0 = cd[0];
     let threads = rayon::current_num_threads();
-    let run = |start: usize, end: usize| unsafe {
-        kiln_codegen::interp::run_kernel(&f.0, ptrs.get(), &flat_strides, &cd, scalars, start, end)
-    };
-    if total < PARALLEL_MIN || n0 < 2 || threads < 2 {
+    let run = |start: usize, end: usize| unsafe { f.run(ptrs.get(), &flat_strides, &cd, scalars, start, end) };
+    // a rank-1 reduction has no kept dim to split: its dim 0 is the reduced one
+    let splittable = cd.len() > usize::from(template.reduce.is_some());
+    if total < PARALLEL_MIN || n0 < 2 || threads < 2 || !splittable {
         run(0, n0);
     } else {
         let chunks = n0.min(threads * 4);

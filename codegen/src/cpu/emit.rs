@@ -9,7 +9,7 @@
 
 use super::jit::{HostFn, HostImports};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{types, InstBuilder, MemFlagsData, Type, Value};
+use cranelift_codegen::ir::{types, GlobalValue, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
 use kiln_ir::scalar::{Cmp, Prim1, Prim2, ScalarOps};
 use kiln_ir::DType;
@@ -23,6 +23,12 @@ pub(crate) struct Emitter<'a, 'f> {
     pub fma: bool,
     /// The first unsupported request, reported by `compile` as an error.
     pub err: Option<String>,
+    /// Vector constants (16-byte slots), emitted as a data object of the kernel.
+    pub pool: Vec<u8>,
+    /// The data object's symbol.
+    pub pool_gv: GlobalValue,
+    /// The pool's address as seen in the current loop (see `loops::for_loop`).
+    pub pool_base: Option<Value>,
 }
 
 /// The scalar Cranelift type of a (compute) dtype.
@@ -46,8 +52,39 @@ pub(crate) fn flags() -> MemFlagsData {
 }
 
 impl<'a, 'f> Emitter<'a, 'f> {
-    pub(crate) fn new(b: &'a mut FunctionBuilder<'f>, hosts: HostImports, fma: bool) -> Self {
-        Emitter { b, lanes: 1, hosts, fma, err: None }
+    pub(crate) fn new(
+        b: &'a mut FunctionBuilder<'f>,
+        hosts: HostImports,
+        fma: bool,
+        pool_gv: GlobalValue,
+    ) -> Self {
+        Emitter {
+            b,
+            lanes: 1,
+            hosts,
+            fma,
+            err: None,
+            pool: Vec::new(),
+            pool_gv,
+            pool_base: None,
+        }
+    }
+
+    /// A vector constant with every lane `lane_bits`, loaded from the kernel's
+    /// constant pool. Each request gets its own slot, so each load has one use
+    /// and x86 folds it into the instruction as a memory operand; the loads are
+    /// pure but address the pool through a loop-carried value, so they are not
+    /// hoisted out of loops (a dozen hoisted polynomial constants would not fit
+    /// in the 16 xmm registers and would be spilled).
+    pub(crate) fn vconst(&mut self, ty: Type, lane_bits: u64) -> Value {
+        let lb = ty.lane_bits() as usize / 8;
+        let off = self.pool.len();
+        for _ in 0..ty.lane_count() {
+            self.pool.extend_from_slice(&lane_bits.to_le_bytes()[..lb]);
+        }
+        let base = self.pool_base.expect("constant pool address");
+        let fl = MemFlagsData::trusted().with_readonly().with_can_move();
+        self.b.ins().load(ty, fl, base, off as i32)
     }
 
     /// The Cranelift type of a value of `dt` in the current mode.
@@ -68,10 +105,18 @@ impl<'a, 'f> Emitter<'a, 'f> {
         if t.is_vector() {
             let z = self.b.ins().iconst(types::I8, 0);
             let v = self.b.ins().splat(types::I8X16, z);
-            return self.b.ins().bitcast(t, MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little), v);
+            return self.b.ins().bitcast(
+                t,
+                MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little),
+                v,
+            );
         }
         if t.is_float() {
-            return if t == types::F32 { self.b.ins().f32const(0.0) } else { self.b.ins().f64const(0.0) };
+            return if t == types::F32 {
+                self.b.ins().f32const(0.0)
+            } else {
+                self.b.ins().f64const(0.0)
+            };
         }
         self.b.ins().iconst(t, 0)
     }
@@ -94,8 +139,43 @@ impl<'a, 'f> Emitter<'a, 'f> {
 
     fn int_imm(&mut self, t: Type, v: i64) -> Value {
         let bits = t.bits();
-        let v = if bits >= 64 { v } else { v & ((1i64 << bits) - 1) };
+        let v = if bits >= 64 {
+            v
+        } else {
+            v & ((1i64 << bits) - 1)
+        };
         self.b.ins().iconst(t, v)
+    }
+
+    /// |x| for floats; in vector mode an `and` with a pooled mask (one instruction
+    /// with a memory operand instead of three that build the mask).
+    pub(crate) fn fabs(&mut self, x: Value) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        if !t.is_vector() {
+            return self.b.ins().fabs(x);
+        }
+        let m = if t.lane_bits() == 32 {
+            0x7fff_ffff
+        } else {
+            0x7fff_ffff_ffff_ffff
+        };
+        let c = self.vconst(t, m);
+        self.b.ins().band(x, c)
+    }
+
+    /// -x for floats (vector: `xor` with a pooled sign mask).
+    pub(crate) fn fneg(&mut self, x: Value) -> Value {
+        let t = self.b.func.dfg.value_type(x);
+        if !t.is_vector() {
+            return self.b.ins().fneg(x);
+        }
+        let m = if t.lane_bits() == 32 {
+            0x8000_0000
+        } else {
+            0x8000_0000_0000_0000
+        };
+        let c = self.vconst(t, m);
+        self.b.ins().bxor(x, c)
     }
 
     /// `a * b + c`, the accumulator `a` first (it is usually dead afterwards).
@@ -123,12 +203,22 @@ impl<'a, 'f> Emitter<'a, 'f> {
     fn host(&mut self, h: HostFn, args: &[Value], dt: DType) -> Value {
         let f = self.hosts.get(self.b.func, h);
         let t = self.ty(dt);
-        let wide = |em: &mut Self, x: Value| if dt == DType::F32 { em.b.ins().fpromote(types::F64, x) } else { x };
+        let wide = |em: &mut Self, x: Value| {
+            if dt == DType::F32 {
+                em.b.ins().fpromote(types::F64, x)
+            } else {
+                x
+            }
+        };
         if !t.is_vector() {
             let a: Vec<Value> = args.iter().map(|&x| wide(self, x)).collect();
             let call = self.b.ins().call(f, &a);
             let r = self.b.inst_results(call)[0];
-            return if dt == DType::F32 { self.b.ins().fdemote(types::F32, r) } else { r };
+            return if dt == DType::F32 {
+                self.b.ins().fdemote(types::F32, r)
+            } else {
+                r
+            };
         }
         let mut out = None;
         for lane in 0..t.lane_count() as u8 {
@@ -155,8 +245,8 @@ impl<'a, 'f> Emitter<'a, 'f> {
     fn float_unary(&mut self, op: Prim1, x: Value, dt: DType) -> Value {
         let f32 = dt == DType::F32;
         match op {
-            Prim1::Neg => self.b.ins().fneg(x),
-            Prim1::Abs => self.b.ins().fabs(x),
+            Prim1::Neg => self.fneg(x),
+            Prim1::Abs => self.fabs(x),
             Prim1::Sqrt => self.b.ins().sqrt(x),
             Prim1::Floor => self.b.ins().floor(x),
             Prim1::Exp if f32 => self.exp_f32(x),
@@ -258,6 +348,22 @@ impl ScalarOps for Emitter<'_, '_> {
     type V = Value;
 
     fn constant(&mut self, value: f64, dt: DType) -> Value {
+        if self.lanes > 1 {
+            let ty = self.ty(dt);
+            let bits = match dt {
+                DType::F32 => (value as f32).to_bits() as u64,
+                DType::F64 => value.to_bits(),
+                DType::Bool => {
+                    if value != 0.0 {
+                        u64::MAX
+                    } else {
+                        0
+                    }
+                }
+                _ => return self.fail(format!("vector constant of {dt}"), dt),
+            };
+            return self.vconst(ty, bits);
+        }
         let s = match dt {
             DType::F32 | DType::F16 | DType::BF16 => self.b.ins().f32const(value as f32),
             DType::F64 => self.b.ins().f64const(value),
@@ -358,7 +464,8 @@ impl ScalarOps for Emitter<'_, '_> {
                 let t = self.ty(DType::Bool);
                 let ob = self.b.ins().bitcast(t, MemFlagsData::new(), one);
                 let m = self.b.ins().band(x, ob);
-                return self.b.ins().bitcast(self.ty(to), MemFlagsData::new(), m);
+                let tt = self.ty(to);
+                return self.b.ins().bitcast(tt, MemFlagsData::new(), m);
             }
             return self.fail(format!("vector cast {from} -> {to}"), to);
         }

@@ -3,7 +3,9 @@
 //! fmod, integer pow) — registered with `JITBuilder::symbol` and imported into
 //! each function by index.
 
-use cranelift_codegen::ir::{self, AbiParam, ExtFuncData, ExternalName, FuncRef, Signature, UserExternalName};
+use cranelift_codegen::ir::{
+    self, AbiParam, ExtFuncData, ExternalName, FuncRef, Signature, UserExternalName,
+};
 use cranelift_codegen::isa::{CallConv, OwnedTargetIsa};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_jit::{JITBuilder, JITModule};
@@ -86,7 +88,11 @@ impl HostFn {
     }
 
     pub(crate) fn signature(self, cc: CallConv) -> Signature {
-        let t = if self == HostFn::IPow { ir::types::I64 } else { ir::types::F64 };
+        let t = if self == HostFn::IPow {
+            ir::types::I64
+        } else {
+            ir::types::F64
+        };
         let mut sig = Signature::new(cc);
         for _ in 0..self.arity() {
             sig.params.push(AbiParam::new(t));
@@ -140,7 +146,11 @@ pub(crate) struct HostImports {
 
 impl HostImports {
     pub(crate) fn new(ids: [u32; HostFn::ALL.len()], cc: CallConv) -> Self {
-        HostImports { ids, refs: [None; HostFn::ALL.len()], cc }
+        HostImports {
+            ids,
+            refs: [None; HostFn::ALL.len()],
+            cc,
+        }
     }
 
     /// Ordinal numbering, for deterministic text dumps.
@@ -158,7 +168,10 @@ impl HostImports {
             return r;
         }
         let signature = func.import_signature(h.signature(self.cc));
-        let name = func.declare_imported_user_function(UserExternalName { namespace: 0, index: self.ids[i] });
+        let name = func.declare_imported_user_function(UserExternalName {
+            namespace: 0,
+            index: self.ids[i],
+        });
         let r = func.import_function(ExtFuncData {
             name: ExternalName::user(name),
             signature,
@@ -179,8 +192,19 @@ pub(crate) fn host_isa() -> Result<OwnedTargetIsa, Error> {
     let mut flags = settings::builder();
     flags.set("opt_level", "speed").map_err(jit_err)?;
     flags.set("is_pic", "false").map_err(jit_err)?;
-    flags.set("use_colocated_libcalls", "false").map_err(jit_err)?;
-    flags.set("enable_verifier", if cfg!(debug_assertions) { "true" } else { "false" }).map_err(jit_err)?;
+    flags
+        .set("use_colocated_libcalls", "false")
+        .map_err(jit_err)?;
+    flags
+        .set(
+            "enable_verifier",
+            if cfg!(debug_assertions) {
+                "true"
+            } else {
+                "false"
+            },
+        )
+        .map_err(jit_err)?;
     let isa = cranelift_native::builder().map_err(jit_err)?;
     isa.finish(settings::Flags::new(flags)).map_err(jit_err)
 }
@@ -190,11 +214,15 @@ pub(crate) fn has_fma(isa: &OwnedTargetIsa) -> bool {
     if !cfg!(target_arch = "x86_64") {
         return true;
     }
-    isa.isa_flags().iter().any(|v| v.name == "has_fma" && v.as_bool() == Some(true))
+    isa.isa_flags()
+        .iter()
+        .any(|v| v.name == "has_fma" && v.as_bool() == Some(true))
 }
 
 /// A JIT module with every host function declared; returns their FuncIds.
-pub(crate) fn new_module(isa: OwnedTargetIsa) -> Result<(JITModule, [u32; HostFn::ALL.len()]), Error> {
+pub(crate) fn new_module(
+    isa: OwnedTargetIsa,
+) -> Result<(JITModule, [u32; HostFn::ALL.len()]), Error> {
     let cc = isa.default_call_conv();
     let mut builder = JITBuilder::with_isa(isa, default_libcall_names());
     for h in HostFn::ALL {
@@ -203,7 +231,9 @@ pub(crate) fn new_module(isa: OwnedTargetIsa) -> Result<(JITModule, [u32; HostFn
     let mut module = JITModule::new(builder);
     let mut ids = [0u32; HostFn::ALL.len()];
     for (i, h) in HostFn::ALL.iter().enumerate() {
-        let id = module.declare_function(h.symbol(), Linkage::Import, &h.signature(cc)).map_err(jit_err)?;
+        let id = module
+            .declare_function(h.symbol(), Linkage::Import, &h.signature(cc))
+            .map_err(jit_err)?;
         ids[i] = id.as_u32();
     }
     Ok((module, ids))

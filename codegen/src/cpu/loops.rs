@@ -41,17 +41,31 @@ pub(crate) fn build(k: &Kernel, em: &mut Emitter, plan: &Plan) {
     em.b.seal_block(entry);
     let p = em.b.block_params(entry).to_vec();
     let (a_ptrs, a_strides, a_sizes, a_scalars) = (p[0], p[1], p[2], p[3]);
+    em.pool_base = Some(em.b.ins().symbol_value(types::I64, em.pool_gv));
     let r = k.rank;
     let i64t = types::I64;
-    let mut fr = Frame { sizes: vec![], bases: vec![], bstr: vec![], scal: vec![], start: p[4], end: p[5] };
+    let mut fr = Frame {
+        sizes: vec![],
+        bases: vec![],
+        bstr: vec![],
+        scal: vec![],
+        start: p[4],
+        end: p[5],
+    };
     for op in 0..k.operands.len() {
         let base = em.b.ins().load(i64t, flags(), a_ptrs, (op * 8) as i32);
         fr.bases.push(base);
         let sh = log2_size(k.operands[op].dtype);
         let mut row = vec![];
         for d in 0..r {
-            let s = em.b.ins().load(i64t, flags(), a_strides, ((op * r + d) * 8) as i32);
-            row.push(if sh == 0 { s } else { em.b.ins().ishl_imm_u(s, sh) });
+            let s =
+                em.b.ins()
+                    .load(i64t, flags(), a_strides, ((op * r + d) * 8) as i32);
+            row.push(if sh == 0 {
+                s
+            } else {
+                em.b.ins().ishl_imm_u(s, sh)
+            });
         }
         fr.bstr.push(row);
     }
@@ -63,7 +77,9 @@ pub(crate) fn build(k: &Kernel, em: &mut Emitter, plan: &Plan) {
         let raw = em.b.ins().load(i64t, flags(), a_scalars, (n * 8) as i32);
         em.lanes = 1;
         let v = if dt.is_float() {
-            let f = em.b.ins().bitcast(types::F64, cranelift_codegen::ir::MemFlagsData::new(), raw);
+            let f =
+                em.b.ins()
+                    .bitcast(types::F64, cranelift_codegen::ir::MemFlagsData::new(), raw);
             em.cast(f, DType::F64, dt)
         } else {
             em.cast(raw, DType::I64, dt)
@@ -102,27 +118,44 @@ pub(crate) fn for_loop<T>(
     pre: impl FnOnce(&mut Emitter) -> T,
     body: impl FnOnce(&mut Emitter, Value, &T),
 ) {
-    let (pre_b, body_b, exit) = (em.b.create_block(), em.b.create_block(), em.b.create_block());
+    let (pre_b, body_b, exit) = (
+        em.b.create_block(),
+        em.b.create_block(),
+        em.b.create_block(),
+    );
     let i = em.b.append_block_param(body_b, types::I64);
     let go = em.b.ins().icmp(IntCC::SignedLessThan, lo, hi);
     em.b.ins().brif(go, pre_b, &[], exit, &[]);
     em.b.seal_block(pre_b);
     em.b.switch_to_block(pre_b);
     let t = pre(em);
-    em.b.ins().jump(body_b, &[lo.into()]);
+    // The constant pool's address is threaded through the loop as an opaque
+    // block parameter, so pool loads stay next to their uses (see `Emitter::vconst`).
+    let outer_base = em.pool_base;
+    let base = em.b.append_block_param(body_b, types::I64);
+    em.b.ins()
+        .jump(body_b, &[lo.into(), outer_base.unwrap().into()]);
     em.b.switch_to_block(body_b);
+    em.pool_base = Some(base);
     body(em, i, &t);
     let next = em.b.ins().iadd_imm_s(i, step);
+    let next_base = em.b.ins().iadd_imm_s(base, 0);
     let more = em.b.ins().icmp(IntCC::SignedLessThan, next, hi);
-    em.b.ins().brif(more, body_b, &[next.into()], exit, &[]);
+    em.b.ins()
+        .brif(more, body_b, &[next.into(), next_base.into()], exit, &[]);
     em.b.seal_block(body_b);
     em.b.seal_block(exit);
     em.b.switch_to_block(exit);
+    em.pool_base = outer_base;
 }
 
 fn outer(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, d: usize, ptrs: &[Value]) {
     let inner = k.rank - 1;
-    let (lo, hi) = if d == 0 { (fr.start, fr.end) } else { (em.b.ins().iconst(types::I64, 0), fr.sizes[d]) };
+    let (lo, hi) = if d == 0 {
+        (fr.start, fr.end)
+    } else {
+        (em.b.ins().iconst(types::I64, 0), fr.sizes[d])
+    };
     if d == inner {
         if k.reduce.is_some() {
             super::reduce::reduce_row(k, em, fr, plan, ptrs);
@@ -165,7 +198,9 @@ impl Row<'_> {
         for &op in &self.loaded {
             let o = self.k.operands[op];
             if o.inner == Inner::Broadcast {
-                let v = em.b.ins().load(scalar_ty(o.dtype), flags(), self.ptrs[op], 0);
+                let v =
+                    em.b.ins()
+                        .load(scalar_ty(o.dtype), flags(), self.ptrs[op], 0);
                 out[op] = Some(em.splat_if_vector(v, o.dtype));
             }
         }
@@ -191,9 +226,18 @@ impl Row<'_> {
     }
 
     /// Evaluates `root` at index `i` (+ `byte_off` for contiguous operands, for unrolling).
-    pub(crate) fn eval(&self, em: &mut Emitter, root: usize, i: Value, byte_off: i32, pre: &[Option<Value>]) -> Value {
+    pub(crate) fn eval(
+        &self,
+        em: &mut Emitter,
+        root: usize,
+        i: Value,
+        byte_off: i32,
+        pre: &[Option<Value>],
+    ) -> Value {
         let addrs: Vec<Option<Value>> = (0..self.k.operands.len())
-            .map(|op| (pre[op].is_none() && self.loaded.contains(&op)).then(|| self.addr(em, op, i)))
+            .map(|op| {
+                (pre[op].is_none() && self.loaded.contains(&op)).then(|| self.addr(em, op, i))
+            })
             .collect();
         let (k, fr) = (self.k, self.fr);
         let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
@@ -204,7 +248,10 @@ impl Row<'_> {
                         return (v, dt);
                     }
                     let t = em.ty(dt);
-                    (em.b.ins().load(t, flags(), addrs[op].unwrap(), byte_off), dt)
+                    (
+                        em.b.ins().load(t, flags(), addrs[op].unwrap(), byte_off),
+                        dt,
+                    )
                 }
                 Instr::Scalar(n) => {
                     let dt = k.scalars[n];
@@ -236,14 +283,34 @@ pub(crate) fn loaded_operands(k: &Kernel, root: usize) -> Vec<usize> {
 }
 
 /// Stores `v` (of dtype `from`) to the output at `addr`, converting to the output dtype.
-pub(crate) fn store_out(k: &Kernel, em: &mut Emitter, v: Value, from: DType, addr: Value, off: i32) {
+pub(crate) fn store_out(
+    k: &Kernel,
+    em: &mut Emitter,
+    v: Value,
+    from: DType,
+    addr: Value,
+    off: i32,
+) {
     let to = k.operands[0].dtype;
     let v = em.cast(v, from, to);
     em.b.ins().store(flags(), v, addr, off);
 }
 
-fn pointwise_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, lo: Value, hi: Value, ptrs: &[Value]) {
-    let row = Row { k, fr, ptrs, loaded: loaded_operands(k, k.out) };
+fn pointwise_row(
+    k: &Kernel,
+    em: &mut Emitter,
+    fr: &Frame,
+    plan: &Plan,
+    lo: Value,
+    hi: Value,
+    ptrs: &[Value],
+) {
+    let row = Row {
+        k,
+        fr,
+        ptrs,
+        loaded: loaded_operands(k, k.out),
+    };
     let out_dt = k.dtype_of(k.out);
     let mut tail_lo = lo;
     if plan.lanes > 1 {
@@ -293,7 +360,12 @@ fn single_point(k: &Kernel, em: &mut Emitter, fr: &Frame, ptrs: &[Value]) {
     for o in k1.operands.iter_mut() {
         o.inner = Inner::Broadcast;
     }
-    let row = Row { k: &k1, fr, ptrs, loaded: loaded_operands(k, k.out) };
+    let row = Row {
+        k: &k1,
+        fr,
+        ptrs,
+        loaded: loaded_operands(k, k.out),
+    };
     let pre = row.preload(em);
     let i = em.b.ins().iconst(types::I64, 0);
     let v = row.eval(em, k.out, i, 0, &pre);

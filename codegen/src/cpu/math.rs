@@ -10,8 +10,12 @@
 //!   [sqrt(1/2), sqrt 2), degree-8 polynomial (about 1 ulp);
 //! - log1p: Goldberg/Kahan `log(u) · x / (u - 1)` with u = 1 + x;
 //! - expm1: degree-8 Taylor polynomial for |x| < 0.5, `exp(x) - 1` beyond;
-//! - tanh: Eigen's [13/6] rational fit on [-7.905, 7.905] (±1 outside);
-//! - erf: Eigen/XLA's [13/8] rational fit on [-4, 4] (within 4.4e-7).
+//! - tanh, erf: small odd rational fits (made for kiln with mpmath, Lawson
+//!   iterations on relative error) near 0, and for |x| > 2.5 a tail formula
+//!   computed in a cold block only when some lane needs it — so the common case
+//!   is cheap and `1 ± f(x)` stays accurate where gelu needs it.
+
+#![allow(clippy::excessive_precision)]
 
 use super::emit::Emitter;
 use cranelift_codegen::ir::condcodes::FloatCC;
@@ -36,30 +40,28 @@ impl Emitter<'_, '_> {
 
     /// An f32 constant (splatted in vector mode).
     fn fc(&mut self, v: f32) -> Value {
-        let c = self.b.ins().f32const(v);
         if self.lanes == 1 {
-            c
+            self.b.ins().f32const(v)
         } else {
-            self.b.ins().splat(types::F32X4, c)
+            self.vconst(types::F32X4, v.to_bits() as u64)
         }
     }
 
     /// An i32 constant (splatted in vector mode).
     fn ic(&mut self, v: i32) -> Value {
-        let c = self.b.ins().iconst(types::I32, v as u32 as i64);
         if self.lanes == 1 {
-            c
+            self.b.ins().iconst(types::I32, v as u32 as i64)
         } else {
-            self.b.ins().splat(types::I32X4, c)
+            self.vconst(types::I32X4, v as u32 as u64)
         }
     }
 
-    fn to_bits(&mut self, x: Value) -> Value {
+    fn bits_of(&mut self, x: Value) -> Value {
         let t = self.ity();
         self.b.ins().bitcast(t, MemFlagsData::new(), x)
     }
 
-    fn from_bits(&mut self, x: Value) -> Value {
+    fn float_of(&mut self, x: Value) -> Value {
         let t = self.fty();
         self.b.ins().bitcast(t, MemFlagsData::new(), x)
     }
@@ -94,7 +96,7 @@ impl Emitter<'_, '_> {
         let e = self.b.ins().iadd(n, bias);
         let sh = self.b.ins().iconst(types::I32, 23);
         let bits = self.b.ins().ishl(e, sh);
-        self.from_bits(bits)
+        self.float_of(bits)
     }
 
     pub(crate) fn exp_f32(&mut self, x: Value) -> Value {
@@ -111,14 +113,21 @@ impl Emitter<'_, '_> {
         let r = self.fma(n, c2, r);
         let p = self.horner(
             r,
-            &[1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1],
+            &[
+                1.9875691500e-4,
+                1.3981999507e-3,
+                8.3334519073e-3,
+                4.1665795894e-2,
+                1.6666665459e-1,
+                5.0000001201e-1,
+            ],
         );
         let r2 = self.b.ins().fmul(r, r);
         let y = self.fma(p, r2, r);
         let one = self.fc(1.0);
         let y = self.b.ins().fadd(y, one);
         // n as an integer: the low mantissa bits of t
-        let tb = self.to_bits(t);
+        let tb = self.bits_of(t);
         let mb = self.ic(magic.to_bits() as i32);
         let ni = self.b.ins().isub(tb, mb);
         let one_i = self.b.ins().iconst(types::I32, 1);
@@ -139,19 +148,20 @@ impl Emitter<'_, '_> {
         let zero = self.fc(0.0);
         let c23 = self.fc(23.0);
         let eadj = self.sel(FloatCC::LessThan, x0, tiny, c23, zero);
-        let bits = self.to_bits(x);
+        let bits = self.bits_of(x);
         let sh = self.b.ins().iconst(types::I32, 23);
         let ei = self.b.ins().ushr(bits, sh);
         let b126 = self.ic(126);
         let ei = self.b.ins().isub(ei, b126);
-        let e = self.b.ins().fcvt_from_sint(self.fty(), ei);
+        let ft = self.fty();
+        let e = self.b.ins().fcvt_from_sint(ft, ei);
         let e = self.b.ins().fsub(e, eadj);
         let mmask = self.ic(0x007f_ffff);
         let half = self.ic(0x3f00_0000);
         let mb = self.b.ins().band(bits, mmask);
         let mb = self.b.ins().bor(mb, half);
-        let m = self.from_bits(mb); // [0.5, 1)
-        // m < sqrt(1/2): e -= 1, m = 2m - 1; else m = m - 1
+        let m = self.float_of(mb); // [0.5, 1)
+                                   // m < sqrt(1/2): e -= 1, m = 2m - 1; else m = m - 1
         let sqrth = self.fc(std::f32::consts::FRAC_1_SQRT_2);
         let one = self.fc(1.0);
         let lt = self.b.ins().fcmp(FloatCC::LessThan, m, sqrth);
@@ -225,51 +235,135 @@ impl Emitter<'_, '_> {
             ],
         );
         let small = self.b.ins().fmul(p, x);
-        let ax = self.b.ins().fabs(x);
+        let ax = self.fabs(x);
         let lim = self.fc(0.5);
         self.sel(FloatCC::LessThan, ax, lim, small, big)
     }
 
-    pub(crate) fn tanh_f32(&mut self, x: Value) -> Value {
-        let x = self.clamp(x, -7.905_311_107_635_498, 7.905_311_107_635_498);
-        let x2 = self.b.ins().fmul(x, x);
-        let p = self.horner(
-            x2,
-            &[
-                -2.76076847742355e-16,
-                2.00018790482477e-13,
-                -8.60467152213735e-11,
-                5.12229709037114e-08,
-                1.48572235717979e-05,
-                6.37261928875436e-04,
-                4.89352455891786e-03,
-            ],
-        );
-        let p = self.b.ins().fmul(p, x);
-        let q = self.horner(x2, &[1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03, 4.89352518554385e-03]);
-        self.b.ins().fdiv(p, q)
+    /// `cond ? tail : main` lane-wise, where `tail` is only computed (in a cold
+    /// block) when some lane needs it.
+    fn rare(&mut self, cond: Value, main: Value, tail: impl FnOnce(&mut Self) -> Value) -> Value {
+        let any = if self.lanes > 1 {
+            self.b.ins().vany_true(cond)
+        } else {
+            cond
+        };
+        let (tb, join) = (self.b.create_block(), self.b.create_block());
+        let ty = self.b.func.dfg.value_type(main);
+        let res = self.b.append_block_param(join, ty);
+        self.b.set_cold_block(tb);
+        self.b.ins().brif(any, tb, &[], join, &[main.into()]);
+        self.b.seal_block(tb);
+        self.b.switch_to_block(tb);
+        let t = tail(self);
+        let v = self.fselect(cond, t, main);
+        self.b.ins().jump(join, &[v.into()]);
+        self.b.seal_block(join);
+        self.b.switch_to_block(join);
+        res
     }
 
-    pub(crate) fn erf_f32(&mut self, x: Value) -> Value {
-        let x = self.clamp(x, -4.0, 4.0);
+    /// `|r|` with the sign of `x` (r >= 0).
+    fn with_sign_of(&mut self, r: Value, x: Value) -> Value {
+        let xb = self.bits_of(x);
+        let sign = self.ic(i32::MIN);
+        let s = self.b.ins().band(xb, sign);
+        let rb = self.bits_of(r);
+        let o = self.b.ins().bor(rb, s);
+        self.float_of(o)
+    }
+
+    /// `x·P(x²)/Q(x²)`, coefficients from the highest degree down.
+    fn odd_rational(&mut self, x: Value, p: &[f32], q: &[f32]) -> Value {
         let x2 = self.b.ins().fmul(x, x);
-        let p = self.horner(
-            x2,
+        let pv = self.horner(x2, p);
+        let qv = self.horner(x2, q);
+        let px = self.b.ins().fmul(pv, x);
+        self.b.ins().fdiv(px, qv)
+    }
+
+    /// tanh: a [9/6] rational fit on |x| <= 2.5 (fit error 4e-11, f32 evaluation
+    /// within 4 ulp); beyond, `1 - 2/(exp(2|x|) + 1)` (in a cold block), which
+    /// rounds to exactly ±1 where tanh does.
+    pub(crate) fn tanh_f32(&mut self, x: Value) -> Value {
+        let r = self.odd_rational(
+            x,
             &[
-                -2.72614225801306e-10,
-                2.77068142495902e-08,
-                -2.10102402082508e-06,
-                -5.69250639462346e-05,
-                -7.34990630326855e-04,
-                -2.95459980854025e-03,
-                -1.60960333262415e-02,
+                6.6781810449316e-06,
+                0.002716236174942825,
+                0.1274675772805192,
+                0.9999999999605309,
+            ],
+            &[
+                0.0001958757428770005,
+                0.022983209392018148,
+                0.4608009097213269,
+                1.0,
             ],
         );
-        let p = self.b.ins().fmul(p, x);
-        let q = self.horner(
-            x2,
-            &[-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02],
+        let ax = self.fabs(x);
+        let lim = self.fc(2.5);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, ax, lim);
+        self.rare(big, r, |em| {
+            let two = em.fc(2.0);
+            let a2 = em.b.ins().fmul(ax, two);
+            let e = em.exp_f32(a2);
+            let one = em.fc(1.0);
+            let d = em.b.ins().fadd(e, one);
+            let q = em.b.ins().fdiv(two, d);
+            let t = em.b.ins().fsub(one, q);
+            em.with_sign_of(t, x)
+        })
+    }
+
+    /// erf: a [11/8] rational fit on |x| <= 2.5 (fit error 2e-8, f32 evaluation
+    /// within 4 ulp); beyond, `1 - erfc` with erfc a degree-9 polynomial in
+    /// `min(|x|, 4) - 3.25` (error 2e-10, in a cold block), so `1 + erf(x)` stays
+    /// accurate in the tail that gelu depends on.
+    pub(crate) fn erf_f32(&mut self, x: Value) -> Value {
+        let r = self.odd_rational(
+            x,
+            &[
+                0.00014785807586800684,
+                0.007842341626691512,
+                0.06427165438654558,
+                0.3260006507027404,
+                1.1283791431045045,
+            ],
+            &[
+                0.0016698214771579461,
+                0.023313515718925423,
+                0.164379416364802,
+                0.6222430139331981,
+                1.0,
+            ],
         );
-        self.b.ins().fdiv(p, q)
+        let ax = self.fabs(x);
+        let lim = self.fc(2.5);
+        let big = self.b.ins().fcmp(FloatCC::GreaterThan, ax, lim);
+        self.rare(big, r, |em| {
+            let four = em.fc(4.0);
+            let a = em.sel(FloatCC::LessThan, four, ax, four, ax);
+            let mid = em.fc(3.25);
+            let t = em.b.ins().fsub(a, mid);
+            let p = em.horner(
+                t,
+                &[
+                    -2.039502335763673e-05,
+                    8.253265966244013e-05,
+                    -0.00017344292710577003,
+                    0.0002634492935295424,
+                    -0.0003128712767606715,
+                    0.00028655611589546416,
+                    -0.00019591072541373926,
+                    9.486601211825823e-05,
+                    -2.9185936401025028e-05,
+                    4.302760777115923e-06,
+                ],
+            );
+            let one = em.fc(1.0);
+            let e = em.b.ins().fsub(one, p);
+            em.with_sign_of(e, x)
+        })
     }
 }

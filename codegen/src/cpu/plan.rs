@@ -21,11 +21,19 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) const SCALAR: Plan = Plan { lanes: 1, unroll: 1, vdt: DType::F32 };
+    pub(crate) const SCALAR: Plan = Plan {
+        lanes: 1,
+        unroll: 1,
+        vdt: DType::F32,
+    };
 
     pub(crate) fn of(k: &Kernel) -> Plan {
         match vector_dtype(k) {
-            Some(d) => Plan { lanes: (16 / d.size()) as u32, unroll: 2, vdt: d },
+            Some(d) => Plan {
+                lanes: (16 / d.size()) as u32,
+                unroll: 2,
+                vdt: d,
+            },
             None => Plan::SCALAR,
         }
     }
@@ -34,7 +42,11 @@ impl Plan {
 /// Which body values the `roots` depend on (indexed by body value id).
 pub(crate) fn live_body(k: &Kernel, roots: &[usize]) -> Vec<bool> {
     let mut live = vec![false; k.body.len()];
-    let mut stack: Vec<usize> = roots.iter().copied().filter(|&r| r < k.body.len()).collect();
+    let mut stack: Vec<usize> = roots
+        .iter()
+        .copied()
+        .filter(|&r| r < k.body.len())
+        .collect();
     while let Some(id) = stack.pop() {
         if live[id] {
             continue;
@@ -50,13 +62,19 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
     let (root, d) = match &k.reduce {
         None => {
             let out = k.operands[0];
-            if out.inner != Inner::Contiguous || k.out >= k.body.len() || k.dtype_of(k.out) != out.dtype {
+            if out.inner != Inner::Contiguous
+                || k.out >= k.body.len()
+                || k.dtype_of(k.out) != out.dtype
+            {
                 return None;
             }
             (k.out, out.dtype)
         }
         Some(r) => {
-            if !matches!(r.kind, ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min) {
+            if !matches!(
+                r.kind,
+                ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min
+            ) {
                 return None;
             }
             if k.dtype_of(r.value) != r.dtype {
@@ -97,7 +115,10 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
                 let (ad, bd) = (k.dtype_of(a), k.dtype_of(b));
                 let want = if op.is_comparison() { DType::Bool } else { ad };
                 let bool_ok = ad != DType::Bool
-                    || matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne);
+                    || matches!(
+                        op,
+                        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne
+                    );
                 ad == bd && dt == want && bool_ok
             }
             Instr::Where(c, a, b) => {

@@ -37,7 +37,12 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
     let cd = if arg { vd } else { red.dtype };
     let prim = combine_prim(red.kind);
-    let row = Row { k, fr, ptrs, loaded: loaded_operands(k, red.value) };
+    let row = Row {
+        k,
+        fr,
+        ptrs,
+        loaded: loaded_operands(k, red.value),
+    };
     let lo = em.b.ins().iconst(types::I64, 0);
     let hi = fr.sizes[k.rank - 1];
 
@@ -113,7 +118,11 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
                 return;
             }
             let better = if cd.is_float() {
-                let cc = if red.kind == ReduceKind::ArgMax { FloatCC::GreaterThan } else { FloatCC::LessThan };
+                let cc = if red.kind == ReduceKind::ArgMax {
+                    FloatCC::GreaterThan
+                } else {
+                    FloatCC::LessThan
+                };
                 let gt = em.b.ins().fcmp(cc, v, best);
                 let vnan = em.b.ins().fcmp(FloatCC::Unordered, v, v);
                 let bok = em.b.ins().fcmp(FloatCC::Ordered, best, best);
@@ -138,14 +147,19 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     );
 
     // Epilogue: Acc is the reduced value; loads read at reduce index 0.
-    let accv = if arg { (em.b.use_var(idx), DType::I64) } else { (em.b.use_var(acc), red.dtype) };
+    let accv = if arg {
+        (em.b.use_var(idx), DType::I64)
+    } else {
+        (em.b.use_var(acc), red.dtype)
+    };
     let mut pre = vec![None; k.operands.len()];
     let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
         match ins {
             Instr::Acc => accv,
             Instr::Load(op) => {
                 let dt = k.operands[op].dtype;
-                let v = *pre[op].get_or_insert_with(|| em.b.ins().load(scalar_ty(dt), flags(), ptrs[op], 0));
+                let v = *pre[op]
+                    .get_or_insert_with(|| em.b.ins().load(scalar_ty(dt), flags(), ptrs[op], 0));
                 (v, dt)
             }
             Instr::Scalar(n) => (fr.scal[n], k.scalars[n]),
