@@ -42,7 +42,9 @@ pub fn randn(dims: &[usize], seed: u64) -> Tensor {
         s ^= s << 17;
         (s >> 11) as f64 / (1u64 << 53) as f64
     };
-    let v: Vec<f32> = (0..n).map(|_| ((next() + next() + next() + next()) - 2.0) as f32 * 1.7).collect();
+    let v: Vec<f32> = (0..n)
+        .map(|_| ((next() + next() + next() + next()) - 2.0) as f32 * 1.7)
+        .collect();
     Tensor::from_vec(v, dims).expect("sized")
 }
 
@@ -65,8 +67,19 @@ const MIB: f64 = 1024.0 * 1024.0;
 
 fn row(w: &str, what: &str, ms: f64, unit: &'static str, amount: f64) -> Row {
     // amount: bytes for gbps, flops for gflops
-    let rate = if unit.is_empty() { 0.0 } else { amount / (ms * 1e-3) / 1e9 };
-    Row { workload: w.into(), mode: "eager".into(), what: what.into(), median_ms: ms, unit, rate }
+    let rate = if unit.is_empty() {
+        0.0
+    } else {
+        amount / (ms * 1e-3) / 1e9
+    };
+    Row {
+        workload: w.into(),
+        mode: "eager".into(),
+        what: what.into(),
+        median_ms: ms,
+        unit,
+        rate,
+    }
 }
 
 /// W1: y = gelu(x*a + b) * 0.5 + x over 4M f32.
@@ -79,7 +92,13 @@ pub fn w1(iters: usize) -> Result<Row> {
         std::hint::black_box(y);
         Ok(())
     })?;
-    Ok(row("W1", "gelu(x*a+b)*0.5+x, 4M f32", ms, "gbps", 4.0 * 16.0 * MIB))
+    Ok(row(
+        "W1",
+        "gelu(x*a+b)*0.5+x, 4M f32",
+        ms,
+        "gbps",
+        4.0 * 16.0 * MIB,
+    ))
 }
 
 /// W2: softmax over the last dim of (4096, 1024).
@@ -89,7 +108,13 @@ pub fn w2(iters: usize) -> Result<Row> {
         std::hint::black_box(x.softmax(-1)?);
         Ok(())
     })?;
-    Ok(row("W2", "softmax(4096x1024, dim=-1)", ms, "gbps", 2.0 * 16.0 * MIB))
+    Ok(row(
+        "W2",
+        "softmax(4096x1024, dim=-1)",
+        ms,
+        "gbps",
+        2.0 * 16.0 * MIB,
+    ))
 }
 
 /// W3: layer_norm over the last dim of (4096, 1024) with weight and bias.
@@ -100,7 +125,13 @@ pub fn w3(iters: usize) -> Result<Row> {
         std::hint::black_box(F::layer_norm(&x, &[1024], Some(&w), Some(&b), 1e-5)?);
         Ok(())
     })?;
-    Ok(row("W3", "layer_norm(4096x1024) affine", ms, "gbps", 2.0 * 16.0 * MIB))
+    Ok(row(
+        "W3",
+        "layer_norm(4096x1024) affine",
+        ms,
+        "gbps",
+        2.0 * 16.0 * MIB,
+    ))
 }
 
 /// W4: Conv2d(64,64,3,p1) + BatchNorm2d(eval) + ReLU on (8,64,56,56), eager.
@@ -110,14 +141,32 @@ pub fn w4(iters: usize) -> Result<Row> {
     let bias = randn(&[64], 10);
     let (rm, rv) = (randn(&[64], 11), &randn(&[64], 12).abs()? + 0.5);
     let (g, beta) = (randn(&[64], 13), randn(&[64], 14));
-    let p = ConvParams { padding: Padding::Explicit(vec![1]), ..ConvParams::default() };
+    let p = ConvParams {
+        padding: Padding::Explicit(vec![1]),
+        ..ConvParams::default()
+    };
     let ms = time_ms(iters, 2, || {
         let y = F::conv2d(&x, &w, Some(&bias), &p)?;
-        let y = F::batch_norm(&y, Some(&rm), Some(&rv), Some(&g), Some(&beta), false, 0.1, 1e-5)?;
+        let y = F::batch_norm(
+            &y,
+            Some(&rm),
+            Some(&rv),
+            Some(&g),
+            Some(&beta),
+            false,
+            0.1,
+            1e-5,
+        )?;
         std::hint::black_box(y.relu()?);
         Ok(())
     })?;
-    Ok(row("W4", "Conv2d(64,64,3,p1)+BN(eval)+ReLU, 8x64x56x56", ms, "gflops", 2.0 * 8.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0))
+    Ok(row(
+        "W4",
+        "Conv2d(64,64,3,p1)+BN(eval)+ReLU, 8x64x56x56",
+        ms,
+        "gflops",
+        2.0 * 8.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
+    ))
 }
 
 /// W7: (1024,1024) @ (1024,1024).
@@ -127,14 +176,27 @@ pub fn w7(iters: usize) -> Result<Row> {
         std::hint::black_box(F::matmul(&a, &b)?);
         Ok(())
     })?;
-    Ok(row("W7", "matmul 1024x1024 @ 1024x1024", ms, "gflops", 2.0 * 1024f64.powi(3)))
+    Ok(row(
+        "W7",
+        "matmul 1024x1024 @ 1024x1024",
+        ms,
+        "gflops",
+        2.0 * 1024f64.powi(3),
+    ))
 }
 
 /// W8: copy bandwidth references — a copy moving W1's 64 MiB (32 MiB in, 32 MiB
 /// out) and W8's 64M-float copy (512 MiB moved).
 pub fn w8(iters: usize) -> Result<Vec<Row>> {
     let mut rows = vec![];
-    for (name, n, what) in [("W8-64MiB", 8 * 1024 * 1024, "copy 8M f32 (64 MiB moved, W1's traffic)"), ("W8", 64 * 1024 * 1024, "copy 64M f32 (512 MiB moved)")] {
+    for (name, n, what) in [
+        (
+            "W8-64MiB",
+            8 * 1024 * 1024,
+            "copy 8M f32 (64 MiB moved, W1's traffic)",
+        ),
+        ("W8", 64 * 1024 * 1024, "copy 64M f32 (512 MiB moved)"),
+    ] {
         let x = Tensor::full(&[n], 1.0, DType::F32);
         let y = Tensor::zeros(&[n], DType::F32);
         let ms = time_ms(iters.min(10), 2, || y.copy_(&x))?;
@@ -150,7 +212,8 @@ pub fn run(only: &[String], iters: usize) -> Result<Vec<Row>> {
     if want("W8") {
         rows.extend(w8(iters)?);
     }
-    let table: [(&str, fn(usize) -> Result<Row>); 5] = [("W1", w1), ("W2", w2), ("W3", w3), ("W4", w4), ("W7", w7)];
+    let table: [(&str, fn(usize) -> Result<Row>); 5] =
+        [("W1", w1), ("W2", w2), ("W3", w3), ("W4", w4), ("W7", w7)];
     for (name, f) in table {
         if want(name) {
             rows.push(f(iters)?);
@@ -161,14 +224,20 @@ pub fn run(only: &[String], iters: usize) -> Result<Vec<Row>> {
 
 /// The human-readable table.
 pub fn table(rows: &[Row]) -> String {
-    let mut s = format!("{:<9} {:<6} {:>10} {:>12}  {}\n", "workload", "mode", "median ms", "rate", "what");
+    let mut s = format!(
+        "{:<9} {:<6} {:>10} {:>12}  {}\n",
+        "workload", "mode", "median ms", "rate", "what"
+    );
     for r in rows {
         let rate = match r.unit {
             "gbps" => format!("{:.1} GB/s", r.rate),
             "gflops" => format!("{:.1} GFLOP/s", r.rate),
             _ => String::new(),
         };
-        s += &format!("{:<9} {:<6} {:>10.3} {:>12}  {}\n", r.workload, r.mode, r.median_ms, rate, r.what);
+        s += &format!(
+            "{:<9} {:<6} {:>10.3} {:>12}  {}\n",
+            r.workload, r.mode, r.median_ms, rate, r.what
+        );
     }
     s
 }

@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "kiln", about = "kiln: a PyTorch-style deep-learning engine with a JIT", version)]
+#[command(
+    name = "kiln",
+    about = "kiln: a PyTorch-style deep-learning engine with a JIT",
+    version
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

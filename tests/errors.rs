@@ -15,28 +15,53 @@ fn err(r: kiln::Result<impl std::fmt::Debug>) -> String {
 #[test]
 fn broadcast_mismatch() {
     let e = err(zeros(&[32, 1]).add(&zeros(&[3, 4])));
-    assert_eq!(e, "add: shapes [32,1] and [3,4] cannot broadcast at dim 0 (32 vs 3)");
+    assert_eq!(
+        e,
+        "add: shapes [32,1] and [3,4] cannot broadcast at dim 0 (32 vs 3)"
+    );
 }
 
 #[test]
 fn matmul_inner_dim_mismatch() {
     let e = err(F::matmul(&zeros(&[2, 3]), &zeros(&[4, 5])));
-    assert!(e.starts_with("matmul:") && e.contains("[2,3]") && e.contains("[4,5]"), "{e}");
+    assert!(
+        e.starts_with("matmul:") && e.contains("[2,3]") && e.contains("[4,5]"),
+        "{e}"
+    );
 }
 
 #[test]
 fn conv_channel_and_group_mismatch() {
-    let e = err(F::conv2d(&zeros(&[2, 3, 8, 8]), &zeros(&[4, 2, 3, 3]), None, &ConvParams::default()));
-    assert!(e.starts_with("conv2d:") && e.contains("[2,3,8,8]") && e.contains("[4,2,3,3]"), "{e}");
-    let p = ConvParams { groups: 2, ..ConvParams::default() };
-    let e = err(F::conv2d(&zeros(&[2, 4, 8, 8]), &zeros(&[3, 2, 3, 3]), None, &p));
+    let e = err(F::conv2d(
+        &zeros(&[2, 3, 8, 8]),
+        &zeros(&[4, 2, 3, 3]),
+        None,
+        &ConvParams::default(),
+    ));
+    assert!(
+        e.starts_with("conv2d:") && e.contains("[2,3,8,8]") && e.contains("[4,2,3,3]"),
+        "{e}"
+    );
+    let p = ConvParams {
+        groups: 2,
+        ..ConvParams::default()
+    };
+    let e = err(F::conv2d(
+        &zeros(&[2, 4, 8, 8]),
+        &zeros(&[3, 2, 3, 3]),
+        None,
+        &p,
+    ));
     assert!(e.starts_with("conv2d:") && e.contains("groups"), "{e}");
 }
 
 #[test]
 fn view_on_incompatible_strides_suggests_reshape() {
     let e = err(zeros(&[4, 6]).t().unwrap().view_as_shape(&[-1]));
-    assert!(e.starts_with("view:") && e.contains("[6,4]") && e.contains("reshape"), "{e}");
+    assert!(
+        e.starts_with("view:") && e.contains("[6,4]") && e.contains("reshape"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -59,12 +84,22 @@ fn dim_and_index_out_of_range() {
     let e = err(x.sum(Some(&[2]), false));
     assert!(e.starts_with("sum:") && e.contains("dim 2"), "{e}");
     let e = err(x.select(1, 3));
-    assert!(e.starts_with("select:") && e.contains("index 3") && e.contains("[2,3]"), "{e}");
+    assert!(
+        e.starts_with("select:") && e.contains("index 3") && e.contains("[2,3]"),
+        "{e}"
+    );
     let idx = Tensor::from_vec(vec![0i64, 5], &[2]).unwrap();
     let e = err(x.index_select(0, &idx));
-    assert!(e.starts_with("index_select:") && e.contains("index 5"), "{e}");
+    assert!(
+        e.starts_with("index_select:") && e.contains("index 5"),
+        "{e}"
+    );
     let w = zeros(&[10, 4]);
-    let e = err(F::embedding(&Tensor::from_vec(vec![3i64, 10], &[2]).unwrap(), &w, None));
+    let e = err(F::embedding(
+        &Tensor::from_vec(vec![3i64, 10], &[2]).unwrap(),
+        &w,
+        None,
+    ));
     assert!(e.starts_with("embedding") && e.contains("10"), "{e}");
     let e = err(x.transpose(0, 2));
     assert!(e.starts_with("transpose:") && e.contains("dim 2"), "{e}");
@@ -80,5 +115,8 @@ fn cat_of_mismatched_shapes() {
 fn operator_overloads_panic_with_the_same_message() {
     let r = std::panic::catch_unwind(|| &zeros(&[2]) + &zeros(&[3]));
     let msg = *r.unwrap_err().downcast::<String>().unwrap();
-    assert_eq!(msg, "add: shapes [2] and [3] cannot broadcast at dim 0 (2 vs 3)");
+    assert_eq!(
+        msg,
+        "add: shapes [2] and [3] cannot broadcast at dim 0 (2 vs 3)"
+    );
 }

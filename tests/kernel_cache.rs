@@ -20,14 +20,21 @@ fn new_batch_size_reuses_machine_code() {
     let before = cache_stats();
     let y = x.elu(0.7).unwrap();
     let after_first = cache_stats();
-    assert_eq!(after_first.compiles, before.compiles + 1, "first elu compiles one kernel");
+    assert_eq!(
+        after_first.compiles,
+        before.compiles + 1,
+        "first elu compiles one kernel"
+    );
 
     for batch in [1usize, 3, 16, 257] {
         let x = Tensor::full(&[batch, 100], -0.25, DType::F32);
         x.elu(0.7).unwrap();
     }
     let after_sizes = cache_stats();
-    assert_eq!(after_sizes.compiles, after_first.compiles, "other sizes reuse the kernel");
+    assert_eq!(
+        after_sizes.compiles, after_first.compiles,
+        "other sizes reuse the kernel"
+    );
     assert!(after_sizes.hits >= after_first.hits + 4);
 
     // a transposed input is another signature (strided inner loop): one new kernel,
@@ -36,7 +43,11 @@ fn new_batch_size_reuses_machine_code() {
     t.elu(0.7).unwrap();
     let after_t = cache_stats();
     assert_eq!(after_t.compiles, after_sizes.compiles + 1);
-    Tensor::full(&[100, 33], 1.0, DType::F32).t().unwrap().elu(0.7).unwrap();
+    Tensor::full(&[100, 33], 1.0, DType::F32)
+        .t()
+        .unwrap()
+        .elu(0.7)
+        .unwrap();
     assert_eq!(cache_stats().compiles, after_t.compiles);
     assert_eq!(y.dims(), &[8, 100]);
 }
@@ -45,17 +56,26 @@ fn new_batch_size_reuses_machine_code() {
 fn eager_composites_fuse_pointwise_chains() {
     let _g = SERIAL.lock().unwrap();
     let x = Tensor::full(&[64, 256], 0.5, DType::F32);
-    let (w, b) = (Tensor::ones(&[256], DType::F32), Tensor::zeros(&[256], DType::F32));
+    let (w, b) = (
+        Tensor::ones(&[256], DType::F32),
+        Tensor::zeros(&[256], DType::F32),
+    );
     let count = |f: &dyn Fn()| {
         let before = launches();
         f();
         launches() - before
     };
-    // max; sum(exp(x - max)); exp(x - max) / sum
-    assert_eq!(count(&|| drop(x.softmax(-1).unwrap())), 3);
+    // max; e = exp(x - max), stored once; sum(e); e / sum
+    assert_eq!(count(&|| drop(x.softmax(-1).unwrap())), 4);
+    // max; sum(exp(x - max)) with the prologue fused; (x - max) - log(sum)
     assert_eq!(count(&|| drop(x.log_softmax(-1).unwrap())), 3);
     // mean; mean((x - mean)^2); normalise * w + b
-    assert_eq!(count(&|| drop(kiln::functional::layer_norm(&x, &[256], Some(&w), Some(&b), 1e-5).unwrap())), 3);
+    assert_eq!(
+        count(&|| drop(
+            kiln::functional::layer_norm(&x, &[256], Some(&w), Some(&b), 1e-5).unwrap()
+        )),
+        3
+    );
     // unfused gelu chain of W1 is one kernel per op
     assert_eq!(count(&|| drop(x.gelu(false).unwrap())), 1);
 }

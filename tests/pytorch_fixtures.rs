@@ -9,8 +9,19 @@ use fixture_support::{compare, load_suite, Case, Fixtures};
 use kiln::Tensor;
 use std::io::Write;
 
-const FORWARD_SUITES: [&str; 11] =
-    ["ops_unary", "ops_binary", "reduce", "views", "matmul", "conv", "pool", "norm", "loss", "embedding", "half"];
+const FORWARD_SUITES: [&str; 11] = [
+    "ops_unary",
+    "ops_binary",
+    "reduce",
+    "views",
+    "matmul",
+    "conv",
+    "pool",
+    "norm",
+    "loss",
+    "embedding",
+    "half",
+];
 
 /// Runs one case; Ok(()) when every output matches.
 fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
@@ -20,7 +31,11 @@ fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     let inputs = fx.inputs(c)?;
     let outs = fixture_support::ops::run(c, &inputs).map_err(|e| format!("kiln error: {e}"))?;
     if outs.len() != c.outputs.len() {
-        return Err(format!("{} outputs, expected {}", outs.len(), c.outputs.len()));
+        return Err(format!(
+            "{} outputs, expected {}",
+            outs.len(),
+            c.outputs.len()
+        ));
     }
     for (k, (got, name)) in outs.iter().zip(&c.outputs).enumerate() {
         let want = fx.tensor(c, name)?;
@@ -53,14 +68,22 @@ fn pytorch_forward_fixtures() {
     for line in summary.iter().chain(failed.iter()) {
         let _ = writeln!(err, "{line}");
     }
-    assert!(failed.is_empty(), "{} fixture cases failed:\n{}", failed.len(), failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "{} fixture cases failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
 }
 
 #[test]
 fn manifest_has_every_forward_suite() {
     let fx = Fixtures::load();
     for suite in FORWARD_SUITES {
-        assert!(!load_suite(&fx, suite).is_empty(), "suite {suite} has no cases");
+        assert!(
+            !load_suite(&fx, suite).is_empty(),
+            "suite {suite} has no cases"
+        );
     }
     // the harness itself must reject a wrong answer
     let a = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();

@@ -159,26 +159,34 @@ impl Kernel {
         for (n, d) in self.scalars.iter().enumerate() {
             writeln!(s, "  scalar{n}: {d}")?;
         }
-        let write_instrs = |s: &mut String, instrs: &[(Instr, DType)], base: usize| -> fmt::Result {
-            for (i, (ins, dt)) in instrs.iter().enumerate() {
-                write!(s, "  %{} = ", base + i)?;
-                match ins {
-                    Instr::Load(k) => write!(s, "load in{k}")?,
-                    Instr::Scalar(n) => write!(s, "scalar{n}")?,
-                    Instr::Const(bits) => write!(s, "const {:?}", f64::from_bits(*bits))?,
-                    Instr::Unary(op, a) => write!(s, "{op} %{a}")?,
-                    Instr::Binary(op, a, b) => write!(s, "{op} %{a}, %{b}")?,
-                    Instr::Where(c, a, b) => write!(s, "where %{c}, %{a}, %{b}")?,
-                    Instr::Cast(a) => write!(s, "cast %{a}")?,
-                    Instr::Acc => write!(s, "acc")?,
+        let write_instrs =
+            |s: &mut String, instrs: &[(Instr, DType)], base: usize| -> fmt::Result {
+                for (i, (ins, dt)) in instrs.iter().enumerate() {
+                    write!(s, "  %{} = ", base + i)?;
+                    match ins {
+                        Instr::Load(k) => write!(s, "load in{k}")?,
+                        Instr::Scalar(n) => write!(s, "scalar{n}")?,
+                        Instr::Const(bits) => write!(s, "const {:?}", f64::from_bits(*bits))?,
+                        Instr::Unary(op, a) => write!(s, "{op} %{a}")?,
+                        Instr::Binary(op, a, b) => write!(s, "{op} %{a}, %{b}")?,
+                        Instr::Where(c, a, b) => write!(s, "where %{c}, %{a}, %{b}")?,
+                        Instr::Cast(a) => write!(s, "cast %{a}")?,
+                        Instr::Acc => write!(s, "acc")?,
+                    }
+                    writeln!(s, " : {dt}")?;
                 }
-                writeln!(s, " : {dt}")?;
-            }
-            Ok(())
-        };
+                Ok(())
+            };
         write_instrs(s, &self.body, 0)?;
         if let Some(r) = &self.reduce {
-            writeln!(s, "  reduce {} %{} over dim {} : {}", r.kind, r.value, self.rank - 1, r.dtype)?;
+            writeln!(
+                s,
+                "  reduce {} %{} over dim {} : {}",
+                r.kind,
+                r.value,
+                self.rank - 1,
+                r.dtype
+            )?;
             write_instrs(s, &self.epilogue, self.body.len())?;
         }
         writeln!(s, "  store %{}", self.out)?;

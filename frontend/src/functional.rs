@@ -20,12 +20,23 @@ fn float_dtype(op: &str, ts: &[&Tensor]) -> Result<DType> {
     let d = ts[0].dtype();
     for t in ts {
         if t.dtype() != d {
-            let all: Vec<String> = ts.iter().map(|t| format!("{} {}", t.dtype(), fmt_dims(t.dims()))).collect();
-            bail!(op, "expected all tensors to have the same dtype, got {}", all.join(", "));
+            let all: Vec<String> = ts
+                .iter()
+                .map(|t| format!("{} {}", t.dtype(), fmt_dims(t.dims())))
+                .collect();
+            bail!(
+                op,
+                "expected all tensors to have the same dtype, got {}",
+                all.join(", ")
+            );
         }
     }
     if !d.is_float() {
-        bail!(op, "unsupported dtype {d} (input {}): expected a floating-point tensor", fmt_dims(ts[0].dims()));
+        bail!(
+            op,
+            "unsupported dtype {d} (input {}): expected a floating-point tensor",
+            fmt_dims(ts[0].dims())
+        );
     }
     Ok(d)
 }
@@ -80,7 +91,10 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (ae, be) = (expand(&a2, plan.m, plan.k)?, expand(&b2, plan.k, plan.n)?);
     let offsets = |t: &Tensor| -> Vec<usize> {
         let s: Vec<usize> = t.strides()[..bl].iter().map(|&x| x as usize).collect();
-        externs::gemm::batch_offsets(&plan.batch, &s).into_iter().map(|o| o + t.offset()).collect()
+        externs::gemm::batch_offsets(&plan.batch, &s)
+            .into_iter()
+            .map(|o| o + t.offset())
+            .collect()
     };
     let (ao, bo) = (offsets(&ae), offsets(&be));
     let (ars, acs) = (ae.strides()[bl], ae.strides()[bl + 1]);
@@ -125,7 +139,13 @@ pub fn conv1d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> 
     conv_nd("conv1d", x, w, bias, p)
 }
 
-fn conv_nd(op: &str, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
+fn conv_nd(
+    op: &str,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype(op, &ts)?;
@@ -140,11 +160,22 @@ fn conv_nd(op: &str, x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvPara
 }
 
 /// `F.conv_transpose2d` (stride, padding, output_padding, dilation, groups).
-pub fn conv_transpose2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvTransposeParams) -> Result<Tensor> {
+pub fn conv_transpose2d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvTransposeParams,
+) -> Result<Tensor> {
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype("conv_transpose2d", &ts)?;
-    let g = conv::conv_transpose_geometry("conv_transpose2d", x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
+    let g = conv::conv_transpose_geometry(
+        "conv_transpose2d",
+        x.dims(),
+        w.dims(),
+        bias.map(|b| b.dims()),
+        p,
+    )?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
     extern_out(&g.out_shape(), dt, |out| unsafe {
@@ -184,7 +215,12 @@ pub fn adaptive_max_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<(Tenso
 }
 
 /// `F.avg_pool2d` (count_include_pad, ceil_mode, divisor_override).
-pub fn avg_pool2d(x: &Tensor, p: &Pool2dParams, count_include_pad: bool, divisor_override: Option<i64>) -> Result<Tensor> {
+pub fn avg_pool2d(
+    x: &Tensor,
+    p: &Pool2dParams,
+    count_include_pad: bool,
+    divisor_override: Option<i64>,
+) -> Result<Tensor> {
     let dt = float_dtype("avg_pool2d", &[x])?;
     pool::check_divisor_override("avg_pool2d", divisor_override)?;
     let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
@@ -220,17 +256,33 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
 }
 
 /// `F.layer_norm` over the trailing `normalized_shape` dims.
-pub fn layer_norm(x: &Tensor, normalized_shape: &[usize], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn layer_norm(
+    x: &Tensor,
+    normalized_shape: &[usize],
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
     let (w, b) = (lazy(weight), lazy(bias));
-    run(x, |f, x| decompose::layer_norm(f, x, normalized_shape, w.as_ref(), b.as_ref(), eps))
+    run(x, |f, x| {
+        decompose::layer_norm(f, x, normalized_shape, w.as_ref(), b.as_ref(), eps)
+    })
 }
 
 /// `F.group_norm` on (N, C, *).
-pub fn group_norm(x: &Tensor, groups: usize, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
     let (w, b) = (lazy(weight), lazy(bias));
-    run(x, |f, x| decompose::group_norm(f, x, groups, w.as_ref(), b.as_ref(), eps))
+    run(x, |f, x| {
+        decompose::group_norm(f, x, groups, w.as_ref(), b.as_ref(), eps)
+    })
 }
 
 /// `F.batch_norm`: in training, `running_mean`/`running_var` are updated in
@@ -247,8 +299,23 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
-    let (rm, rv, w, b) = (lazy(running_mean), lazy(running_var), lazy(weight), lazy(bias));
-    let r = decompose::batch_norm(&mut Fuser, &Lazy::tensor(x), rm.as_ref(), rv.as_ref(), w.as_ref(), b.as_ref(), training, momentum, eps)?;
+    let (rm, rv, w, b) = (
+        lazy(running_mean),
+        lazy(running_var),
+        lazy(weight),
+        lazy(bias),
+    );
+    let r = decompose::batch_norm(
+        &mut Fuser,
+        &Lazy::tensor(x),
+        rm.as_ref(),
+        rv.as_ref(),
+        w.as_ref(),
+        b.as_ref(),
+        training,
+        momentum,
+        eps,
+    )?;
     let y = r.y.materialize()?;
     if let (Some((m, v)), Some(rm), Some(rv)) = (r.running, running_mean, running_var) {
         rm.copy_(&m.materialize()?)?;
@@ -258,14 +325,24 @@ pub fn batch_norm(
 }
 
 /// `F.cross_entropy` (class indices or probabilities; weight, ignore_index, label_smoothing).
-pub fn cross_entropy(x: &Tensor, target: &Tensor, weight: Option<&Tensor>, o: ClassLossOpts) -> Result<Tensor> {
+pub fn cross_entropy(
+    x: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    o: ClassLossOpts,
+) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
     let (t, w) = (Lazy::tensor(target), lazy(weight));
     run(x, |f, x| loss::cross_entropy(f, x, &t, w.as_ref(), o))
 }
 
 /// `F.nll_loss` on log-probabilities.
-pub fn nll_loss(logp: &Tensor, target: &Tensor, weight: Option<&Tensor>, o: ClassLossOpts) -> Result<Tensor> {
+pub fn nll_loss(
+    logp: &Tensor,
+    target: &Tensor,
+    weight: Option<&Tensor>,
+    o: ClassLossOpts,
+) -> Result<Tensor> {
     let (t, w) = (Lazy::tensor(target), lazy(weight));
     run(logp, |f, x| loss::nll_loss(f, x, &t, w.as_ref(), o))
 }
@@ -298,11 +375,19 @@ pub fn binary_cross_entropy_with_logits(
     r: Reduction,
 ) -> Result<Tensor> {
     let (y, w, pw) = (Lazy::tensor(y), lazy(weight), lazy(pos_weight));
-    run(x, |f, x| loss::bce_with_logits(f, x, &y, w.as_ref(), pw.as_ref(), r))
+    run(x, |f, x| {
+        loss::bce_with_logits(f, x, &y, w.as_ref(), pw.as_ref(), r)
+    })
 }
 
-pub fn binary_cross_entropy(p: &Tensor, y: &Tensor, weight: Option<&Tensor>, r: Reduction) -> Result<Tensor> {
+pub fn binary_cross_entropy(
+    p: &Tensor,
+    y: &Tensor,
+    weight: Option<&Tensor>,
+    r: Reduction,
+) -> Result<Tensor> {
     let (y, w) = (Lazy::tensor(y), lazy(weight));
-    run(p, |f, p| loss::binary_cross_entropy(f, p, &y, w.as_ref(), r))
+    run(p, |f, p| {
+        loss::binary_cross_entropy(f, p, &y, w.as_ref(), r)
+    })
 }
-

@@ -48,19 +48,39 @@ impl Tensor {
         Tensor::from_parts(Arc::new(Storage::zeros(dtype, l.numel())), l)
     }
 
+    /// A fresh contiguous tensor whose contents are unspecified (for outputs
+    /// that are about to be overwritten; like `torch.empty`).
+    pub fn empty(dims: &[usize], dtype: DType) -> Tensor {
+        let l = Layout::contiguous(dims);
+        Tensor::from_parts(Arc::new(Storage::empty(dtype, l.numel())), l)
+    }
+
     /// Takes ownership of `data` laid out row-major in `dims`.
     pub fn from_vec<T: Element>(data: Vec<T>, dims: &[usize]) -> Result<Tensor> {
         let n: usize = dims.iter().product();
         if n != data.len() {
-            bail!("from_vec", "{} elements cannot fill shape {} ({n} elements)", data.len(), fmt_dims(dims));
+            bail!(
+                "from_vec",
+                "{} elements cannot fill shape {} ({n} elements)",
+                data.len(),
+                fmt_dims(dims)
+            );
         }
-        let bytes = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data.as_slice())) };
+        let bytes = unsafe {
+            std::slice::from_raw_parts(
+                data.as_ptr() as *const u8,
+                std::mem::size_of_val(data.as_slice()),
+            )
+        };
         Ok(Tensor::from_bytes(T::DTYPE, dims, bytes))
     }
 
     /// A tensor holding a copy of `bytes` (little-endian elements of `dtype`).
     pub fn from_bytes(dtype: DType, dims: &[usize], bytes: &[u8]) -> Tensor {
-        Tensor::from_parts(Arc::new(Storage::from_bytes(dtype, bytes)), Layout::contiguous(dims))
+        Tensor::from_parts(
+            Arc::new(Storage::from_bytes(dtype, bytes)),
+            Layout::contiguous(dims),
+        )
     }
 
     /// A 0-dim tensor.
@@ -70,8 +90,11 @@ impl Tensor {
 
     /// `torch.full`.
     pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
-        let t = Tensor::zeros(dims, dtype);
-        if value != 0.0 {
+        if value == 0.0 {
+            return Tensor::zeros(dims, dtype);
+        }
+        let t = Tensor::empty(dims, dtype);
+        {
             let src = Tensor::scalar(value);
             let src = src.expand_to(dims).expect("scalar expands anywhere");
             kiln_runtime::convert(src.view(), t.view());
@@ -86,7 +109,10 @@ impl Tensor {
     /// `torch.arange(n)` as `dtype`.
     pub fn arange(n: usize, dtype: DType) -> Tensor {
         let v: Vec<f64> = (0..n).map(|i| i as f64).collect();
-        Tensor::from_vec(v, &[n]).expect("sized").to_dtype(dtype).expect("cast")
+        Tensor::from_vec(v, &[n])
+            .expect("sized")
+            .to_dtype(dtype)
+            .expect("cast")
     }
 
     pub fn dtype(&self) -> DType {
@@ -123,22 +149,36 @@ impl Tensor {
         Ok(self.layout.dims[kiln_ir::shape::norm_dim("size", dim, self.rank())?])
     }
     pub fn meta(&self) -> kiln_ir::op::Meta {
-        kiln_ir::op::Meta { dtype: self.dtype(), dims: self.layout.dims.clone() }
+        kiln_ir::op::Meta {
+            dtype: self.dtype(),
+            dims: self.layout.dims.clone(),
+        }
     }
 
     /// The runtime's view of this tensor.
     pub fn view(&self) -> View<'_> {
-        View { storage: &self.storage, layout: &self.layout }
+        View {
+            storage: &self.storage,
+            layout: &self.layout,
+        }
     }
 
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor { storage: self.storage.clone(), layout }
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+        }
     }
 
     /// Copies the elements out in row-major order as `T` (which must match the dtype).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype() {
-            bail!("to_vec", "tensor is {} but {} was requested", self.dtype(), T::DTYPE);
+            bail!(
+                "to_vec",
+                "tensor is {} but {} was requested",
+                self.dtype(),
+                T::DTYPE
+            );
         }
         let c = self.contiguous()?;
         let s = unsafe { c.storage.as_slice::<T>() };
@@ -147,13 +187,20 @@ impl Tensor {
 
     /// The elements converted to f64, row-major (handy in tests).
     pub fn to_f64_vec(&self) -> Vec<f64> {
-        self.to_dtype(DType::F64).and_then(|t| t.to_vec::<f64>()).expect("any dtype converts to f64")
+        self.to_dtype(DType::F64)
+            .and_then(|t| t.to_vec::<f64>())
+            .expect("any dtype converts to f64")
     }
 
     /// The value of a one-element tensor.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {
-            bail!("item", "a tensor with {} elements (shape {}) cannot be converted to a scalar", self.numel(), fmt_dims(self.dims()));
+            bail!(
+                "item",
+                "a tensor with {} elements (shape {}) cannot be converted to a scalar",
+                self.numel(),
+                fmt_dims(self.dims())
+            );
         }
         Ok(self.to_f64_vec()[0])
     }
@@ -168,7 +215,7 @@ impl Tensor {
 
     /// A contiguous copy in a new storage (always copies).
     pub fn copy(&self) -> Result<Tensor> {
-        let out = Tensor::zeros(self.dims(), self.dtype());
+        let out = Tensor::empty(self.dims(), self.dtype());
         crate::ops::pointwise::copy_into(self, &out)?;
         Ok(out)
     }

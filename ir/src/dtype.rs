@@ -221,11 +221,26 @@ mod tests {
         use Operand::*;
         assert_eq!(result_type(&[Tensor(F32), ZeroDim(F64)]), Some(F32));
         assert_eq!(result_type(&[Tensor(I64), ZeroDim(F64)]), Some(F64));
-        assert_eq!(result_type(&[Tensor(I64), Scalar(Category::Float)]), Some(F32));
-        assert_eq!(result_type(&[Tensor(I64), Scalar(Category::Int)]), Some(I64));
+        assert_eq!(
+            result_type(&[Tensor(I64), Scalar(Category::Float)]),
+            Some(F32)
+        );
+        assert_eq!(
+            result_type(&[Tensor(I64), Scalar(Category::Int)]),
+            Some(I64)
+        );
         assert_eq!(result_type(&[Tensor(U8), Scalar(Category::Int)]), Some(U8));
-        assert_eq!(result_type(&[Tensor(F16), Scalar(Category::Float)]), Some(F16));
-        assert_eq!(result_type(&[ZeroDim(F64), Scalar(Category::Float)]), Some(F64));
-        assert_eq!(result_type(&[Tensor(Bool), Scalar(Category::Int)]), Some(I64));
+        assert_eq!(
+            result_type(&[Tensor(F16), Scalar(Category::Float)]),
+            Some(F16)
+        );
+        assert_eq!(
+            result_type(&[ZeroDim(F64), Scalar(Category::Float)]),
+            Some(F64)
+        );
+        assert_eq!(
+            result_type(&[Tensor(Bool), Scalar(Category::Int)]),
+            Some(I64)
+        );
     }
 }

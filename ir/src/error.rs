@@ -22,7 +22,10 @@ pub enum Error {
 
 impl Error {
     pub fn op(op: impl Into<String>, msg: impl Into<String>) -> Self {
-        Error::Op { op: op.into(), msg: msg.into() }
+        Error::Op {
+            op: op.into(),
+            msg: msg.into(),
+        }
     }
 }
 

@@ -56,8 +56,16 @@ pub fn broadcast_shapes(op: &str, a: &[usize], b: &[usize]) -> Result<Dims> {
     let n = a.len().max(b.len());
     let mut out: Dims = SmallVec::from_elem(1, n);
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -86,9 +94,18 @@ pub fn broadcast_all(op: &str, shapes: &[&[usize]]) -> Result<Dims> {
 pub fn norm_dim(op: &str, dim: i64, rank: usize) -> Result<usize> {
     let r = rank.max(1) as i64;
     if dim < -r || dim >= r {
-        bail!(op, "dim {dim} out of range for a tensor of rank {rank} (expected {}..={})", -r, r - 1);
+        bail!(
+            op,
+            "dim {dim} out of range for a tensor of rank {rank} (expected {}..={})",
+            -r,
+            r - 1
+        );
     }
-    Ok(if dim < 0 { (dim + r) as usize } else { dim as usize })
+    Ok(if dim < 0 {
+        (dim + r) as usize
+    } else {
+        dim as usize
+    })
 }
 
 #[cfg(test)]
@@ -98,7 +115,10 @@ mod tests {
     #[test]
     fn broadcast_error_names_dim() {
         let e = broadcast_shapes("add", &[2, 3], &[4]).unwrap_err();
-        assert_eq!(e.to_string(), "add: shapes [2,3] and [4] cannot broadcast at dim 1 (3 vs 4)");
+        assert_eq!(
+            e.to_string(),
+            "add: shapes [2,3] and [4] cannot broadcast at dim 1 (3 vs 4)"
+        );
     }
 
     #[test]

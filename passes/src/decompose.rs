@@ -22,12 +22,23 @@ pub trait Builder {
     fn select(&mut self, cond: &Self::T, a: &Self::T, b: &Self::T) -> Result<Self::T>;
     /// `cond ? a : s`.
     fn select_scalar(&mut self, cond: &Self::T, a: &Self::T, s: f64) -> Result<Self::T>;
-    fn reduce(&mut self, kind: ReduceKind, x: &Self::T, dims: &[i64], keepdim: bool) -> Result<Self::T>;
+    fn reduce(
+        &mut self,
+        kind: ReduceKind,
+        x: &Self::T,
+        dims: &[i64],
+        keepdim: bool,
+    ) -> Result<Self::T>;
     fn mean(&mut self, x: &Self::T, dims: &[i64], keepdim: bool) -> Result<Self::T>;
     fn reshape(&mut self, x: &Self::T, shape: &[i64]) -> Result<Self::T>;
     fn cast(&mut self, x: &Self::T, dt: DType) -> Result<Self::T>;
     /// `gather(x, dim, index)`.
     fn gather(&mut self, x: &Self::T, dim: i64, index: &Self::T) -> Result<Self::T>;
+    /// A hint that `x` is expensive and used on both sides of a reduction, so
+    /// it is worth storing rather than recomputing. Builders may ignore it.
+    fn realize(&mut self, x: &Self::T) -> Result<Self::T> {
+        Ok(x.clone())
+    }
 }
 
 fn ishape(d: &[usize]) -> Vec<i64> {
@@ -43,6 +54,8 @@ pub fn softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
     let m = b.reduce(ReduceKind::Max, x, &[dim], true)?;
     let shifted = b.binary(BinaryOp::Sub, x, &m)?;
     let e = b.unary(UnaryOp::Exp, &shifted)?;
+    // exp is the costly part: computed once, summed, then scaled
+    let e = b.realize(&e)?;
     let s = b.reduce(ReduceKind::Sum, &e, &[dim], true)?;
     b.binary(BinaryOp::Div, &e, &s)
 }
@@ -74,18 +87,49 @@ pub fn logsumexp<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], keepdim: bool) -
         return Ok(r);
     }
     let rank = b.dims(x).len();
-    let norm: Vec<usize> = dims.iter().map(|&d| if d < 0 { (d + rank as i64) as usize } else { d as usize }).collect();
-    let out: Vec<i64> = b.dims(&r).iter().enumerate().filter(|(i, _)| !norm.contains(i)).map(|(_, &d)| d as i64).collect();
+    let norm: Vec<usize> = dims
+        .iter()
+        .map(|&d| {
+            if d < 0 {
+                (d + rank as i64) as usize
+            } else {
+                d as usize
+            }
+        })
+        .collect();
+    let out: Vec<i64> = b
+        .dims(&r)
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !norm.contains(i))
+        .map(|(_, &d)| d as i64)
+        .collect();
     b.reshape(&r, &out)
 }
 
 /// var(x) = sum((x - mean)^2) / (n - correction); an empty `dims` means all dims.
-pub fn var<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], correction: f64, keepdim: bool) -> Result<B::T> {
+pub fn var<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    dims: &[i64],
+    correction: f64,
+    keepdim: bool,
+) -> Result<B::T> {
     let shape = b.dims(x);
-    let dims: Vec<i64> = if dims.is_empty() { all_dims(shape.len()) } else { dims.to_vec() };
+    let dims: Vec<i64> = if dims.is_empty() {
+        all_dims(shape.len())
+    } else {
+        dims.to_vec()
+    };
     let n: usize = dims
         .iter()
-        .map(|&d| shape[if d < 0 { (d + shape.len() as i64) as usize } else { d as usize }])
+        .map(|&d| {
+            shape[if d < 0 {
+                (d + shape.len() as i64) as usize
+            } else {
+                d as usize
+            }]
+        })
         .product::<usize>()
         .max(usize::from(shape.is_empty()));
     let mean = b.mean(x, &dims, true)?;
@@ -96,13 +140,24 @@ pub fn var<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], correction: f64, keepd
     b.scalar(BinaryOp::Div, &s, n as f64 - correction)
 }
 
-pub fn std<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], correction: f64, keepdim: bool) -> Result<B::T> {
+pub fn std<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    dims: &[i64],
+    correction: f64,
+    keepdim: bool,
+) -> Result<B::T> {
     let v = var(b, x, dims, correction, keepdim)?;
     b.unary(UnaryOp::Sqrt, &v)
 }
 
 /// Normalises over `dims` with the biased variance: (x - mean) / sqrt(var + eps).
-fn normalize<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], eps: f64) -> Result<(B::T, B::T, B::T)> {
+fn normalize<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    dims: &[i64],
+    eps: f64,
+) -> Result<(B::T, B::T, B::T)> {
     let mean = b.mean(x, dims, true)?;
     let d = b.binary(BinaryOp::Sub, x, &mean)?;
     let sq = b.binary(BinaryOp::Mul, &d, &d)?;
@@ -124,12 +179,22 @@ pub fn layer_norm<B: Builder>(
     let shape = b.dims(x);
     let k = normalized_shape.len();
     if k == 0 || k > shape.len() || shape[shape.len() - k..] != *normalized_shape {
-        bail!("layer_norm", "normalized_shape {} does not match the trailing dims of input {}", fmt_dims(normalized_shape), fmt_dims(&shape));
+        bail!(
+            "layer_norm",
+            "normalized_shape {} does not match the trailing dims of input {}",
+            fmt_dims(normalized_shape),
+            fmt_dims(&shape)
+        );
     }
     for (name, p) in [("weight", weight), ("bias", bias)] {
         if let Some(p) = p {
             if b.dims(p).as_slice() != normalized_shape {
-                bail!("layer_norm", "{name} has shape {} but normalized_shape is {}", fmt_dims(&b.dims(p)), fmt_dims(normalized_shape));
+                bail!(
+                    "layer_norm",
+                    "{name} has shape {} but normalized_shape is {}",
+                    fmt_dims(&b.dims(p)),
+                    fmt_dims(normalized_shape)
+                );
             }
         }
     }
@@ -152,16 +217,30 @@ fn per_channel<B: Builder>(b: &mut B, p: &B::T, rank: usize) -> Result<B::T> {
     b.reshape(p, &s)
 }
 
-fn check_channels<B: Builder>(b: &B, op: &str, x: &B::T, params: &[(&str, Option<&B::T>)]) -> Result<usize> {
+fn check_channels<B: Builder>(
+    b: &B,
+    op: &str,
+    x: &B::T,
+    params: &[(&str, Option<&B::T>)],
+) -> Result<usize> {
     let shape = b.dims(x);
     if shape.len() < 2 {
-        bail!(op, "expected an input of shape (N, C, *), got {}", fmt_dims(&shape));
+        bail!(
+            op,
+            "expected an input of shape (N, C, *), got {}",
+            fmt_dims(&shape)
+        );
     }
     let c = shape[1];
     for (name, p) in params {
         if let Some(p) = p {
             if b.dims(p).as_slice() != [c] {
-                bail!(op, "{name} has shape {} but the input {} has {c} channels", fmt_dims(&b.dims(p)), fmt_dims(&shape));
+                bail!(
+                    op,
+                    "{name} has shape {} but the input {} has {c} channels",
+                    fmt_dims(&b.dims(p)),
+                    fmt_dims(&shape)
+                );
             }
         }
     }
@@ -169,11 +248,22 @@ fn check_channels<B: Builder>(b: &B, op: &str, x: &B::T, params: &[(&str, Option
 }
 
 /// `F.group_norm(x, groups, weight, bias, eps)` on (N, C, *).
-pub fn group_norm<B: Builder>(b: &mut B, x: &B::T, groups: usize, weight: Option<&B::T>, bias: Option<&B::T>, eps: f64) -> Result<B::T> {
+pub fn group_norm<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    groups: usize,
+    weight: Option<&B::T>,
+    bias: Option<&B::T>,
+    eps: f64,
+) -> Result<B::T> {
     let shape = b.dims(x);
     let c = check_channels(b, "group_norm", x, &[("weight", weight), ("bias", bias)])?;
     if groups == 0 || c % groups != 0 {
-        bail!("group_norm", "{c} channels of input {} cannot be split into {groups} groups", fmt_dims(&shape));
+        bail!(
+            "group_norm",
+            "{c} channels of input {} cannot be split into {groups} groups",
+            fmt_dims(&shape)
+        );
     }
     let g = b.reshape(x, &[shape[0] as i64, groups as i64, -1])?;
     let (y, _, _) = normalize(b, &g, &[2], eps)?;
@@ -212,13 +302,27 @@ pub fn batch_norm<B: Builder>(
     eps: f64,
 ) -> Result<BatchNormOut<B::T>> {
     let shape = b.dims(x);
-    let c = check_channels(b, "batch_norm", x, &[("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)])?;
+    let c = check_channels(
+        b,
+        "batch_norm",
+        x,
+        &[
+            ("weight", weight),
+            ("bias", bias),
+            ("running_mean", running_mean),
+            ("running_var", running_var),
+        ],
+    )?;
     let rank = shape.len();
     let red: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
     let n: usize = shape.iter().product::<usize>() / c.max(1);
     let (mut y, running) = if training {
         if n <= 1 {
-            bail!("batch_norm", "expected more than 1 value per channel when training, got input {}", fmt_dims(&shape));
+            bail!(
+                "batch_norm",
+                "expected more than 1 value per channel when training, got input {}",
+                fmt_dims(&shape)
+            );
         }
         let (y, mean, var) = normalize(b, x, &red, eps)?;
         let running = match (running_mean, running_var) {
@@ -239,7 +343,10 @@ pub fn batch_norm<B: Builder>(
         (y, running)
     } else {
         let (Some(rm), Some(rv)) = (running_mean, running_var) else {
-            bail!("batch_norm", "running_mean and running_var are required in eval mode");
+            bail!(
+                "batch_norm",
+                "running_mean and running_var are required in eval mode"
+            );
         };
         let rm = per_channel(b, rm, rank)?;
         let rv = per_channel(b, rv, rank)?;

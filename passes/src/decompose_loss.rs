@@ -19,7 +19,10 @@ impl Reduction {
             "none" => Reduction::None,
             "mean" => Reduction::Mean,
             "sum" => Reduction::Sum,
-            _ => bail!("loss", "reduction must be 'none', 'mean' or 'sum', got '{s}'"),
+            _ => bail!(
+                "loss",
+                "reduction must be 'none', 'mean' or 'sum', got '{s}'"
+            ),
         })
     }
 }
@@ -36,7 +39,12 @@ fn reduce<B: Builder>(b: &mut B, loss: &B::T, r: Reduction) -> Result<B::T> {
 
 fn same_shape<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
     if b.dims(x) != b.dims(y) {
-        bail!(op, "input {} and target {} must have the same shape", fmt_dims(&b.dims(x)), fmt_dims(&b.dims(y)));
+        bail!(
+            op,
+            "input {} and target {} must have the same shape",
+            fmt_dims(&b.dims(x)),
+            fmt_dims(&b.dims(y))
+        );
     }
     Ok(())
 }
@@ -58,7 +66,13 @@ pub fn l1_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction) -> Resul
 }
 
 /// |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta   (beta = 0 is L1)
-pub fn smooth_l1_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction, beta: f64) -> Result<B::T> {
+pub fn smooth_l1_loss<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    y: &B::T,
+    r: Reduction,
+    beta: f64,
+) -> Result<B::T> {
     same_shape(b, "smooth_l1_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let z = b.unary(UnaryOp::Abs, &d)?;
@@ -74,7 +88,13 @@ pub fn smooth_l1_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction, b
 }
 
 /// |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta)
-pub fn huber_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction, delta: f64) -> Result<B::T> {
+pub fn huber_loss<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    y: &B::T,
+    r: Reduction,
+    delta: f64,
+) -> Result<B::T> {
     same_shape(b, "huber_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let z = b.unary(UnaryOp::Abs, &d)?;
@@ -121,7 +141,13 @@ pub fn bce_with_logits<B: Builder>(
 }
 
 /// (y - 1) max(log1p(-p), -100) - y max(log p, -100)
-pub fn binary_cross_entropy<B: Builder>(b: &mut B, p: &B::T, y: &B::T, weight: Option<&B::T>, r: Reduction) -> Result<B::T> {
+pub fn binary_cross_entropy<B: Builder>(
+    b: &mut B,
+    p: &B::T,
+    y: &B::T,
+    weight: Option<&B::T>,
+    r: Reduction,
+) -> Result<B::T> {
     same_shape(b, "binary_cross_entropy", p, y)?;
     let np = b.unary(UnaryOp::Neg, p)?;
     let l1 = b.unary(UnaryOp::Log1p, &np)?;
@@ -148,33 +174,64 @@ pub struct ClassLossOpts {
 
 impl Default for ClassLossOpts {
     fn default() -> Self {
-        ClassLossOpts { reduction: Reduction::Mean, ignore_index: -100, label_smoothing: 0.0 }
+        ClassLossOpts {
+            reduction: Reduction::Mean,
+            ignore_index: -100,
+            label_smoothing: 0.0,
+        }
     }
 }
 
 /// `[1, C, 1, ...]`-shaped weight for broadcasting along the class dim.
 fn class_weight<B: Builder>(b: &mut B, w: &B::T, rank: usize, class_dim: usize) -> Result<B::T> {
     let c = b.dims(w).iter().product::<usize>() as i64;
-    let s: Vec<i64> = (0..rank).map(|i| if i == class_dim { c } else { 1 }).collect();
+    let s: Vec<i64> = (0..rank)
+        .map(|i| if i == class_dim { c } else { 1 })
+        .collect();
     b.reshape(w, &s)
 }
 
 /// `F.nll_loss(logp, target)` for logp (N, C, *) or (C,), integer target (N, *) or ().
-pub fn nll_loss<B: Builder>(b: &mut B, logp: &B::T, target: &B::T, weight: Option<&B::T>, o: ClassLossOpts) -> Result<B::T> {
+pub fn nll_loss<B: Builder>(
+    b: &mut B,
+    logp: &B::T,
+    target: &B::T,
+    weight: Option<&B::T>,
+    o: ClassLossOpts,
+) -> Result<B::T> {
     let ls = b.dims(logp);
     let ts = b.dims(target);
     let class_dim = usize::from(ls.len() >= 2);
-    let expected: Vec<usize> = ls.iter().enumerate().filter(|(i, _)| *i != class_dim).map(|(_, &d)| d).collect();
+    let expected: Vec<usize> = ls
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != class_dim)
+        .map(|(_, &d)| d)
+        .collect();
     if ls.is_empty() || ts.as_slice() != expected.as_slice() {
-        bail!("nll_loss", "input {} and target {} do not match: expected target shape {}", fmt_dims(&ls), fmt_dims(&ts), fmt_dims(&expected));
+        bail!(
+            "nll_loss",
+            "input {} and target {} do not match: expected target shape {}",
+            fmt_dims(&ls),
+            fmt_dims(&ts),
+            fmt_dims(&expected)
+        );
     }
     if b.dtype(target).is_float() {
-        bail!("nll_loss", "target must hold class indices (an integer tensor), got {}", b.dtype(target));
+        bail!(
+            "nll_loss",
+            "target must hold class indices (an integer tensor), got {}",
+            b.dtype(target)
+        );
     }
     let c = ls[class_dim];
     if let Some(w) = weight {
         if b.dims(w).as_slice() != [c] {
-            bail!("nll_loss", "weight has shape {} but the input has {c} classes", fmt_dims(&b.dims(w)));
+            bail!(
+                "nll_loss",
+                "weight has shape {} but the input has {c} classes",
+                fmt_dims(&b.dims(w))
+            );
         }
     }
     let target = b.cast(target, DType::I64)?;
@@ -212,10 +269,19 @@ pub fn nll_loss<B: Builder>(b: &mut B, logp: &B::T, target: &B::T, weight: Optio
 /// `F.cross_entropy(input, target)`: class indices (integer target) or class
 /// probabilities (float target of the input's shape), with weight,
 /// ignore_index and label_smoothing as in PyTorch.
-pub fn cross_entropy<B: Builder>(b: &mut B, x: &B::T, target: &B::T, weight: Option<&B::T>, o: ClassLossOpts) -> Result<B::T> {
+pub fn cross_entropy<B: Builder>(
+    b: &mut B,
+    x: &B::T,
+    target: &B::T,
+    weight: Option<&B::T>,
+    o: ClassLossOpts,
+) -> Result<B::T> {
     let xs = b.dims(x);
     if xs.is_empty() {
-        bail!("cross_entropy", "input must have at least one dim (the classes), got a 0-dim tensor");
+        bail!(
+            "cross_entropy",
+            "input must have at least one dim (the classes), got a 0-dim tensor"
+        );
     }
     let class_dim = usize::from(xs.len() >= 2);
     let c = xs[class_dim];
@@ -243,7 +309,11 @@ pub fn cross_entropy<B: Builder>(b: &mut B, x: &B::T, target: &B::T, weight: Opt
             Reduction::Sum => b.reduce(ReduceKind::Sum, &loss, &all, false),
             Reduction::Mean => {
                 let s = b.reduce(ReduceKind::Sum, &loss, &all, false)?;
-                b.scalar(BinaryOp::Div, &s, (xs.iter().product::<usize>() / c.max(1)) as f64)
+                b.scalar(
+                    BinaryOp::Div,
+                    &s,
+                    (xs.iter().product::<usize>() / c.max(1)) as f64,
+                )
             }
         };
     }

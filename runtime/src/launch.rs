@@ -43,10 +43,27 @@ impl Executable {
     ///
     /// # Safety
     /// Pointers, strides and sizes must describe valid buffers for the kernel.
-    pub unsafe fn run(&self, ptrs: &[*mut u8], strides: &[isize], sizes: &[usize], scalars: &[u64], start: usize, end: usize) {
+    pub unsafe fn run(
+        &self,
+        ptrs: &[*mut u8],
+        strides: &[isize],
+        sizes: &[usize],
+        scalars: &[u64],
+        start: usize,
+        end: usize,
+    ) {
         match self {
-            Executable::Native(f) => (f.func())(ptrs.as_ptr(), strides.as_ptr(), sizes.as_ptr(), scalars.as_ptr(), start, end),
-            Executable::Interpreted(k) => kiln_codegen::interp::run_kernel(k, ptrs, strides, sizes, scalars, start, end),
+            Executable::Native(f) => (f.func())(
+                ptrs.as_ptr(),
+                strides.as_ptr(),
+                sizes.as_ptr(),
+                scalars.as_ptr(),
+                start,
+                end,
+            ),
+            Executable::Interpreted(k) => {
+                kiln_codegen::interp::run_kernel(k, ptrs, strides, sizes, scalars, start, end)
+            }
         }
     }
 }
@@ -70,13 +87,17 @@ thread_local! {
 pub fn record_kernels<R>(f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
     let prev = RECORDING.with(|r| r.borrow_mut().replace(vec![]));
     let out = f();
-    let got = RECORDING.with(|r| std::mem::replace(&mut *r.borrow_mut(), prev)).unwrap_or_default();
+    let got = RECORDING
+        .with(|r| std::mem::replace(&mut *r.borrow_mut(), prev))
+        .unwrap_or_default();
     (out, got)
 }
 
 fn log_enabled(what: &str) -> bool {
     static LOG: OnceLock<String> = OnceLock::new();
-    LOG.get_or_init(|| std::env::var("KILN_LOG").unwrap_or_default()).split(',').any(|w| w.trim() == what)
+    LOG.get_or_init(|| std::env::var("KILN_LOG").unwrap_or_default())
+        .split(',')
+        .any(|w| w.trim() == what)
 }
 
 /// Counters of the kernel cache since the process started.
@@ -87,7 +108,10 @@ pub struct CacheStats {
 }
 
 pub fn cache_stats() -> CacheStats {
-    CacheStats { hits: HITS.load(Ordering::Relaxed), compiles: COMPILES.load(Ordering::Relaxed) }
+    CacheStats {
+        hits: HITS.load(Ordering::Relaxed),
+        compiles: COMPILES.load(Ordering::Relaxed),
+    }
 }
 
 /// Looks `k` up by signature (dtypes, rank, inner-stride pattern, body), compiling on a miss.
@@ -97,7 +121,10 @@ pub fn compiled(k: &Kernel) -> Result<Arc<Executable>> {
             Ok("interp") => Backend::Interp,
             _ => Backend::Jit(CpuJit::new().expect("Cranelift supports the host CPU")),
         };
-        Mutex::new(Cache { backend, kernels: HashMap::new() })
+        Mutex::new(Cache {
+            backend,
+            kernels: HashMap::new(),
+        })
     });
     let mut c = cache.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(f) = c.kernels.get(k) {
@@ -130,7 +157,10 @@ pub fn collapse(dims: &[usize], strides: &[Strides], reduce: bool) -> (Vec<usize
             continue;
         }
         let mergeable = !cd.is_empty()
-            && strides.iter().zip(&cs).all(|(s, c)| *c.last().unwrap() == s[d] * dims[d] as isize);
+            && strides
+                .iter()
+                .zip(&cs)
+                .all(|(s, c)| *c.last().unwrap() == s[d] * dims[d] as isize);
         if mergeable {
             *cd.last_mut().unwrap() *= dims[d];
             for (s, c) in strides.iter().zip(cs.iter_mut()) {
@@ -210,7 +240,9 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     let total: usize = cd.iter().product();
     let n0 = cd[0];
     let threads = rayon::current_num_threads();
-    let run = |start: usize, end: usize| unsafe { f.run(ptrs.get(), &flat_strides, &cd, scalars, start, end) };
+    let run = |start: usize, end: usize| unsafe {
+        f.run(ptrs.get(), &flat_strides, &cd, scalars, start, end)
+    };
     // a rank-1 reduction has no kept dim to split: its dim 0 is the reduced one
     let splittable = cd.len() > usize::from(template.reduce.is_some());
     if total < PARALLEL_MIN || n0 < 2 || threads < 2 || !splittable {
@@ -235,9 +267,15 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
         if v.dtype().is_half() {
             k.operands[i].dtype = DType::F32;
             let l = Layout::contiguous(&v.layout.dims);
-            let s = Storage::zeros(DType::F32, l.numel());
+            let s = Storage::empty(DType::F32, l.numel());
             if i > 0 {
-                convert(*v, View { storage: &s, layout: &l });
+                convert(
+                    *v,
+                    View {
+                        storage: &s,
+                        layout: &l,
+                    },
+                );
             }
             // the output keeps its broadcast-along-reduction stride pattern
             let mut l = l;
@@ -252,13 +290,22 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
             }
             temps.push((s, l));
         } else {
-            temps.push((Storage::zeros(DType::F32, 0), Layout::contiguous(&[])));
+            temps.push((Storage::empty(DType::F32, 0), Layout::contiguous(&[])));
         }
     }
     let widened: Vec<View> = views
         .iter()
         .zip(&temps)
-        .map(|(v, (s, l))| if v.dtype().is_half() { View { storage: s, layout: l } } else { *v })
+        .map(|(v, (s, l))| {
+            if v.dtype().is_half() {
+                View {
+                    storage: s,
+                    layout: l,
+                }
+            } else {
+                *v
+            }
+        })
         .collect();
     launch(&k, &widened, scalars)?;
     if views[0].dtype().is_half() {
@@ -364,10 +411,18 @@ mod tests {
 
     #[test]
     fn collapse_merges_contiguous_and_keeps_reduce_axis() {
-        let (d, s) = collapse(&[2, 3, 4], &[strides(&[12, 4, 1]), strides(&[12, 4, 1])], false);
+        let (d, s) = collapse(
+            &[2, 3, 4],
+            &[strides(&[12, 4, 1]), strides(&[12, 4, 1])],
+            false,
+        );
         assert_eq!(d, vec![24]);
         assert_eq!(s[0].as_slice(), &[1]);
-        let (d, _) = collapse(&[2, 3, 4], &[strides(&[3, 1, 0]), strides(&[12, 4, 1])], true);
+        let (d, _) = collapse(
+            &[2, 3, 4],
+            &[strides(&[3, 1, 0]), strides(&[12, 4, 1])],
+            true,
+        );
         assert_eq!(d, vec![6, 4]);
         // a transpose cannot merge
         let (d, _) = collapse(&[3, 2], &[strides(&[2, 1]), strides(&[1, 3])], false);

@@ -7,4 +7,4 @@ pub mod storage;
 pub mod strided;
 
 pub use launch::{cache_stats, convert, launch, record_kernels, CacheStats, View};
-pub use storage::{memory_allocated, Storage};
+pub use storage::{memory_allocated, memory_cached, Storage};

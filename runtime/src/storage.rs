@@ -2,13 +2,76 @@
 
 use kiln_ir::DType;
 use std::cell::UnsafeCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// Bytes currently held by live storages (all tensors, all views counted once).
 pub fn memory_allocated() -> usize {
     LIVE_BYTES.load(Ordering::Relaxed)
+}
+
+/// Bytes held by the caching allocator for reuse (freed, not returned to the OS).
+pub fn memory_cached() -> usize {
+    pool().lock().map(|p| p.cached_bytes).unwrap_or(0)
+}
+
+/// A caching allocator for large buffers: a freed buffer is kept (by rounded
+/// size) and handed to the next request of that size, so a loop allocating
+/// the same activations every step neither calls the OS nor page-faults.
+struct Pool {
+    free: HashMap<usize, Vec<Vec<u128>>>,
+    cached_bytes: usize,
+}
+
+/// Buffers below this are left to malloc, which already recycles them cheaply.
+const POOL_MIN_WORDS: usize = 4096; // 64 KiB
+/// The most the pool keeps; beyond it freed buffers go back to the OS.
+const POOL_LIMIT_BYTES: usize = 1 << 30;
+/// Sizes are rounded up to this many 16-byte words (4 KiB) so near sizes share buffers.
+const POOL_GRAIN_WORDS: usize = 256;
+
+fn pool() -> &'static Mutex<Pool> {
+    static POOL: OnceLock<Mutex<Pool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        Mutex::new(Pool {
+            free: HashMap::new(),
+            cached_bytes: 0,
+        })
+    })
+}
+
+fn pool_words(words: usize) -> usize {
+    if words < POOL_MIN_WORDS {
+        words
+    } else {
+        words.div_ceil(POOL_GRAIN_WORDS) * POOL_GRAIN_WORDS
+    }
+}
+
+fn take_cached(words: usize) -> Option<Vec<u128>> {
+    if words < POOL_MIN_WORDS {
+        return None;
+    }
+    let mut p = pool().lock().ok()?;
+    let v = p.free.get_mut(&words)?.pop()?;
+    p.cached_bytes -= words * 16;
+    Some(v)
+}
+
+fn give_back(v: Vec<u128>) {
+    let words = v.len();
+    if words < POOL_MIN_WORDS {
+        return;
+    }
+    if let Ok(mut p) = pool().lock() {
+        if p.cached_bytes + words * 16 <= POOL_LIMIT_BYTES {
+            p.cached_bytes += words * 16;
+            p.free.entry(words).or_default().push(v);
+        }
+    }
 }
 
 /// A buffer of `len` elements of `dtype`, 16-byte aligned so vector loads never split.
@@ -30,15 +93,43 @@ unsafe impl Sync for Storage {}
 impl Storage {
     /// Zero-filled storage.
     pub fn zeros(dtype: DType, len: usize) -> Storage {
-        let bytes = len * dtype.size();
-        LIVE_BYTES.fetch_add(bytes, Ordering::Relaxed);
-        Storage { dtype, len, data: UnsafeCell::new(vec![0u128; bytes.div_ceil(16)]) }
+        let words = pool_words((len * dtype.size()).div_ceil(16));
+        let data = match take_cached(words) {
+            Some(mut v) => {
+                v.fill(0);
+                v
+            }
+            // calloc: the OS hands out zero pages without touching them
+            None => vec![0u128; words],
+        };
+        Storage::with_data(dtype, len, data)
+    }
+
+    /// Storage whose contents are unspecified (a recycled buffer, or zeros):
+    /// for outputs that a kernel overwrites completely.
+    pub fn empty(dtype: DType, len: usize) -> Storage {
+        let words = pool_words((len * dtype.size()).div_ceil(16));
+        let data = take_cached(words).unwrap_or_else(|| vec![0u128; words]);
+        Storage::with_data(dtype, len, data)
+    }
+
+    fn with_data(dtype: DType, len: usize, data: Vec<u128>) -> Storage {
+        LIVE_BYTES.fetch_add(len * dtype.size(), Ordering::Relaxed);
+        Storage {
+            dtype,
+            len,
+            data: UnsafeCell::new(data),
+        }
     }
 
     /// Storage holding a copy of `bytes` (little-endian elements of `dtype`).
     pub fn from_bytes(dtype: DType, bytes: &[u8]) -> Storage {
-        assert_eq!(bytes.len() % dtype.size(), 0, "byte length is not a multiple of the {dtype} size");
-        let s = Storage::zeros(dtype, bytes.len() / dtype.size());
+        assert_eq!(
+            bytes.len() % dtype.size(),
+            0,
+            "byte length is not a multiple of the {dtype} size"
+        );
+        let s = Storage::empty(dtype, bytes.len() / dtype.size());
         // Safety: freshly allocated, large enough.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr(), bytes.len()) };
         s
@@ -87,11 +178,29 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         LIVE_BYTES.fetch_sub(self.nbytes(), Ordering::Relaxed);
+        give_back(std::mem::take(self.data.get_mut()));
     }
 }
 
 impl std::fmt::Debug for Storage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Storage({} x {})", self.dtype, self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_buffers_are_reused_and_zeros_stays_zero() {
+        let n = 1 << 20;
+        let a = Storage::empty(DType::F32, n);
+        unsafe { a.as_mut_slice::<f32>().fill(7.0) };
+        let ptr = a.ptr();
+        drop(a);
+        let b = Storage::zeros(DType::F32, n);
+        assert_eq!(b.ptr(), ptr, "the cached buffer is handed out again");
+        assert!(unsafe { b.as_slice::<f32>() }.iter().all(|&x| x == 0.0));
     }
 }

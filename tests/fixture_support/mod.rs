@@ -37,7 +37,8 @@ pub fn dir() -> PathBuf {
 
 impl Fixtures {
     pub fn load() -> Fixtures {
-        let text = std::fs::read_to_string(dir().join("manifest.json")).expect("tests/fixtures/manifest.json");
+        let text = std::fs::read_to_string(dir().join("manifest.json"))
+            .expect("tests/fixtures/manifest.json");
         let m: Value = serde_json::from_str(&text).expect("manifest parses");
         let cases = m["cases"].as_array().expect("cases").clone();
         let mut files = HashMap::new();
@@ -53,7 +54,8 @@ impl Fixtures {
 
     /// A stored tensor as a kiln tensor of the manifest's dtype (bools are stored as u8).
     pub fn tensor(&self, c: &Case, name: &str) -> Result<Tensor, String> {
-        let st = safetensors::SafeTensors::deserialize(&self.files[&c.file]).map_err(|e| e.to_string())?;
+        let st = safetensors::SafeTensors::deserialize(&self.files[&c.file])
+            .map_err(|e| e.to_string())?;
         let v = st.tensor(name).map_err(|e| format!("{name}: {e}"))?;
         let dt = match v.dtype() {
             safetensors::Dtype::F32 => DType::F32,
@@ -77,7 +79,11 @@ impl Fixtures {
 
     /// The case's inputs, each through its `input_view` expression when given.
     pub fn inputs(&self, c: &Case) -> Result<Vec<Tensor>, String> {
-        let stored = c.inputs.iter().map(|n| self.tensor(c, n)).collect::<Result<Vec<_>, _>>()?;
+        let stored = c
+            .inputs
+            .iter()
+            .map(|n| self.tensor(c, n))
+            .collect::<Result<Vec<_>, _>>()?;
         (0..stored.len())
             .map(|k| match c.input_view.get(&format!("in{k}")) {
                 Some(expr) => eval_view(&stored, expr),
@@ -90,14 +96,27 @@ impl Fixtures {
 pub fn load_suite(fx: &Fixtures, suite: &str) -> Vec<Case> {
     fx.cases
         .iter()
-        .filter(|c| c["suite"] == suite && !c["outputs"].as_array().map(|o| o.is_empty()).unwrap_or(true) || (c["suite"] == suite && c["expect_error"] == true))
+        .filter(|c| {
+            c["suite"] == suite
+                && !c["outputs"]
+                    .as_array()
+                    .map(|o| o.is_empty())
+                    .unwrap_or(true)
+                || (c["suite"] == suite && c["expect_error"] == true)
+        })
         .map(|c| {
             let strs = |k: &str| -> Vec<String> {
-                c[k].as_array().map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect()).unwrap_or_default()
+                c[k].as_array()
+                    .map(|a| a.iter().map(|x| x.as_str().unwrap().to_string()).collect())
+                    .unwrap_or_default()
             };
             let map = |k: &str| -> HashMap<String, String> {
                 c[k].as_object()
-                    .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect())
+                    .map(|o| {
+                        o.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                            .collect()
+                    })
                     .unwrap_or_default()
             };
             Case {
@@ -121,7 +140,11 @@ pub fn load_suite(fx: &Fixtures, suite: &str) -> Vec<Case> {
 }
 
 fn ints(s: &str) -> Vec<i64> {
-    s.split(',').map(str::trim).filter(|x| !x.is_empty()).map(|x| x.parse().unwrap()).collect()
+    s.split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse().unwrap())
+        .collect()
 }
 
 /// Evaluates the small Python view expressions of the manifest:
@@ -135,8 +158,21 @@ pub fn eval_view(stored: &[Tensor], expr: &str) -> Result<Tensor, String> {
             let end = body.find(']').unwrap();
             for (d, part) in body[..end].split(',').enumerate() {
                 let p: Vec<&str> = part.split(':').map(str::trim).collect();
-                let num = |s: &str| if s.is_empty() { None } else { Some(s.parse::<i64>().unwrap()) };
-                t = t.slice(d as i64, num(p[0]), p.get(1).and_then(|s| num(s)), p.get(2).and_then(|s| num(s)).unwrap_or(1)).map_err(|e| e.to_string())?;
+                let num = |s: &str| {
+                    if s.is_empty() {
+                        None
+                    } else {
+                        Some(s.parse::<i64>().unwrap())
+                    }
+                };
+                t = t
+                    .slice(
+                        d as i64,
+                        num(p[0]),
+                        p.get(1).and_then(|s| num(s)),
+                        p.get(2).and_then(|s| num(s)).unwrap_or(1),
+                    )
+                    .map_err(|e| e.to_string())?;
             }
             rest = &body[end + 1..];
             continue;
@@ -163,7 +199,11 @@ pub fn eval_view(stored: &[Tensor], expr: &str) -> Result<Tensor, String> {
 /// to themselves; shapes and dtypes must match too.
 pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
     if got.dims() != want.dims() {
-        return Err(format!("shape {:?}, expected {:?}", got.dims(), want.dims()));
+        return Err(format!(
+            "shape {:?}, expected {:?}",
+            got.dims(),
+            want.dims()
+        ));
     }
     if got.dtype() != want.dtype() {
         return Err(format!("dtype {}, expected {}", got.dtype(), want.dtype()));
@@ -188,24 +228,40 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), 
     }
     match worst {
         None => Ok(()),
-        Some((i, a, b)) => Err(format!("{bad}/{} elements differ; first at {i}: got {a:e}, expected {b:e}", g.len())),
+        Some((i, a, b)) => Err(format!(
+            "{bad}/{} elements differ; first at {i}: got {a:e}, expected {b:e}",
+            g.len()
+        )),
     }
 }
 
 /// Layout checks of view cases: shape, strides, offset, contiguity, aliasing.
 pub fn check_view(got: &Tensor, v: &Value, inputs: &[Tensor]) -> Result<(), String> {
-    let arr = |k: &str| -> Vec<i64> { v[k].as_array().unwrap().iter().map(|x| x.as_i64().unwrap()).collect() };
+    let arr = |k: &str| -> Vec<i64> {
+        v[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect()
+    };
     let dims: Vec<i64> = got.dims().iter().map(|&d| d as i64).collect();
     let strides: Vec<i64> = got.strides().iter().map(|&d| d as i64).collect();
     if dims != arr("shape") {
         return Err(format!("view shape {dims:?}, expected {:?}", arr("shape")));
     }
     if got.is_contiguous() != v["is_contiguous"].as_bool().unwrap() {
-        return Err(format!("is_contiguous {}, expected {}", got.is_contiguous(), v["is_contiguous"]));
+        return Err(format!(
+            "is_contiguous {}, expected {}",
+            got.is_contiguous(),
+            v["is_contiguous"]
+        ));
     }
     let aliases = inputs.iter().any(|i| got.shares_storage(i));
     if aliases != v["aliases_input"].as_bool().unwrap() {
-        return Err(format!("aliases input: {aliases}, expected {}", v["aliases_input"]));
+        return Err(format!(
+            "aliases input: {aliases}, expected {}",
+            v["aliases_input"]
+        ));
     }
     let want_s = arr("strides");
     if strides != want_s {

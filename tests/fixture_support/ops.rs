@@ -77,12 +77,22 @@ pub fn expect_error(c: &Case) -> Result<(), String> {
 pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
     let a = &c.attrs;
     let op = c.op.rsplit('.').next().unwrap();
-    let x = || req(c, inputs, if c.roles.contains(&"self".to_string()) { "self" } else { "input" });
+    let x = || {
+        req(
+            c,
+            inputs,
+            if c.roles.contains(&"self".to_string()) {
+                "self"
+            } else {
+                "input"
+            },
+        )
+    };
     let one = |t: Result<Tensor>| t.map(|t| vec![t]);
     match op {
         // ---- pointwise ----
-        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "reciprocal" | "square" | "sin" | "cos" | "tanh" | "sigmoid"
-        | "relu" | "silu" => {
+        "neg" | "abs" | "exp" | "log" | "sqrt" | "rsqrt" | "reciprocal" | "square" | "sin"
+        | "cos" | "tanh" | "sigmoid" | "relu" | "silu" => {
             let t = x();
             one(match op {
                 "neg" => t.neg(),
@@ -105,8 +115,8 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         "softplus" => one(x().softplus(f(&a["beta"], 1.0), f(&a["threshold"], 20.0))),
         "leaky_relu" => one(x().leaky_relu(f(&a["negative_slope"], 0.01))),
         "elu" => one(x().elu(f(&a["alpha"], 1.0))),
-        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "eq" | "ne" | "lt" | "le" | "gt" | "ge"
-        | "floor_divide" | "remainder" | "fmod" => one(binary(c, op, inputs)),
+        "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "eq" | "ne" | "lt"
+        | "le" | "gt" | "ge" | "floor_divide" | "remainder" | "fmod" => one(binary(c, op, inputs)),
         "where" => {
             let cond = req(c, inputs, "condition");
             let t = req(c, inputs, "input");
@@ -136,17 +146,29 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         "amin" => one(x().amin(dims_attr(a).as_deref(), a["keepdim"] == true)),
         "max" | "min" => match a_i64(&a["dim"]) {
             Some(d) => {
-                let (v, i) = if op == "max" { x().max_dim(d, a["keepdim"] == true)? } else { x().min_dim(d, a["keepdim"] == true)? };
+                let (v, i) = if op == "max" {
+                    x().max_dim(d, a["keepdim"] == true)?
+                } else {
+                    x().min_dim(d, a["keepdim"] == true)?
+                };
                 Ok(vec![v, i])
             }
-            None => one(if op == "max" { x().amax(None, false) } else { x().amin(None, false) }),
+            None => one(if op == "max" {
+                x().amax(None, false)
+            } else {
+                x().amin(None, false)
+            }),
         },
         "argmax" => one(x().argmax(a_i64(&a["dim"]), a["keepdim"] == true)),
         "argmin" => one(x().argmin(a_i64(&a["dim"]), a["keepdim"] == true)),
         "var" | "std" => {
             let dims = dims_attr(a).unwrap_or_default();
             let corr = f(&a["correction"], 1.0);
-            one(if op == "var" { x().var(&dims, corr, a["keepdim"] == true) } else { x().std(&dims, corr, a["keepdim"] == true) })
+            one(if op == "var" {
+                x().var(&dims, corr, a["keepdim"] == true)
+            } else {
+                x().std(&dims, corr, a["keepdim"] == true)
+            })
         }
         "logsumexp" => one(x().logsumexp(&dims_attr(a).unwrap(), a["keepdim"] == true)),
         "softmax" => one(x().softmax(a["dim"].as_i64().unwrap())),
@@ -159,25 +181,44 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         "t" => one(x().t()),
         "contiguous" => one(x().contiguous()),
         "expand" => one(x().expand(&ints(&a["size"]).unwrap())),
-        "narrow" => one(x().narrow(a["dim"].as_i64().unwrap(), a["start"].as_i64().unwrap(), a["length"].as_u64().unwrap() as usize)),
+        "narrow" => one(x().narrow(
+            a["dim"].as_i64().unwrap(),
+            a["start"].as_i64().unwrap(),
+            a["length"].as_u64().unwrap() as usize,
+        )),
         "__getitem__" => {
             let mut t = x().clone();
             for (d, idx) in a["index"].as_array().unwrap().iter().enumerate() {
                 let i = idx.as_array().unwrap();
-                t = t.slice(d as i64, i[0].as_i64(), i[1].as_i64(), i[2].as_i64().unwrap_or(1))?;
+                t = t.slice(
+                    d as i64,
+                    i[0].as_i64(),
+                    i[1].as_i64(),
+                    i[2].as_i64().unwrap_or(1),
+                )?;
             }
             Ok(vec![t])
         }
         "select" => one(x().select(a["dim"].as_i64().unwrap(), a["index"].as_i64().unwrap())),
         "unsqueeze" => one(x().unsqueeze(a["dim"].as_i64().unwrap())),
         "squeeze" => one(x().squeeze(ints(&a["dim"]).as_deref())),
-        "flatten" => one(x().flatten(a["start_dim"].as_i64().unwrap_or(0), a["end_dim"].as_i64().unwrap_or(-1))),
+        "flatten" => one(x().flatten(
+            a["start_dim"].as_i64().unwrap_or(0),
+            a["end_dim"].as_i64().unwrap_or(-1),
+        )),
         "cat" | "stack" => {
             let ts: Vec<&Tensor> = inputs.iter().collect();
             let d = a["dim"].as_i64().unwrap_or(0);
-            one(if op == "cat" { Tensor::cat(&ts, d) } else { Tensor::stack(&ts, d) })
+            one(if op == "cat" {
+                Tensor::cat(&ts, d)
+            } else {
+                Tensor::stack(&ts, d)
+            })
         }
-        "chunk" => x().chunk(a["chunks"].as_u64().unwrap() as usize, a["dim"].as_i64().unwrap_or(0)),
+        "chunk" => x().chunk(
+            a["chunks"].as_u64().unwrap() as usize,
+            a["dim"].as_i64().unwrap_or(0),
+        ),
         "split" => {
             let t = req(c, inputs, "tensor");
             let d = a["dim"].as_i64().unwrap_or(0);
@@ -186,12 +227,18 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 v => t.split(v.as_u64().unwrap() as usize, d),
             }
         }
-        "index_select" => one(x().index_select(a["dim"].as_i64().unwrap(), req(c, inputs, "index"))),
+        "index_select" => {
+            one(x().index_select(a["dim"].as_i64().unwrap(), req(c, inputs, "index")))
+        }
         "gather" => one(x().gather(a["dim"].as_i64().unwrap(), req(c, inputs, "index"))),
         // ---- matmul, conv, pool, embedding ----
         "matmul" => one(F::matmul(x(), req(c, inputs, "other"))),
         "bmm" => one(F::bmm(x(), req(c, inputs, "mat2"))),
-        "linear" => one(F::linear(x(), req(c, inputs, "weight"), role(c, inputs, "bias"))),
+        "linear" => one(F::linear(
+            x(),
+            req(c, inputs, "weight"),
+            role(c, inputs, "bias"),
+        )),
         "conv2d" | "conv1d" => {
             let padding = match &a["padding"] {
                 Value::String(s) if s == "same" => Padding::Same,
@@ -205,7 +252,11 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 groups: a["groups"].as_u64().unwrap_or(1) as usize,
             };
             let (w, b) = (req(c, inputs, "weight"), role(c, inputs, "bias"));
-            one(if op == "conv2d" { F::conv2d(x(), w, b, &p) } else { F::conv1d(x(), w, b, &p) })
+            one(if op == "conv2d" {
+                F::conv2d(x(), w, b, &p)
+            } else {
+                F::conv1d(x(), w, b, &p)
+            })
         }
         "conv_transpose2d" => {
             let p = ConvTransposeParams {
@@ -215,7 +266,12 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 dilation: usizes(&a["dilation"]).unwrap_or(vec![1]),
                 groups: a["groups"].as_u64().unwrap_or(1) as usize,
             };
-            one(F::conv_transpose2d(x(), req(c, inputs, "weight"), role(c, inputs, "bias"), &p))
+            one(F::conv_transpose2d(
+                x(),
+                req(c, inputs, "weight"),
+                role(c, inputs, "bias"),
+                &p,
+            ))
         }
         "max_pool2d" | "avg_pool2d" => {
             let kernel = pair(&a["kernel_size"], [1, 1]);
@@ -228,21 +284,42 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             };
             if op == "max_pool2d" {
                 let (v, i) = F::max_pool2d(x(), &p)?;
-                Ok(if a["return_indices"] == true { vec![v, i] } else { vec![v] })
+                Ok(if a["return_indices"] == true {
+                    vec![v, i]
+                } else {
+                    vec![v]
+                })
             } else {
-                one(F::avg_pool2d(x(), &p, a["count_include_pad"] != false, a["divisor_override"].as_i64()))
+                one(F::avg_pool2d(
+                    x(),
+                    &p,
+                    a["count_include_pad"] != false,
+                    a["divisor_override"].as_i64(),
+                ))
             }
         }
         "adaptive_avg_pool2d" => one(F::adaptive_avg_pool2d(x(), pair(&a["output_size"], [1, 1]))),
         "adaptive_max_pool2d" => {
             let (v, i) = F::adaptive_max_pool2d(x(), pair(&a["output_size"], [1, 1]))?;
-            Ok(if a["return_indices"] == true { vec![v, i] } else { vec![v] })
+            Ok(if a["return_indices"] == true {
+                vec![v, i]
+            } else {
+                vec![v]
+            })
         }
-        "embedding" => one(F::embedding(x(), req(c, inputs, "weight"), a["padding_idx"].as_i64())),
+        "embedding" => one(F::embedding(
+            x(),
+            req(c, inputs, "weight"),
+            a["padding_idx"].as_i64(),
+        )),
         // ---- norms ----
         "batch_norm" => {
-            let rm = role(c, inputs, "running_mean").map(|t| t.copy()).transpose()?;
-            let rv = role(c, inputs, "running_var").map(|t| t.copy()).transpose()?;
+            let rm = role(c, inputs, "running_mean")
+                .map(|t| t.copy())
+                .transpose()?;
+            let rv = role(c, inputs, "running_var")
+                .map(|t| t.copy())
+                .transpose()?;
             let training = a["training"] == true;
             let y = F::batch_norm(
                 x(),
@@ -283,12 +360,26 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
                 label_smoothing: f(&a["label_smoothing"], 0.0),
             };
             let (t, w) = (req(c, inputs, "target"), role(c, inputs, "weight"));
-            one(if op == "cross_entropy" { F::cross_entropy(x(), t, w, o) } else { F::nll_loss(x(), t, w, o) })
+            one(if op == "cross_entropy" {
+                F::cross_entropy(x(), t, w, o)
+            } else {
+                F::nll_loss(x(), t, w, o)
+            })
         }
         "mse_loss" => one(F::mse_loss(x(), req(c, inputs, "target"), reduction(a)?)),
         "l1_loss" => one(F::l1_loss(x(), req(c, inputs, "target"), reduction(a)?)),
-        "smooth_l1_loss" => one(F::smooth_l1_loss(x(), req(c, inputs, "target"), reduction(a)?, f(&a["beta"], 1.0))),
-        "huber_loss" => one(F::huber_loss(x(), req(c, inputs, "target"), reduction(a)?, f(&a["delta"], 1.0))),
+        "smooth_l1_loss" => one(F::smooth_l1_loss(
+            x(),
+            req(c, inputs, "target"),
+            reduction(a)?,
+            f(&a["beta"], 1.0),
+        )),
+        "huber_loss" => one(F::huber_loss(
+            x(),
+            req(c, inputs, "target"),
+            reduction(a)?,
+            f(&a["delta"], 1.0),
+        )),
         "binary_cross_entropy_with_logits" => one(F::binary_cross_entropy_with_logits(
             x(),
             req(c, inputs, "target"),
@@ -296,10 +387,16 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             role(c, inputs, "pos_weight"),
             reduction(a)?,
         )),
-        "binary_cross_entropy" => {
-            one(F::binary_cross_entropy(x(), req(c, inputs, "target"), role(c, inputs, "weight"), reduction(a)?))
-        }
-        other => Err(kiln::Error::op(other, format!("fixture op {} is not mapped", c.op))),
+        "binary_cross_entropy" => one(F::binary_cross_entropy(
+            x(),
+            req(c, inputs, "target"),
+            role(c, inputs, "weight"),
+            reduction(a)?,
+        )),
+        other => Err(kiln::Error::op(
+            other,
+            format!("fixture op {} is not mapped", c.op),
+        )),
     }
 }
 

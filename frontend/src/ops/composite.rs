@@ -18,7 +18,7 @@ pub(crate) fn lazy(t: Option<&Tensor>) -> Option<Lazy> {
 }
 
 impl Tensor {
-    /// `F.softmax(x, dim)`: 3 kernels (max, sum of shifted exp, normalise).
+    /// `F.softmax(x, dim)`: max, exp(x - max) stored once, its sum, the division.
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
         require_float("softmax", &self.meta())?;
         run(self, |b, x| decompose::softmax(b, x, dim))

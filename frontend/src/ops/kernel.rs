@@ -22,7 +22,12 @@ fn kernel_dtype(d: DType) -> DType {
 
 impl KernelCall {
     pub fn new() -> KernelCall {
-        KernelCall { b: KernelBuilder::default(), inputs: vec![], scalars: vec![], scalar_bits: vec![] }
+        KernelCall {
+            b: KernelBuilder::default(),
+            inputs: vec![],
+            scalars: vec![],
+            scalar_bits: vec![],
+        }
     }
 
     /// Loads `t` (broadcast to the output later) and casts it to `compute`.
@@ -45,7 +50,11 @@ impl KernelCall {
     /// A runtime scalar argument of dtype `dt` (so a new value reuses the kernel).
     pub fn scalar(&mut self, v: f64, dt: DType) -> ValueId {
         self.scalars.push(dt);
-        self.scalar_bits.push(if dt.is_float() { v.to_bits() } else { v as i64 as u64 });
+        self.scalar_bits.push(if dt.is_float() {
+            v.to_bits()
+        } else {
+            v as i64 as u64
+        });
         self.b.scalar(self.scalars.len() - 1, dt)
     }
 
@@ -64,8 +73,14 @@ impl KernelCall {
     }
 
     fn operands(&self, out: DType) -> Vec<Operand> {
-        let mut ops = vec![Operand { dtype: kernel_dtype(out), inner: Inner::Contiguous }];
-        ops.extend(self.inputs.iter().map(|t| Operand { dtype: kernel_dtype(t.dtype()), inner: Inner::Contiguous }));
+        let mut ops = vec![Operand {
+            dtype: kernel_dtype(out),
+            inner: Inner::Contiguous,
+        }];
+        ops.extend(self.inputs.iter().map(|t| Operand {
+            dtype: kernel_dtype(t.dtype()),
+            inner: Inner::Contiguous,
+        }));
         ops
     }
 
@@ -88,13 +103,27 @@ impl KernelCall {
             out: value,
         };
         let mut views = vec![out.view()];
-        views.extend(self.inputs.iter().zip(&layouts).map(|(t, l)| kiln_runtime::View { storage: &t.storage, layout: l }));
+        views.extend(
+            self.inputs
+                .iter()
+                .zip(&layouts)
+                .map(|(t, l)| kiln_runtime::View {
+                    storage: &t.storage,
+                    layout: l,
+                }),
+        );
         kiln_runtime::launch(&k, &views, &self.scalar_bits)
     }
 
     /// A new tensor of `dims` and `dtype` holding `value`.
-    pub fn finish(self, name: &str, value: ValueId, dims: &[usize], dtype: DType) -> Result<Tensor> {
-        let out = Tensor::zeros(dims, dtype);
+    pub fn finish(
+        self,
+        name: &str,
+        value: ValueId,
+        dims: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        let out = Tensor::empty(dims, dtype);
         self.store_into(name, value, &out)?;
         Ok(out)
     }
@@ -124,7 +153,7 @@ impl KernelCall {
         let res = epilogue(&mut self, acc);
         let res = self.b.cast(res, kernel_dtype(out_dtype));
         let kept = &loop_dims[..loop_dims.len() - 1];
-        let out = Tensor::zeros(kept, out_dtype);
+        let out = Tensor::empty(kept, out_dtype);
         let mut out_layout = out.layout().clone();
         out_layout.dims.push(*loop_dims.last().unwrap());
         out_layout.strides.push(0);
@@ -150,12 +179,27 @@ impl KernelCall {
             operands: self.operands(out_dtype),
             scalars: self.scalars.clone(),
             body,
-            reduce: Some(Reduction { kind, value, dtype: acc_dtype }),
+            reduce: Some(Reduction {
+                kind,
+                value,
+                dtype: acc_dtype,
+            }),
             epilogue: epi,
             out: res,
         };
-        let mut views = vec![kiln_runtime::View { storage: &out.storage, layout: &out_layout }];
-        views.extend(self.inputs.iter().zip(&layouts).map(|(t, l)| kiln_runtime::View { storage: &t.storage, layout: l }));
+        let mut views = vec![kiln_runtime::View {
+            storage: &out.storage,
+            layout: &out_layout,
+        }];
+        views.extend(
+            self.inputs
+                .iter()
+                .zip(&layouts)
+                .map(|(t, l)| kiln_runtime::View {
+                    storage: &t.storage,
+                    layout: l,
+                }),
+        );
         kiln_runtime::launch(&k, &views, &self.scalar_bits)?;
         Ok(out)
     }

@@ -1,9 +1,9 @@
 //! Eager ops on [`crate::Tensor`]. Pointwise ops and reductions build one
 //! KernelIR each ([`kernel`]); composites come from `kiln_passes::decompose`.
 
-pub(crate) mod kernel;
 pub mod composite;
 pub mod fuse;
+pub(crate) mod kernel;
 pub mod pointwise;
 pub mod reduce;
 pub mod view;

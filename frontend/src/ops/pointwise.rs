@@ -61,7 +61,13 @@ impl From<bool> for Scalar {
 pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
     if src.dtype().is_half() || dst.dtype().is_half() {
         let l = kiln_ir::op::view::broadcast_to(src.layout(), dst.dims())?;
-        kiln_runtime::convert(kiln_runtime::View { storage: &src.storage, layout: &l }, dst.view());
+        kiln_runtime::convert(
+            kiln_runtime::View {
+                storage: &src.storage,
+                layout: &l,
+            },
+            dst.view(),
+        );
         return Ok(());
     }
     let mut k = KernelCall::new();
@@ -91,7 +97,12 @@ impl Tensor {
     }
 
     /// `self op s` with a Python number; `reversed` computes `s op self`.
-    pub fn binary_scalar(&self, op: BinaryOp, s: impl Into<Scalar>, reversed: bool) -> Result<Tensor> {
+    pub fn binary_scalar(
+        &self,
+        op: BinaryOp,
+        s: impl Into<Scalar>,
+        reversed: bool,
+    ) -> Result<Tensor> {
         let s = s.into();
         let m = self.meta();
         let sig = if reversed {
@@ -149,7 +160,11 @@ impl Tensor {
 
     /// `torch.add(self, other, alpha=alpha)`: self + alpha * other, one kernel.
     pub fn add_scaled(&self, other: &Tensor, alpha: f64, subtract: bool) -> Result<Tensor> {
-        let op = if subtract { BinaryOp::Sub } else { BinaryOp::Add };
+        let op = if subtract {
+            BinaryOp::Sub
+        } else {
+            BinaryOp::Add
+        };
         let (ma, mb) = (self.meta(), other.meta());
         let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
         let mut k = KernelCall::new();
@@ -202,19 +217,30 @@ impl Tensor {
     }
     /// `F.gelu(x, approximate=...)`: exact (erf) unless `tanh_approx`.
     pub fn gelu(&self, tanh_approx: bool) -> Result<Tensor> {
-        self.unary(if tanh_approx { UnaryOp::GeluTanh } else { UnaryOp::Gelu })
+        self.unary(if tanh_approx {
+            UnaryOp::GeluTanh
+        } else {
+            UnaryOp::Gelu
+        })
     }
     pub fn silu(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Silu)
     }
     pub fn softplus(&self, beta: f64, threshold: f64) -> Result<Tensor> {
-        self.unary(UnaryOp::Softplus { beta: Float(beta), threshold: Float(threshold) })
+        self.unary(UnaryOp::Softplus {
+            beta: Float(beta),
+            threshold: Float(threshold),
+        })
     }
     pub fn leaky_relu(&self, slope: f64) -> Result<Tensor> {
-        self.unary(UnaryOp::LeakyRelu { slope: Float(slope) })
+        self.unary(UnaryOp::LeakyRelu {
+            slope: Float(slope),
+        })
     }
     pub fn elu(&self, alpha: f64) -> Result<Tensor> {
-        self.unary(UnaryOp::Elu { alpha: Float(alpha) })
+        self.unary(UnaryOp::Elu {
+            alpha: Float(alpha),
+        })
     }
     pub fn logical_not(&self) -> Result<Tensor> {
         self.unary(UnaryOp::Not)
@@ -248,7 +274,12 @@ impl Tensor {
     /// `masked_fill(mask, value)`: mask must be bool and broadcast to self's shape.
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Scalar>) -> Result<Tensor> {
         if mask.dtype() != DType::Bool {
-            bail!("masked_fill", "mask must be a bool tensor, got {} {}", mask.dtype(), kiln_ir::shape::fmt_dims(mask.dims()));
+            bail!(
+                "masked_fill",
+                "mask must be a bool tensor, got {} {}",
+                mask.dtype(),
+                kiln_ir::shape::fmt_dims(mask.dims())
+            );
         }
         let dims = kiln_ir::shape::broadcast_shapes("masked_fill", self.dims(), mask.dims())?;
         if dims.as_slice() != self.dims() {
@@ -274,7 +305,7 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = Tensor::zeros(self.dims(), dtype);
+        let out = Tensor::empty(self.dims(), dtype);
         copy_into(self, &out)?;
         Ok(out)
     }
@@ -291,13 +322,15 @@ macro_rules! binop_overload {
             type Output = Tensor;
             /// Panics with the op's error message on bad shapes; use the method for a `Result`.
             fn $m(self, o: &Tensor) -> Tensor {
-                self.binary(BinaryOp::$op, o).unwrap_or_else(|e| panic!("{e}"))
+                self.binary(BinaryOp::$op, o)
+                    .unwrap_or_else(|e| panic!("{e}"))
             }
         }
         impl std::ops::$tr<f64> for &Tensor {
             type Output = Tensor;
             fn $m(self, s: f64) -> Tensor {
-                self.binary_scalar(BinaryOp::$op, s, false).unwrap_or_else(|e| panic!("{e}"))
+                self.binary_scalar(BinaryOp::$op, s, false)
+                    .unwrap_or_else(|e| panic!("{e}"))
             }
         }
     };

@@ -48,17 +48,28 @@ pub(crate) fn reduce_expr(
     let mut vals = vec![];
     for t in leaves {
         let e = t.expand_to(&value.dims)?;
-        let e = if rank == 0 { e.reshape(&[1, 1])? } else { to_reduce_layout(&e, &kept, &rd)? };
+        let e = if rank == 0 {
+            e.reshape(&[1, 1])?
+        } else {
+            to_reduce_layout(&e, &kept, &rd)?
+        };
         loop_dims = e.dims().to_vec();
         vals.push(k.load(&e));
     }
     let v = body(&mut k, &vals);
-    let out = k.reduce(name, kind, v, &loop_dims, out_dtype, |k, acc| epilogue(k, acc, n))?;
+    let out = k.reduce(name, kind, v, &loop_dims, out_dtype, |k, acc| {
+        epilogue(k, acc, n)
+    })?;
     out.reshape_dims(&reduced_shape(&value.dims, &rd, keepdim))
 }
 
 impl Tensor {
-    fn simple_reduce(&self, kind: ReduceKind, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+    fn simple_reduce(
+        &self,
+        kind: ReduceKind,
+        dims: Option<&[i64]>,
+        keepdim: bool,
+    ) -> Result<Tensor> {
         let rd = infer::reduce_dims(kind.name(), self.rank(), dims)?;
         let m = infer::reduce(kind, &self.meta(), &rd, keepdim)?;
         let compute = match kind {
@@ -66,7 +77,17 @@ impl Tensor {
             _ => m.dtype.compute(),
         };
         let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], compute);
-        reduce_expr(kind.name(), kind, &self.meta(), &[self.clone()], dims, keepdim, m.dtype, body, |_, acc, _| acc)
+        reduce_expr(
+            kind.name(),
+            kind,
+            &self.meta(),
+            &[self.clone()],
+            dims,
+            keepdim,
+            m.dtype,
+            body,
+            |_, acc, _| acc,
+        )
     }
 
     /// `sum(dims, keepdim)`; `None` sums everything. Integers accumulate in i64.
@@ -113,21 +134,41 @@ impl Tensor {
 
     /// `max(dim, keepdim)` -> (values, indices), as `torch.max(x, dim)`.
     pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        Ok((self.amax(Some(&[dim]), keepdim)?, self.argmax(Some(dim), keepdim)?))
+        Ok((
+            self.amax(Some(&[dim]), keepdim)?,
+            self.argmax(Some(dim), keepdim)?,
+        ))
     }
 
     pub fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        Ok((self.amin(Some(&[dim]), keepdim)?, self.argmin(Some(dim), keepdim)?))
+        Ok((
+            self.amin(Some(&[dim]), keepdim)?,
+            self.argmin(Some(dim), keepdim)?,
+        ))
     }
 
     /// `mean(dims, keepdim)` (floating inputs only, like PyTorch).
     pub fn mean(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
         if !self.dtype().is_float() {
-            bail!("mean", "could not infer output dtype: input dtype must be floating point, got {}", self.dtype());
+            bail!(
+                "mean",
+                "could not infer output dtype: input dtype must be floating point, got {}",
+                self.dtype()
+            );
         }
         let c = self.dtype().compute();
         let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], c);
-        reduce_expr("mean", ReduceKind::Sum, &self.meta(), &[self.clone()], dims, keepdim, self.dtype(), body, |k, acc, n| mean_epilogue(k, acc, n, c))
+        reduce_expr(
+            "mean",
+            ReduceKind::Sum,
+            &self.meta(),
+            &[self.clone()],
+            dims,
+            keepdim,
+            self.dtype(),
+            body,
+            |k, acc, n| mean_epilogue(k, acc, n, c),
+        )
     }
 }
 

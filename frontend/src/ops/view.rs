@@ -18,7 +18,11 @@ impl Tensor {
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
         let dims = lv::infer_size("reshape", shape, self.numel(), self.dims())?;
         match lv::view_strides(&self.layout, &dims) {
-            Some(strides) => Ok(self.with_layout(kiln_ir::op::Layout { dims, strides, offset: self.layout.offset })),
+            Some(strides) => Ok(self.with_layout(kiln_ir::op::Layout {
+                dims,
+                strides,
+                offset: self.layout.offset,
+            })),
             None => self.copy()?.view_as_shape(shape),
         }
     }
@@ -40,7 +44,11 @@ impl Tensor {
     /// `t()`: transpose of a matrix (0-D and 1-D tensors are returned as is).
     pub fn t(&self) -> Result<Tensor> {
         if self.rank() > 2 {
-            bail!("t", "expects a tensor with <= 2 dims, but got shape {}", fmt_dims(self.dims()));
+            bail!(
+                "t",
+                "expects a tensor with <= 2 dims, but got shape {}",
+                fmt_dims(self.dims())
+            );
         }
         if self.rank() < 2 {
             return Ok(self.clone());
@@ -62,7 +70,13 @@ impl Tensor {
     }
 
     /// `x[start:stop:step]` along `dim`.
-    pub fn slice(&self, dim: i64, start: Option<i64>, stop: Option<i64>, step: i64) -> Result<Tensor> {
+    pub fn slice(
+        &self,
+        dim: i64,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: i64,
+    ) -> Result<Tensor> {
         Ok(self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?))
     }
 
@@ -88,7 +102,11 @@ impl Tensor {
     pub fn split(&self, size: usize, dim: i64) -> Result<Vec<Tensor>> {
         let d = norm_dim("split", dim, self.rank())?;
         if size == 0 {
-            bail!("split", "split_size must be positive, got 0 for shape {}", fmt_dims(self.dims()));
+            bail!(
+                "split",
+                "split_size must be positive, got 0 for shape {}",
+                fmt_dims(self.dims())
+            );
         }
         let n = self.dims()[d];
         (0..n.div_ceil(size).max(1))
@@ -100,7 +118,12 @@ impl Tensor {
     pub fn split_sizes(&self, sizes: &[usize], dim: i64) -> Result<Vec<Tensor>> {
         let d = norm_dim("split", dim, self.rank())?;
         if sizes.iter().sum::<usize>() != self.dims()[d] {
-            bail!("split", "sizes {:?} do not sum to dim {d} of shape {}", sizes, fmt_dims(self.dims()));
+            bail!(
+                "split",
+                "sizes {:?} do not sum to dim {d} of shape {}",
+                sizes,
+                fmt_dims(self.dims())
+            );
         }
         let mut start = 0;
         sizes
@@ -124,12 +147,15 @@ impl Tensor {
 
     /// `torch.cat(tensors, dim)` with type promotion.
     pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
-        let Some(first) = tensors.first() else { bail!("cat", "expected a non-empty list of tensors") };
+        let Some(first) = tensors.first() else {
+            bail!("cat", "expected a non-empty list of tensors")
+        };
         let d = norm_dim("cat", dim, first.rank())?;
         let mut dims = first.dims_vec();
         let mut dtype = first.dtype();
         for (i, t) in tensors.iter().enumerate().skip(1) {
-            let ok = t.rank() == first.rank() && (0..first.rank()).all(|k| k == d || t.dims()[k] == first.dims()[k]);
+            let ok = t.rank() == first.rank()
+                && (0..first.rank()).all(|k| k == d || t.dims()[k] == first.dims()[k]);
             if !ok {
                 bail!(
                     "cat",
@@ -141,7 +167,7 @@ impl Tensor {
             dims[d] += t.dims()[d];
             dtype = promote_types(dtype, t.dtype());
         }
-        let out = Tensor::zeros(&dims, dtype);
+        let out = Tensor::empty(&dims, dtype);
         let mut at = 0;
         for t in tensors {
             let n = t.dims()[d];
@@ -153,14 +179,24 @@ impl Tensor {
 
     /// `torch.stack(tensors, dim)`: all shapes equal; a new dim at `dim`.
     pub fn stack(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
-        let Some(first) = tensors.first() else { bail!("stack", "expected a non-empty list of tensors") };
+        let Some(first) = tensors.first() else {
+            bail!("stack", "expected a non-empty list of tensors")
+        };
         for (i, t) in tensors.iter().enumerate() {
             if t.dims() != first.dims() {
-                bail!("stack", "tensor {i} has shape {} but tensor 0 has shape {}: all must be equal", fmt_dims(t.dims()), fmt_dims(first.dims()));
+                bail!(
+                    "stack",
+                    "tensor {i} has shape {} but tensor 0 has shape {}: all must be equal",
+                    fmt_dims(t.dims()),
+                    fmt_dims(first.dims())
+                );
             }
         }
         let d = norm_dim("stack", dim, first.rank() + 1)?;
-        let us = tensors.iter().map(|t| t.unsqueeze(d as i64)).collect::<Result<Vec<_>>>()?;
+        let us = tensors
+            .iter()
+            .map(|t| t.unsqueeze(d as i64))
+            .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&us.iter().collect::<Vec<_>>(), d as i64)
     }
 
@@ -168,7 +204,12 @@ impl Tensor {
     pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
         let d = norm_dim("index_select", dim, self.rank())?;
         if index.rank() > 1 || index.dtype().is_float() {
-            bail!("index_select", "index must be a 1-D integer tensor, got {} {}", index.dtype(), fmt_dims(index.dims()));
+            bail!(
+                "index_select",
+                "index must be a 1-D integer tensor, got {} {}",
+                index.dtype(),
+                fmt_dims(index.dims())
+            );
         }
         let idx = index.to_dtype(DType::I64)?.to_vec::<i64>()?;
         let n = self.dims()[d] as i64;
@@ -176,13 +217,18 @@ impl Tensor {
         dims[d] = idx.len();
         for &i in &idx {
             if i < -n || i >= n {
-                bail!("index_select", "index {i} is out of range for dim {d} of size {n} (shape {})", fmt_dims(self.dims()));
+                bail!(
+                    "index_select",
+                    "index {i} is out of range for dim {d} of size {n} (shape {})",
+                    fmt_dims(self.dims())
+                );
             }
         }
-        let out = Tensor::zeros(&dims, self.dtype());
+        let out = Tensor::empty(&dims, self.dtype());
         for (j, &i) in idx.iter().enumerate() {
             let i = if i < 0 { i + n } else { i };
-            out.select(d as i64, j as i64)?.copy_(&self.select(d as i64, i)?)?;
+            out.select(d as i64, j as i64)?
+                .copy_(&self.select(d as i64, i)?)?;
         }
         Ok(out)
     }
@@ -202,16 +248,25 @@ impl Tensor {
         }
         for k in 0..self.rank() {
             if k != d && index.dims()[k] > self.dims()[k] {
-                bail!("gather", "index shape {} exceeds input shape {} at dim {k}", fmt_dims(index.dims()), fmt_dims(self.dims()));
+                bail!(
+                    "gather",
+                    "index shape {} exceeds input shape {} at dim {k}",
+                    fmt_dims(index.dims()),
+                    fmt_dims(self.dims())
+                );
             }
         }
         let idx = index.contiguous()?.to_vec::<i64>()?;
-        let out = Tensor::zeros(index.dims(), self.dtype());
+        let out = Tensor::empty(index.dims(), self.dtype());
         let sz = self.dtype().size();
         let n = self.dims()[d] as i64;
         // Walk the index's positions; the source offset is the input's layout at
         // the same position, with dim `d` replaced by the index value.
-        let l = kiln_ir::op::Layout { dims: index.dims_vec(), strides: self.strides_vec(), offset: self.offset() };
+        let l = kiln_ir::op::Layout {
+            dims: index.dims_vec(),
+            strides: self.strides_vec(),
+            offset: self.offset(),
+        };
         let mut offs = Vec::with_capacity(idx.len());
         for_each_offset(&l, |_, o| offs.push(o));
         let mut pos = vec![0usize; index.rank()];
@@ -219,11 +274,17 @@ impl Tensor {
         let dst = out.storage.ptr();
         for (lin, (&o, &iv)) in offs.iter().zip(&idx).enumerate() {
             if iv < -n || iv >= n {
-                bail!("gather", "index {iv} is out of range for dim {d} of size {n} (input shape {})", fmt_dims(self.dims()));
+                bail!(
+                    "gather",
+                    "index {iv} is out of range for dim {d} of size {n} (input shape {})",
+                    fmt_dims(self.dims())
+                );
             }
             let iv = if iv < 0 { iv + n } else { iv };
             let so = o as isize + (iv - pos[d] as i64) as isize * self.strides()[d];
-            unsafe { std::ptr::copy_nonoverlapping(src.add(so as usize * sz), dst.add(lin * sz), sz) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add(so as usize * sz), dst.add(lin * sz), sz)
+            };
             for k in (0..pos.len()).rev() {
                 pos[k] += 1;
                 if pos[k] < index.dims()[k] {

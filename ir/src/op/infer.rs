@@ -15,7 +15,10 @@ pub struct Meta {
 
 impl Meta {
     pub fn new(dtype: DType, dims: &[usize]) -> Meta {
-        Meta { dtype, dims: dims.into() }
+        Meta {
+            dtype,
+            dims: dims.into(),
+        }
     }
     /// The promotion operand this tensor counts as (0-dim tensors rank lower).
     pub fn operand(&self) -> Operand {
@@ -64,13 +67,26 @@ pub fn unary(op: UnaryOp, x: &Meta) -> Result<PointwiseSig> {
     let out = match op {
         UnaryOp::Not => DType::Bool,
         UnaryOp::Neg if x.dtype == DType::Bool => {
-            bail!(name, "negation of a bool tensor is not supported; use logical_not (input {} {})", x.dtype, fmt_dims(&x.dims))
+            bail!(
+                name,
+                "negation of a bool tensor is not supported; use logical_not (input {} {})",
+                x.dtype,
+                fmt_dims(&x.dims)
+            )
         }
         _ if op.is_float_only() && !x.dtype.is_float() => DType::F32,
         _ => x.dtype,
     };
-    let compute = if op == UnaryOp::Not { x.dtype.compute() } else { out.compute() };
-    Ok(PointwiseSig { compute, out, dims: x.dims.clone() })
+    let compute = if op == UnaryOp::Not {
+        x.dtype.compute()
+    } else {
+        out.compute()
+    };
+    Ok(PointwiseSig {
+        compute,
+        out,
+        dims: x.dims.clone(),
+    })
 }
 
 pub fn binary(op: BinaryOp, a: Arg, b: Arg) -> Result<PointwiseSig> {
@@ -83,7 +99,10 @@ pub fn binary(op: BinaryOp, a: Arg, b: Arg) -> Result<PointwiseSig> {
         // true division of integers is floating (the default dtype)
         BinaryOp::Div if !promoted.is_float() => (DType::F32, DType::F32),
         BinaryOp::Sub if promoted == DType::Bool => {
-            bail!(name, "subtraction of bool tensors is not supported; use logical_xor")
+            bail!(
+                name,
+                "subtraction of bool tensors is not supported; use logical_xor"
+            )
         }
         _ => (promoted.compute(), promoted),
     };
@@ -93,11 +112,24 @@ pub fn binary(op: BinaryOp, a: Arg, b: Arg) -> Result<PointwiseSig> {
 /// `where(cond, a, b)`: cond must be bool; a and b promote.
 pub fn where_(cond: &Meta, a: Arg, b: Arg) -> Result<PointwiseSig> {
     if cond.dtype != DType::Bool {
-        bail!("where", "condition must be a bool tensor, got {} {}", cond.dtype, fmt_dims(&cond.dims));
+        bail!(
+            "where",
+            "condition must be a bool tensor, got {} {}",
+            cond.dtype,
+            fmt_dims(&cond.dims)
+        );
     }
-    let dims = broadcast_shapes("where", &cond.dims, &broadcast_shapes("where", a.dims(), b.dims())?)?;
+    let dims = broadcast_shapes(
+        "where",
+        &cond.dims,
+        &broadcast_shapes("where", a.dims(), b.dims())?,
+    )?;
     let out = result_type(&[a.operand(), b.operand()]).expect("two operands");
-    Ok(PointwiseSig { compute: out.compute(), out, dims })
+    Ok(PointwiseSig {
+        compute: out.compute(),
+        out,
+        dims,
+    })
 }
 
 /// Normalises a list of reduction dims (empty = all dims), rejecting repeats.
@@ -105,13 +137,20 @@ pub fn reduce_dims(op: &str, rank: usize, dims: Option<&[i64]>) -> Result<Vec<us
     let mut out = match dims {
         None => (0..rank).collect::<Vec<_>>(),
         Some(ds) if ds.is_empty() => (0..rank).collect(),
-        Some(ds) => ds.iter().map(|&d| norm_dim(op, d, rank)).collect::<Result<Vec<_>>>()?,
+        Some(ds) => ds
+            .iter()
+            .map(|&d| norm_dim(op, d, rank))
+            .collect::<Result<Vec<_>>>()?,
     };
     out.sort_unstable();
     let n = out.len();
     out.dedup();
     if out.len() != n {
-        bail!(op, "dim {:?} appears more than once in the list of dims", dims.unwrap_or(&[]));
+        bail!(
+            op,
+            "dim {:?} appears more than once in the list of dims",
+            dims.unwrap_or(&[])
+        );
     }
     if rank == 0 {
         out.clear();
@@ -138,22 +177,35 @@ pub fn reduced_shape(shape: &[usize], dims: &[usize], keepdim: bool) -> Dims {
 /// bools accumulate in i64; arg-reductions give i64; max/min keep the dtype.
 pub fn reduce(kind: ReduceKind, x: &Meta, dims: &[usize], keepdim: bool) -> Result<Meta> {
     let name = kind.name();
-    let reduces_empty = dims.iter().any(|&d| x.dims[d] == 0) || (dims.is_empty() && x.dims.contains(&0));
+    let reduces_empty =
+        dims.iter().any(|&d| x.dims[d] == 0) || (dims.is_empty() && x.dims.contains(&0));
     if reduces_empty && !matches!(kind, ReduceKind::Sum | ReduceKind::Prod) {
-        bail!(name, "cannot reduce over an empty dim of shape {} (the op has no identity)", fmt_dims(&x.dims));
+        bail!(
+            name,
+            "cannot reduce over an empty dim of shape {} (the op has no identity)",
+            fmt_dims(&x.dims)
+        );
     }
     let dtype = match kind {
         ReduceKind::Sum | ReduceKind::Prod if !x.dtype.is_float() => DType::I64,
         ReduceKind::ArgMax | ReduceKind::ArgMin => DType::I64,
         _ => x.dtype,
     };
-    Ok(Meta { dtype, dims: reduced_shape(&x.dims, dims, keepdim) })
+    Ok(Meta {
+        dtype,
+        dims: reduced_shape(&x.dims, dims, keepdim),
+    })
 }
 
 /// Ops that need floating input (mean, var, softmax, norms, ...).
 pub fn require_float(op: &str, x: &Meta) -> Result<()> {
     if !x.dtype.is_float() {
-        bail!(op, "expected a floating-point input, got {} {} (cast with .to(f32) first)", x.dtype, fmt_dims(&x.dims));
+        bail!(
+            op,
+            "expected a floating-point input, got {} {} (cast with .to(f32) first)",
+            x.dtype,
+            fmt_dims(&x.dims)
+        );
     }
     Ok(())
 }
@@ -178,7 +230,10 @@ mod tests {
     fn reduce_rules() {
         let x = Meta::new(DType::I32, &[2, 3]);
         let d = reduce_dims("sum", 2, Some(&[-1])).unwrap();
-        assert_eq!(reduce(ReduceKind::Sum, &x, &d, true).unwrap(), Meta::new(DType::I64, &[2, 1]));
+        assert_eq!(
+            reduce(ReduceKind::Sum, &x, &d, true).unwrap(),
+            Meta::new(DType::I64, &[2, 1])
+        );
         assert!(reduce_dims("sum", 2, Some(&[1, -1])).is_err());
         let e = Meta::new(DType::F32, &[0, 3]);
         assert!(reduce(ReduceKind::Max, &e, &[0], false).is_err());

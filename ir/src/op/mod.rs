@@ -1,11 +1,11 @@
 //! The op vocabulary and its shape/dtype inference.
 
-pub mod infer;
-mod pointwise;
-pub mod matmul;
 pub mod conv;
-pub mod pool;
 pub mod embedding;
+pub mod infer;
+pub mod matmul;
+mod pointwise;
+pub mod pool;
 pub mod view;
 mod vocab;
 

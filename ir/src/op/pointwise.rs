@@ -87,7 +87,10 @@ impl UnaryOp {
     /// Ops that only make sense on floating values: integer inputs are promoted to f32
     /// (as `torch.exp(int_tensor)` is float).
     pub fn is_float_only(&self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Not)
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Square | UnaryOp::Relu | UnaryOp::Not
+        )
     }
 }
 
@@ -95,7 +98,9 @@ impl fmt::Display for UnaryOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())?;
         match self {
-            UnaryOp::Softplus { beta, threshold } => write!(f, "{{beta={beta}, threshold={threshold}}}"),
+            UnaryOp::Softplus { beta, threshold } => {
+                write!(f, "{{beta={beta}, threshold={threshold}}}")
+            }
             UnaryOp::LeakyRelu { slope } => write!(f, "{{slope={slope}}}"),
             UnaryOp::Elu { alpha } => write!(f, "{{alpha={alpha}}}"),
             _ => Ok(()),

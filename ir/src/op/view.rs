@@ -14,7 +14,11 @@ pub struct Layout {
 
 impl Layout {
     pub fn contiguous(dims: &[usize]) -> Layout {
-        Layout { dims: dims.into(), strides: crate::shape::contiguous_strides(dims), offset: 0 }
+        Layout {
+            dims: dims.into(),
+            strides: crate::shape::contiguous_strides(dims),
+            offset: 0,
+        }
     }
     pub fn numel(&self) -> usize {
         self.dims.iter().product()
@@ -47,7 +51,12 @@ pub fn infer_size(op: &str, shape: &[i64], numel: usize, from: &[usize]) -> Resu
     match infer {
         Some(i) if known != 0 && numel % known == 0 => out[i] = numel / known,
         None if known == numel => {}
-        _ => bail!(op, "shape {:?} is invalid for input of size {numel} (shape {})", shape, fmt_dims(from)),
+        _ => bail!(
+            op,
+            "shape {:?} is invalid for input of size {numel} (shape {})",
+            shape,
+            fmt_dims(from)
+        ),
     }
     Ok(out)
 }
@@ -68,7 +77,10 @@ pub fn view_strides(l: &Layout, new: &[usize]) -> Option<Strides> {
     let mut view_numel = 1usize;
     for tensor_d in (0..old_d.len()).rev() {
         tensor_numel *= old_d[tensor_d];
-        if tensor_d == 0 || (old_d[tensor_d - 1] != 1 && old_s[tensor_d - 1] != tensor_numel as isize * chunk_base_stride) {
+        if tensor_d == 0
+            || (old_d[tensor_d - 1] != 1
+                && old_s[tensor_d - 1] != tensor_numel as isize * chunk_base_stride)
+        {
             while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
                 out[view_d as usize] = view_numel as isize * chunk_base_stride;
                 view_numel *= new[view_d as usize];
@@ -108,7 +120,13 @@ pub fn view(l: &Layout, shape: &[i64]) -> Result<Layout> {
 pub fn permute(l: &Layout, perm: &[i64]) -> Result<Layout> {
     let r = l.rank();
     if perm.len() != r {
-        bail!("permute", "got {} dims {:?} for a tensor of shape {}", perm.len(), perm, fmt_dims(&l.dims));
+        bail!(
+            "permute",
+            "got {} dims {:?} for a tensor of shape {}",
+            perm.len(),
+            perm,
+            fmt_dims(&l.dims)
+        );
     }
     let mut seen = vec![false; r];
     let mut out = l.clone();
@@ -140,14 +158,27 @@ pub fn transpose(l: &Layout, d0: i64, d1: i64) -> Result<Layout> {
 pub fn expand(l: &Layout, sizes: &[i64]) -> Result<Layout> {
     let r = l.rank();
     if sizes.len() < r {
-        bail!("expand", "the number of sizes {:?} must be at least the rank of {}", sizes, fmt_dims(&l.dims));
+        bail!(
+            "expand",
+            "the number of sizes {:?} must be at least the rank of {}",
+            sizes,
+            fmt_dims(&l.dims)
+        );
     }
     let lead = sizes.len() - r;
-    let mut out = Layout { dims: Dims::new(), strides: Strides::new(), offset: l.offset };
+    let mut out = Layout {
+        dims: Dims::new(),
+        strides: Strides::new(),
+        offset: l.offset,
+    };
     for (i, &s) in sizes.iter().enumerate() {
         if i < lead {
             if s < 0 {
-                bail!("expand", "size -1 is not allowed for a new leading dim in {:?}", sizes);
+                bail!(
+                    "expand",
+                    "size -1 is not allowed for a new leading dim in {:?}",
+                    sizes
+                );
             }
             out.dims.push(s as usize);
             out.strides.push(0);
@@ -179,7 +210,13 @@ pub fn broadcast_to(l: &Layout, shape: &[usize]) -> Result<Layout> {
 }
 
 /// `x[start:stop:step]` along `dim` (Python semantics: negatives count from the end, clamped).
-pub fn slice(l: &Layout, dim: i64, start: Option<i64>, stop: Option<i64>, step: i64) -> Result<Layout> {
+pub fn slice(
+    l: &Layout,
+    dim: i64,
+    start: Option<i64>,
+    stop: Option<i64>,
+    step: i64,
+) -> Result<Layout> {
     let d = norm_dim("slice", dim, l.rank())?;
     if step <= 0 {
         bail!("slice", "step must be positive, got {step}");
@@ -204,7 +241,11 @@ pub fn narrow(l: &Layout, dim: i64, start: i64, length: usize) -> Result<Layout>
     let n = l.dims[d] as i64;
     let s = if start < 0 { start + n } else { start };
     if s < 0 || s + length as i64 > n {
-        bail!("narrow", "start {start} + length {length} exceeds dim {d} of size {n} (shape {})", fmt_dims(&l.dims));
+        bail!(
+            "narrow",
+            "start {start} + length {length} exceeds dim {d} of size {n} (shape {})",
+            fmt_dims(&l.dims)
+        );
     }
     slice(l, d as i64, Some(s), Some(s + length as i64), 1)
 }
@@ -215,7 +256,11 @@ pub fn select(l: &Layout, dim: i64, index: i64) -> Result<Layout> {
     let n = l.dims[d] as i64;
     let i = if index < 0 { index + n } else { index };
     if i < 0 || i >= n {
-        bail!("select", "index {index} is out of range for dim {d} of size {n} (shape {})", fmt_dims(&l.dims));
+        bail!(
+            "select",
+            "index {index} is out of range for dim {d} of size {n} (shape {})",
+            fmt_dims(&l.dims)
+        );
     }
     let mut out = l.clone();
     out.offset = (l.offset as isize + i as isize * l.strides[d]) as usize;
@@ -227,7 +272,11 @@ pub fn select(l: &Layout, dim: i64, index: i64) -> Result<Layout> {
 pub fn unsqueeze(l: &Layout, dim: i64) -> Result<Layout> {
     let d = norm_dim("unsqueeze", dim, l.rank() + 1)?;
     let mut out = l.clone();
-    let st = if d < l.rank() { l.strides[d] * l.dims[d] as isize } else { 1 };
+    let st = if d < l.rank() {
+        l.strides[d] * l.dims[d] as isize
+    } else {
+        1
+    };
     out.dims.insert(d, 1);
     out.strides.insert(d, st);
     Ok(out)
@@ -246,7 +295,11 @@ pub fn squeeze(l: &Layout, dims: Option<&[i64]>) -> Result<Layout> {
             }
         }
     }
-    let mut out = Layout { dims: Dims::new(), strides: Strides::new(), offset: l.offset };
+    let mut out = Layout {
+        dims: Dims::new(),
+        strides: Strides::new(),
+        offset: l.offset,
+    };
     for i in 0..r {
         if !drop[i] {
             out.dims.push(l.dims[i]);
@@ -261,9 +314,16 @@ pub fn flatten_shape(dims: &[usize], start: i64, end: i64) -> Result<Vec<i64>> {
     if dims.is_empty() {
         return Ok(vec![1]);
     }
-    let (s, e) = (norm_dim("flatten", start, dims.len())?, norm_dim("flatten", end, dims.len())?);
+    let (s, e) = (
+        norm_dim("flatten", start, dims.len())?,
+        norm_dim("flatten", end, dims.len())?,
+    );
     if s > e {
-        bail!("flatten", "start_dim {start} comes after end_dim {end} for shape {}", fmt_dims(dims));
+        bail!(
+            "flatten",
+            "start_dim {start} comes after end_dim {end} for shape {}",
+            fmt_dims(dims)
+        );
     }
     let mut out: Vec<i64> = dims[..s].iter().map(|&d| d as i64).collect();
     out.push(dims[s..=e].iter().product::<usize>() as i64);
@@ -280,7 +340,10 @@ mod tests {
         let l = Layout::contiguous(&[4, 6]);
         let t = transpose(&l, 0, 1).unwrap();
         let e = view(&t, &[-1]).unwrap_err().to_string();
-        assert!(e.starts_with("view: size [6,4]") && e.contains("reshape"), "{e}");
+        assert!(
+            e.starts_with("view: size [6,4]") && e.contains("reshape"),
+            "{e}"
+        );
     }
 
     #[test]

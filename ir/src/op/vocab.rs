@@ -17,28 +17,70 @@ pub enum Op {
     Unary(UnaryOp),
     Binary(BinaryOp),
     /// `x op s` (or `s op x` when `reversed`) with a Python number.
-    BinaryScalar { op: BinaryOp, scalar: Category, reversed: bool },
+    BinaryScalar {
+        op: BinaryOp,
+        scalar: Category,
+        reversed: bool,
+    },
     Where,
     Cast(DType),
     // reductions (dims empty = all)
-    Reduce { kind: ReduceKind, dims: Vec<i64>, keepdim: bool },
-    Mean { dims: Vec<i64>, keepdim: bool },
-    Var { dims: Vec<i64>, correction: Float, keepdim: bool },
-    Std { dims: Vec<i64>, correction: Float, keepdim: bool },
-    LogSumExp { dims: Vec<i64>, keepdim: bool },
-    Softmax { dim: i64 },
-    LogSoftmax { dim: i64 },
+    Reduce {
+        kind: ReduceKind,
+        dims: Vec<i64>,
+        keepdim: bool,
+    },
+    Mean {
+        dims: Vec<i64>,
+        keepdim: bool,
+    },
+    Var {
+        dims: Vec<i64>,
+        correction: Float,
+        keepdim: bool,
+    },
+    Std {
+        dims: Vec<i64>,
+        correction: Float,
+        keepdim: bool,
+    },
+    LogSumExp {
+        dims: Vec<i64>,
+        keepdim: bool,
+    },
+    Softmax {
+        dim: i64,
+    },
+    LogSoftmax {
+        dim: i64,
+    },
     // normalisation (inputs: x, then the optional tensors present)
-    LayerNorm { normalized_shape: Vec<usize>, eps: Float },
-    GroupNorm { groups: usize, eps: Float },
-    BatchNorm { training: bool, momentum: Float, eps: Float },
+    LayerNorm {
+        normalized_shape: Vec<usize>,
+        eps: Float,
+    },
+    GroupNorm {
+        groups: usize,
+        eps: Float,
+    },
+    BatchNorm {
+        training: bool,
+        momentum: Float,
+        eps: Float,
+    },
     // extern kernels
     Matmul,
     Linear,
-    Conv { params: ConvParams, spatial: usize },
+    Conv {
+        params: ConvParams,
+        spatial: usize,
+    },
     ConvTranspose2d(ConvTransposeParams),
     MaxPool2d(Pool2dParams),
-    AvgPool2d { params: Pool2dParams, count_include_pad: bool },
+    AvgPool2d {
+        params: Pool2dParams,
+        count_include_pad: bool,
+    },
     AdaptiveAvgPool2d([usize; 2]),
     AdaptiveMaxPool2d([usize; 2]),
     Embedding,
@@ -46,17 +88,34 @@ pub enum Op {
     View(Vec<i64>),
     Permute(Vec<i64>),
     Expand(Vec<i64>),
-    Slice { dim: i64, start: Option<i64>, stop: Option<i64>, step: i64 },
-    Select { dim: i64, index: i64 },
-    Cat { dim: i64 },
-    IndexSelect { dim: i64 },
-    Gather { dim: i64 },
+    Slice {
+        dim: i64,
+        start: Option<i64>,
+        stop: Option<i64>,
+        step: i64,
+    },
+    Select {
+        dim: i64,
+        index: i64,
+    },
+    Cat {
+        dim: i64,
+    },
+    IndexSelect {
+        dim: i64,
+    },
+    Gather {
+        dim: i64,
+    },
     MaskedFill,
     // losses (inputs: input, target, then weights)
     CrossEntropy,
     NllLoss,
     /// mse, l1, smooth_l1, huber, bce, bce_with_logits: elementwise then reduced
-    PairLoss { name: &'static str, reduce: bool },
+    PairLoss {
+        name: &'static str,
+        reduce: bool,
+    },
 }
 
 fn one(m: Meta) -> Result<Vec<Meta>> {
@@ -96,7 +155,12 @@ impl Op {
     /// Output types and shapes for `ins`, with the op's argument checks.
     pub fn infer(&self, ins: &[Meta]) -> Result<Vec<Meta>> {
         let name = self.name();
-        let pw = |s: infer::PointwiseSig| one(Meta { dtype: s.out, dims: s.dims });
+        let pw = |s: infer::PointwiseSig| {
+            one(Meta {
+                dtype: s.out,
+                dims: s.dims,
+            })
+        };
         let x = ins.first();
         match self {
             Op::Unary(u) => {
@@ -105,31 +169,60 @@ impl Op {
             }
             Op::Binary(b) => {
                 need(&name, ins, 2)?;
-                pw(infer::binary(*b, Arg::Tensor(&ins[0]), Arg::Tensor(&ins[1]))?)
+                pw(infer::binary(
+                    *b,
+                    Arg::Tensor(&ins[0]),
+                    Arg::Tensor(&ins[1]),
+                )?)
             }
-            Op::BinaryScalar { op, scalar, reversed } => {
+            Op::BinaryScalar {
+                op,
+                scalar,
+                reversed,
+            } => {
                 need(&name, ins, 1)?;
                 let (t, s) = (Arg::Tensor(&ins[0]), Arg::Scalar(*scalar));
-                pw(if *reversed { infer::binary(*op, s, t)? } else { infer::binary(*op, t, s)? })
+                pw(if *reversed {
+                    infer::binary(*op, s, t)?
+                } else {
+                    infer::binary(*op, t, s)?
+                })
             }
             Op::Where => {
                 need(&name, ins, 3)?;
-                pw(infer::where_(&ins[0], Arg::Tensor(&ins[1]), Arg::Tensor(&ins[2]))?)
+                pw(infer::where_(
+                    &ins[0],
+                    Arg::Tensor(&ins[1]),
+                    Arg::Tensor(&ins[2]),
+                )?)
             }
             Op::Cast(d) => {
                 need(&name, ins, 1)?;
-                one(Meta { dtype: *d, dims: ins[0].dims.clone() })
+                one(Meta {
+                    dtype: *d,
+                    dims: ins[0].dims.clone(),
+                })
             }
-            Op::Reduce { kind, dims, keepdim } => {
+            Op::Reduce {
+                kind,
+                dims,
+                keepdim,
+            } => {
                 need(&name, ins, 1)?;
                 let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
                 one(infer::reduce(*kind, &ins[0], &rd, *keepdim)?)
             }
-            Op::Mean { dims, keepdim } | Op::Var { dims, keepdim, .. } | Op::Std { dims, keepdim, .. } | Op::LogSumExp { dims, keepdim } => {
+            Op::Mean { dims, keepdim }
+            | Op::Var { dims, keepdim, .. }
+            | Op::Std { dims, keepdim, .. }
+            | Op::LogSumExp { dims, keepdim } => {
                 need(&name, ins, 1)?;
                 infer::require_float(&name, &ins[0])?;
                 let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
-                one(Meta { dtype: ins[0].dtype, dims: infer::reduced_shape(&ins[0].dims, &rd, *keepdim) })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: infer::reduced_shape(&ins[0].dims, &rd, *keepdim),
+                })
             }
             Op::Softmax { dim } | Op::LogSoftmax { dim } => {
                 need(&name, ins, 1)?;
@@ -137,78 +230,136 @@ impl Op {
                 crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
                 one(ins[0].clone())
             }
-            Op::LayerNorm { normalized_shape, .. } => {
+            Op::LayerNorm {
+                normalized_shape, ..
+            } => {
                 need(&name, ins, 1)?;
                 let d = &ins[0].dims;
                 let k = normalized_shape.len();
                 if k == 0 || k > d.len() || d[d.len() - k..] != normalized_shape[..] {
-                    bail!(name, "normalized_shape {} does not match the trailing dims of input {}", fmt_dims(normalized_shape), fmt_dims(d));
+                    bail!(
+                        name,
+                        "normalized_shape {} does not match the trailing dims of input {}",
+                        fmt_dims(normalized_shape),
+                        fmt_dims(d)
+                    );
                 }
                 one(ins[0].clone())
             }
             Op::GroupNorm { .. } | Op::BatchNorm { .. } => {
                 need(&name, ins, 1)?;
                 if ins[0].dims.len() < 2 {
-                    bail!(name, "expected an input of shape (N, C, *), got {}", fmt_dims(&ins[0].dims));
+                    bail!(
+                        name,
+                        "expected an input of shape (N, C, *), got {}",
+                        fmt_dims(&ins[0].dims)
+                    );
                 }
                 let c = ins[0].dims[1];
                 for m in &ins[1..] {
                     if m.dims.as_slice() != [c] {
-                        bail!(name, "per-channel tensor has shape {} but the input {} has {c} channels", fmt_dims(&m.dims), fmt_dims(&ins[0].dims));
+                        bail!(
+                            name,
+                            "per-channel tensor has shape {} but the input {} has {c} channels",
+                            fmt_dims(&m.dims),
+                            fmt_dims(&ins[0].dims)
+                        );
                     }
                 }
                 one(ins[0].clone())
             }
             Op::Matmul => {
                 need(&name, ins, 2)?;
-                one(Meta { dtype: ins[0].dtype, dims: matmul::matmul_shape(&ins[0].dims, &ins[1].dims)? })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: matmul::matmul_shape(&ins[0].dims, &ins[1].dims)?,
+                })
             }
             Op::Linear => {
                 need(&name, ins, 2)?;
                 let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta { dtype: ins[0].dtype, dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)? })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)?,
+                })
             }
             Op::Conv { params, spatial } => {
                 need(&name, ins, 2)?;
                 let op = if *spatial == 1 { "conv1d" } else { "conv2d" };
                 let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta { dtype: ins[0].dtype, dims: conv::conv_shape(op, &ins[0].dims, &ins[1].dims, bias, params)? })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: conv::conv_shape(op, &ins[0].dims, &ins[1].dims, bias, params)?,
+                })
             }
             Op::ConvTranspose2d(p) => {
                 need(&name, ins, 2)?;
                 let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta { dtype: ins[0].dtype, dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)? })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)?,
+                })
             }
             Op::MaxPool2d(p) => {
                 need(&name, ins, 1)?;
                 let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
-                Ok(vec![Meta { dtype: ins[0].dtype, dims: d.clone() }, Meta { dtype: DType::I64, dims: d }])
+                Ok(vec![
+                    Meta {
+                        dtype: ins[0].dtype,
+                        dims: d.clone(),
+                    },
+                    Meta {
+                        dtype: DType::I64,
+                        dims: d,
+                    },
+                ])
             }
             Op::AvgPool2d { params, .. } => {
                 need(&name, ins, 1)?;
-                one(Meta { dtype: ins[0].dtype, dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)? })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)?,
+                })
             }
             Op::AdaptiveAvgPool2d(o) | Op::AdaptiveMaxPool2d(o) => {
                 need(&name, ins, 1)?;
                 let d = pool::adaptive_pool2d_shape(&name, &ins[0].dims, *o)?;
-                let mut out = vec![Meta { dtype: ins[0].dtype, dims: d.clone() }];
+                let mut out = vec![Meta {
+                    dtype: ins[0].dtype,
+                    dims: d.clone(),
+                }];
                 if matches!(self, Op::AdaptiveMaxPool2d(_)) {
-                    out.push(Meta { dtype: DType::I64, dims: d });
+                    out.push(Meta {
+                        dtype: DType::I64,
+                        dims: d,
+                    });
                 }
                 Ok(out)
             }
             Op::Embedding => {
                 need(&name, ins, 2)?;
-                one(Meta { dtype: ins[1].dtype, dims: embedding::embedding_shape(&ins[1].dims, &ins[0].dims, ins[0].dtype)? })
+                one(Meta {
+                    dtype: ins[1].dtype,
+                    dims: embedding::embedding_shape(&ins[1].dims, &ins[0].dims, ins[0].dtype)?,
+                })
             }
             Op::View(shape) => {
                 need(&name, ins, 1)?;
-                let dims = view::infer_size("view", shape, ins[0].dims.iter().product(), &ins[0].dims)?;
-                one(Meta { dtype: ins[0].dtype, dims })
+                let dims =
+                    view::infer_size("view", shape, ins[0].dims.iter().product(), &ins[0].dims)?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims,
+                })
             }
             Op::Permute(p) => layout_op(ins, |l| view::permute(l, p)),
             Op::Expand(s) => layout_op(ins, |l| view::expand(l, s)),
-            Op::Slice { dim, start, stop, step } => layout_op(ins, |l| view::slice(l, *dim, *start, *stop, *step)),
+            Op::Slice {
+                dim,
+                start,
+                stop,
+                step,
+            } => layout_op(ins, |l| view::slice(l, *dim, *start, *stop, *step)),
             Op::Select { dim, index } => layout_op(ins, |l| view::select(l, *dim, *index)),
             Op::Cat { dim } => {
                 need(&name, ins, 1)?;
@@ -216,7 +367,9 @@ impl Op {
                 let mut dims: Dims = ins[0].dims.clone();
                 let mut dtype = ins[0].dtype;
                 for (i, m) in ins.iter().enumerate().skip(1) {
-                    if m.dims.len() != dims.len() || (0..dims.len()).any(|k| k != d && m.dims[k] != dims[k]) {
+                    if m.dims.len() != dims.len()
+                        || (0..dims.len()).any(|k| k != d && m.dims[k] != dims[k])
+                    {
                         bail!("cat", "tensor {i} has shape {} but tensor 0 has shape {}: sizes must match except in dim {d}", fmt_dims(&m.dims), fmt_dims(&ins[0].dims));
                     }
                     dims[d] += m.dims[d];
@@ -229,11 +382,17 @@ impl Op {
                 let d = crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
                 let mut dims = ins[0].dims.clone();
                 dims[d] = ins[1].dims.iter().product();
-                one(Meta { dtype: ins[0].dtype, dims })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims,
+                })
             }
             Op::Gather { .. } => {
                 need(&name, ins, 2)?;
-                one(Meta { dtype: ins[0].dtype, dims: ins[1].dims.clone() })
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: ins[1].dims.clone(),
+                })
             }
             Op::MaskedFill => {
                 need(&name, ins, 2)?;
@@ -241,7 +400,10 @@ impl Op {
             }
             Op::CrossEntropy | Op::NllLoss | Op::PairLoss { reduce: true, .. } => {
                 need(&name, ins, 2)?;
-                one(Meta { dtype: x.map(|m| m.dtype).unwrap_or(DType::F32), dims: Dims::new() })
+                one(Meta {
+                    dtype: x.map(|m| m.dtype).unwrap_or(DType::F32),
+                    dims: Dims::new(),
+                })
             }
             Op::PairLoss { reduce: false, .. } => {
                 need(&name, ins, 2)?;
@@ -254,7 +416,10 @@ impl Op {
 fn layout_op(ins: &[Meta], f: impl FnOnce(&Layout) -> Result<Layout>) -> Result<Vec<Meta>> {
     need("view", ins, 1)?;
     let l = f(&Layout::contiguous(&ins[0].dims))?;
-    one(Meta { dtype: ins[0].dtype, dims: l.dims })
+    one(Meta {
+        dtype: ins[0].dtype,
+        dims: l.dims,
+    })
 }
 
 #[cfg(test)]
@@ -265,9 +430,19 @@ mod tests {
     fn infer_dispatches_to_the_shared_checks() {
         let a = Meta::new(DType::F32, &[32, 2]);
         let b = Meta::new(DType::F32, &[3]);
-        let e = Op::Binary(BinaryOp::Add).infer(&[a.clone(), b]).unwrap_err();
-        assert_eq!(e.to_string(), "add: shapes [32,2] and [3] cannot broadcast at dim 1 (2 vs 3)");
-        let m = Op::Matmul.infer(&[Meta::new(DType::F32, &[2, 5, 3]), Meta::new(DType::F32, &[3, 4])]).unwrap();
+        let e = Op::Binary(BinaryOp::Add)
+            .infer(&[a.clone(), b])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "add: shapes [32,2] and [3] cannot broadcast at dim 1 (2 vs 3)"
+        );
+        let m = Op::Matmul
+            .infer(&[
+                Meta::new(DType::F32, &[2, 5, 3]),
+                Meta::new(DType::F32, &[3, 4]),
+            ])
+            .unwrap();
         assert_eq!(m[0].dims.as_slice(), &[2, 5, 4]);
         assert_eq!(Op::Softmax { dim: -1 }.name(), "softmax");
         assert!(Op::Softmax { dim: 2 }.infer(&[a]).is_err());
