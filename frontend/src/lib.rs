@@ -1,5 +1,6 @@
 //! kiln-frontend: the strided [`Tensor`] and its eager ops.
 
+pub mod autograd;
 pub mod functional;
 pub mod ops;
 mod tensor;

@@ -24,6 +24,8 @@ use std::sync::Arc;
 pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
+    /// Autograd state (None for tensors that never took part in autograd).
+    pub(crate) autograd: Option<Arc<crate::autograd::AutogradMeta>>,
 }
 
 /// Rust element types that map onto a [`DType`].
@@ -39,7 +41,11 @@ element!(f32 => F32, f64 => F64, i64 => I64, i32 => I32, i16 => I16, i8 => I8, u
 
 impl Tensor {
     pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout) -> Tensor {
-        Tensor { storage, layout }
+        Tensor {
+            storage,
+            layout,
+            autograd: None,
+        }
     }
 
     /// A fresh contiguous tensor (zero-filled).
@@ -167,6 +173,7 @@ impl Tensor {
         Tensor {
             storage: self.storage.clone(),
             layout,
+            autograd: None,
         }
     }
 
