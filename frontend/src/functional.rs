@@ -2,7 +2,9 @@
 //! the runtime's extern kernels; norms and losses come from the decomposition
 //! table (`kiln_passes::decompose`), run eagerly.
 
-use crate::ops::composite::{lazy, run};
+use crate::autograd::rules::builder::TensorBuilder;
+use crate::autograd::rules::nn as rules;
+use crate::ops::composite::decomposed;
 use crate::ops::fuse::{Fuser, Lazy};
 use crate::Tensor;
 use kiln_ir::op::conv::{self, ConvParams, ConvTransposeParams};
@@ -41,9 +43,9 @@ fn float_dtype(op: &str, ts: &[&Tensor]) -> Result<DType> {
     Ok(d)
 }
 
-/// Contiguous copy in the compute dtype (f32 for f16/bf16).
+/// Contiguous copy in the compute dtype (f32 for f16/bf16), outside the graph.
 fn compute_input(t: &Tensor) -> Result<Tensor> {
-    t.to_dtype(t.dtype().compute())?.contiguous()
+    t.detach().to_dtype(t.dtype().compute())?.contiguous()
 }
 
 /// The elements of a contiguous tensor from its offset on.
@@ -79,7 +81,11 @@ fn extern_out(dims: &[usize], dtype: DType, fill: impl FnOnce(&Tensor)) -> Resul
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let dt = float_dtype("matmul", &[a, b])?;
     let plan = mm::matmul_plan(a.dims(), b.dims())?;
-    let (a, b) = (a.to_dtype(dt.compute())?, b.to_dtype(dt.compute())?);
+    let (a0, b0) = (a, b);
+    let (a, b) = (
+        a.detach().to_dtype(dt.compute())?,
+        b.detach().to_dtype(dt.compute())?,
+    );
     let a2 = if plan.a_vec { a.unsqueeze(0)? } else { a };
     let b2 = if plan.b_vec { b.unsqueeze(-1)? } else { b };
     let bl = plan.batch.len();
@@ -109,7 +115,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             out.storage.as_mut_slice::<T>(),
         ))
     })?;
-    out.reshape_dims(&plan.out)
+    rules::matmul(a0, b0, out.reshape_dims(&plan.out)?)
 }
 
 /// `torch.bmm`: (B, M, K) @ (B, K, N), no broadcasting.
@@ -152,11 +158,12 @@ fn conv_nd(
     let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
-    extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv2d::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
         ))
-    })
+    })?;
+    rules::conv(g, x, w, bias, y)
 }
 
 /// `F.conv_transpose2d` (stride, padding, output_padding, dilation, groups).
@@ -178,11 +185,12 @@ pub fn conv_transpose2d(
     )?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
-    extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv_transpose2d::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
         ))
-    })
+    })?;
+    rules::conv_transpose(g, x, w, bias, y)
 }
 
 fn pool_with_indices(
@@ -195,7 +203,12 @@ fn pool_with_indices(
     let xc = compute_input(x)?;
     let idx = Tensor::zeros(&g.out_shape(), DType::I64);
     let out = extern_out(&g.out_shape(), dt, |out| run(g, &xc, out, &idx, dt))?;
-    Ok((out, idx))
+    let name = if op == "max_pool2d" {
+        "max_pool2d"
+    } else {
+        "adaptive_max_pool2d"
+    };
+    Ok((rules::max_pool(name, *g, x, &idx, out)?, idx))
 }
 
 /// `F.max_pool2d(..., return_indices=True)`: values and flat h*W+w indices.
@@ -225,9 +238,18 @@ pub fn avg_pool2d(
     pool::check_divisor_override("avg_pool2d", divisor_override)?;
     let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
     let xc = compute_input(x)?;
-    extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::pool::avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>(), count_include_pad, divisor_override))
-    })
+    })?;
+    rules::avg_pool(
+        "avg_pool2d",
+        g,
+        false,
+        count_include_pad,
+        divisor_override,
+        x,
+        y,
+    )
 }
 
 /// `F.adaptive_avg_pool2d`.
@@ -235,9 +257,10 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor
     let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
     let g = pool::adaptive_pool2d_geometry("adaptive_avg_pool2d", x.dims(), output_size)?;
     let xc = compute_input(x)?;
-    extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::pool::adaptive_avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>()))
-    })
+    })?;
+    rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y)
 }
 
 /// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx matters for backward only).
@@ -252,7 +275,8 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
     let out = extern_out(&shape, dt, |out| unsafe {
         res = dispatch_float!(dt, T => externs::embedding::embedding::<T, i64>(data(&wc), v, d, data(&idx), out.storage.as_mut_slice::<T>()))
     })?;
-    res.map(|_| out)
+    res?;
+    crate::autograd::rules::index::embedding(indices, weight, padding_idx, out)
 }
 
 /// `F.layer_norm` over the trailing `normalized_shape` dims.
@@ -264,10 +288,15 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
-    let (w, b) = (lazy(weight), lazy(bias));
-    run(x, |f, x| {
-        decompose::layer_norm(f, x, normalized_shape, w.as_ref(), b.as_ref(), eps)
+    decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
+        let (w, b) = (weight.map(cv), bias.map(cv));
+        decompose::layer_norm(f, &cv(x), normalized_shape, w.as_ref(), b.as_ref(), eps)
     })
+}
+
+/// The present tensors of an optional list (for `needs_grad`).
+fn ins<'a>(ts: &[Option<&'a Tensor>]) -> Vec<&'a Tensor> {
+    ts.iter().flatten().copied().collect()
 }
 
 /// `F.group_norm` on (N, C, *).
@@ -279,9 +308,9 @@ pub fn group_norm(
     eps: f64,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
-    let (w, b) = (lazy(weight), lazy(bias));
-    run(x, |f, x| {
-        decompose::group_norm(f, x, groups, w.as_ref(), b.as_ref(), eps)
+    decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
+        let (w, b) = (weight.map(cv), bias.map(cv));
+        decompose::group_norm(f, &cv(x), groups, w.as_ref(), b.as_ref(), eps)
     })
 }
 
@@ -299,29 +328,54 @@ pub fn batch_norm(
     eps: f64,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
-    let (rm, rv, w, b) = (
-        lazy(running_mean),
-        lazy(running_var),
-        lazy(weight),
-        lazy(bias),
-    );
-    let r = decompose::batch_norm(
-        &mut Fuser,
-        &Lazy::tensor(x),
-        rm.as_ref(),
-        rv.as_ref(),
-        w.as_ref(),
-        b.as_ref(),
-        training,
-        momentum,
-        eps,
-    )?;
-    let y = r.y.materialize()?;
-    if let (Some((m, v)), Some(rm), Some(rv)) = (r.running, running_mean, running_var) {
-        rm.copy_(&m.materialize()?)?;
-        rv.copy_(&v.materialize()?)?;
+    let (y, running) = if crate::autograd::needs_grad(&ins(&[Some(x), weight, bias])) {
+        let r = decompose::batch_norm(
+            &mut TensorBuilder,
+            x,
+            running_mean,
+            running_var,
+            weight,
+            bias,
+            training,
+            momentum,
+            eps,
+        )?;
+        (r.y, r.running.map(|(m, v)| (m.detach(), v.detach())))
+    } else {
+        let (rm, rv, w, b) = (
+            lazy(running_mean),
+            lazy(running_var),
+            lazy(weight),
+            lazy(bias),
+        );
+        let r = decompose::batch_norm(
+            &mut Fuser,
+            &Lazy::tensor(x),
+            rm.as_ref(),
+            rv.as_ref(),
+            w.as_ref(),
+            b.as_ref(),
+            training,
+            momentum,
+            eps,
+        )?;
+        let running = match r.running {
+            Some((m, v)) => Some((m.materialize()?, v.materialize()?)),
+            None => None,
+        };
+        (r.y.materialize()?, running)
+    };
+    if let (Some((m, v)), Some(rm), Some(rv)) = (running, running_mean, running_var) {
+        let _ng = crate::autograd::no_grad();
+        rm.copy_(&m)?;
+        rv.copy_(&v)?;
     }
     Ok(y)
+}
+
+/// Optional tensor arguments as lazy values.
+fn lazy(t: Option<&Tensor>) -> Option<Lazy> {
+    t.map(Lazy::tensor)
 }
 
 /// `F.cross_entropy` (class indices or probabilities; weight, ignore_index, label_smoothing).
@@ -332,8 +386,10 @@ pub fn cross_entropy(
     o: ClassLossOpts,
 ) -> Result<Tensor> {
     kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
-    let (t, w) = (Lazy::tensor(target), lazy(weight));
-    run(x, |f, x| loss::cross_entropy(f, x, &t, w.as_ref(), o))
+    decomposed!(&ins(&[Some(x), Some(target), weight]), |f, cv| {
+        let w = weight.map(cv);
+        loss::cross_entropy(f, &cv(x), &cv(target), w.as_ref(), o)
+    })
 }
 
 /// `F.nll_loss` on log-probabilities.
@@ -343,28 +399,38 @@ pub fn nll_loss(
     weight: Option<&Tensor>,
     o: ClassLossOpts,
 ) -> Result<Tensor> {
-    let (t, w) = (Lazy::tensor(target), lazy(weight));
-    run(logp, |f, x| loss::nll_loss(f, x, &t, w.as_ref(), o))
+    decomposed!(&ins(&[Some(logp), Some(target), weight]), |f, cv| {
+        let w = weight.map(cv);
+        loss::nll_loss(f, &cv(logp), &cv(target), w.as_ref(), o)
+    })
 }
 
 pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    let y = Lazy::tensor(y);
-    run(x, |f, x| loss::mse_loss(f, x, &y, r))
+    decomposed!(&[x, y], |f, cv| loss::mse_loss(f, &cv(x), &cv(y), r))
 }
 
 pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    let y = Lazy::tensor(y);
-    run(x, |f, x| loss::l1_loss(f, x, &y, r))
+    decomposed!(&[x, y], |f, cv| loss::l1_loss(f, &cv(x), &cv(y), r))
 }
 
 pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result<Tensor> {
-    let y = Lazy::tensor(y);
-    run(x, |f, x| loss::smooth_l1_loss(f, x, &y, r, beta))
+    decomposed!(&[x, y], |f, cv| loss::smooth_l1_loss(
+        f,
+        &cv(x),
+        &cv(y),
+        r,
+        beta
+    ))
 }
 
 pub fn huber_loss(x: &Tensor, y: &Tensor, r: Reduction, delta: f64) -> Result<Tensor> {
-    let y = Lazy::tensor(y);
-    run(x, |f, x| loss::huber_loss(f, x, &y, r, delta))
+    decomposed!(&[x, y], |f, cv| loss::huber_loss(
+        f,
+        &cv(x),
+        &cv(y),
+        r,
+        delta
+    ))
 }
 
 pub fn binary_cross_entropy_with_logits(
@@ -374,9 +440,9 @@ pub fn binary_cross_entropy_with_logits(
     pos_weight: Option<&Tensor>,
     r: Reduction,
 ) -> Result<Tensor> {
-    let (y, w, pw) = (Lazy::tensor(y), lazy(weight), lazy(pos_weight));
-    run(x, |f, x| {
-        loss::bce_with_logits(f, x, &y, w.as_ref(), pw.as_ref(), r)
+    decomposed!(&ins(&[Some(x), Some(y), weight, pos_weight]), |f, cv| {
+        let (w, pw) = (weight.map(cv), pos_weight.map(cv));
+        loss::bce_with_logits(f, &cv(x), &cv(y), w.as_ref(), pw.as_ref(), r)
     })
 }
 
@@ -386,8 +452,8 @@ pub fn binary_cross_entropy(
     weight: Option<&Tensor>,
     r: Reduction,
 ) -> Result<Tensor> {
-    let (y, w) = (Lazy::tensor(y), lazy(weight));
-    run(p, |f, p| {
-        loss::binary_cross_entropy(f, p, &y, w.as_ref(), r)
+    decomposed!(&ins(&[Some(p), Some(y), weight]), |f, cv| {
+        let w = weight.map(cv);
+        loss::binary_cross_entropy(f, &cv(p), &cv(y), w.as_ref(), r)
     })
 }

@@ -1,8 +1,13 @@
 //! kiln-frontend: the strided [`Tensor`] and its eager ops.
 
 pub mod autograd;
+pub mod data;
 pub mod functional;
+pub mod nn;
 pub mod ops;
+pub mod optim;
+pub mod random;
+pub mod serialize;
 mod tensor;
 
 pub use kiln_ir::{DType, Error, Result};

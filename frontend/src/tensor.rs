@@ -26,6 +26,8 @@ pub struct Tensor {
     pub(crate) layout: Layout,
     /// Autograd state (None for tensors that never took part in autograd).
     pub(crate) autograd: Option<Arc<crate::autograd::AutogradMeta>>,
+    /// Version counter shared by every view of the storage (bumped by in-place ops).
+    pub(crate) version: Arc<crate::autograd::Version>,
 }
 
 /// Rust element types that map onto a [`DType`].
@@ -45,6 +47,7 @@ impl Tensor {
             storage,
             layout,
             autograd: None,
+            version: Arc::default(),
         }
     }
 
@@ -174,6 +177,7 @@ impl Tensor {
             storage: self.storage.clone(),
             layout,
             autograd: None,
+            version: self.version.clone(),
         }
     }
 
@@ -224,7 +228,7 @@ impl Tensor {
     pub fn copy(&self) -> Result<Tensor> {
         let out = Tensor::empty(self.dims(), self.dtype());
         crate::ops::pointwise::copy_into(self, &out)?;
-        Ok(out)
+        crate::autograd::rules::view::view("clone", self, out, |g, _| Ok(g.clone()))
     }
 
     /// `self` if already contiguous, else a contiguous copy.

@@ -1,7 +1,9 @@
 //! Loading the PyTorch fixtures: manifest, safetensors, `input_view`
 //! expressions, and NaN-aware comparison.
 
+pub mod backward;
 pub mod ops;
+pub mod optim;
 
 use kiln::{DType, Tensor};
 use serde_json::Value;

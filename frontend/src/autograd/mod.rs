@@ -1,7 +1,25 @@
 //! Reverse-mode autograd: grad mode and the per-tensor autograd state.
 //!
 //! This is the data model the optimizers and modules rely on (`requires_grad`,
-//! `.grad`, `no_grad`); the tape and the backward rules build on it.
+//! `.grad`, `no_grad`). The tape: every op result that needs a gradient holds
+//! its backward [`Node`] (`node.rs`); `engine.rs` walks the graph in
+//! topological order; the backward rules (`rules/`) are written with Tensor
+//! ops. `version.rs` catches in-place changes to saved tensors, `anomaly.rs`
+//! names the op that first produced NaN/Inf.
+
+mod anomaly;
+mod engine;
+mod node;
+pub(crate) mod rules;
+#[cfg(test)]
+mod tape_tests;
+mod version;
+
+pub use anomaly::{detect_anomaly, is_anomaly_enabled, AnomalyGuard};
+pub use engine::backward;
+pub use node::Node;
+pub(crate) use node::{needs_grad, record, Saved};
+pub use version::Version;
 
 use crate::Tensor;
 use std::cell::Cell;
@@ -50,6 +68,8 @@ pub fn set_grad_enabled(on: bool) -> GradModeGuard {
 pub struct AutogradMeta {
     pub(crate) requires_grad: AtomicBool,
     pub(crate) grad: Mutex<Option<Tensor>>,
+    /// The node that made this tensor (None for leaves).
+    pub(crate) grad_fn: Option<Arc<Node>>,
 }
 
 impl Tensor {
@@ -61,8 +81,10 @@ impl Tensor {
     }
 
     /// `requires_grad_(flag)`: marks a leaf as a parameter; returns the same tensor.
+    /// (On a non-leaf only `true` is meaningful; `false` is ignored there, use `detach()`.)
     pub fn requires_grad_(mut self, flag: bool) -> Tensor {
         match &self.autograd {
+            Some(m) if m.grad_fn.is_some() => {}
             Some(m) => m.requires_grad.store(flag, Ordering::Relaxed),
             None => {
                 let m = AutogradMeta::default();

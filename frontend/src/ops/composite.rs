@@ -1,5 +1,8 @@
 //! Composite ops for eager tensors: the decomposition table of
-//! `kiln_passes::decompose`, run through the fusing eager builder ([`Fuser`]).
+//! `kiln_passes::decompose`, run through the fusing eager builder ([`Fuser`])
+//! — or, when a gradient is needed, as recorded primitive Tensor ops
+//! (`TensorBuilder`) so their backward comes from the primitives' rules.
+//! softmax and log_softmax have dedicated backward rules instead.
 
 use super::fuse::{Fuser, Lazy};
 use crate::Tensor;
@@ -7,39 +10,71 @@ use kiln_ir::op::infer::require_float;
 use kiln_ir::Result;
 use kiln_passes::decompose;
 
-/// Runs a decomposition on `x` and materialises the result.
+/// `decomposed!(inputs, |b, cv| body)`: runs `body` (a decomposition returning
+/// `Result<B::T>`) with the fusing builder when no input needs a gradient,
+/// else with the recording `TensorBuilder`; `cv(&Tensor)` makes a builder value.
+macro_rules! decomposed {
+    ($inputs:expr, |$b:ident, $cv:ident| $body:expr) => {{
+        if $crate::autograd::needs_grad($inputs) {
+            let $b = &mut $crate::autograd::rules::builder::TensorBuilder;
+            let $cv = |t: &$crate::Tensor| t.clone();
+            $body
+        } else {
+            let $b = &mut $crate::ops::fuse::Fuser;
+            let $cv = |t: &$crate::Tensor| $crate::ops::fuse::Lazy::tensor(t);
+            ($body).and_then(|l| l.materialize())
+        }
+    }};
+}
+pub(crate) use decomposed;
+
+/// Runs a decomposition on `x` and materialises the result (no autograd).
 pub(crate) fn run(x: &Tensor, f: impl FnOnce(&mut Fuser, &Lazy) -> Result<Lazy>) -> Result<Tensor> {
     f(&mut Fuser, &Lazy::tensor(x))?.materialize()
-}
-
-/// Optional tensor arguments as lazy values.
-pub(crate) fn lazy(t: Option<&Tensor>) -> Option<Lazy> {
-    t.map(Lazy::tensor)
 }
 
 impl Tensor {
     /// `F.softmax(x, dim)`: max, exp(x - max) stored once, its sum, the division.
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
         require_float("softmax", &self.meta())?;
-        run(self, |b, x| decompose::softmax(b, x, dim))
+        let y = run(&self.detach(), |b, x| decompose::softmax(b, x, dim))?;
+        crate::autograd::rules::reduce::softmax(self, dim, false, y)
     }
     /// `F.log_softmax(x, dim)`.
     pub fn log_softmax(&self, dim: i64) -> Result<Tensor> {
         require_float("log_softmax", &self.meta())?;
-        run(self, |b, x| decompose::log_softmax(b, x, dim))
+        let y = run(&self.detach(), |b, x| decompose::log_softmax(b, x, dim))?;
+        crate::autograd::rules::reduce::softmax(self, dim, true, y)
     }
     /// `torch.logsumexp(x, dims, keepdim)`.
     pub fn logsumexp(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
         require_float("logsumexp", &self.meta())?;
-        run(self, |b, x| decompose::logsumexp(b, x, dims, keepdim))
+        decomposed!(&[self], |b, cv| decompose::logsumexp(
+            b,
+            &cv(self),
+            dims,
+            keepdim
+        ))
     }
     /// `torch.var(x, dims, correction=..., keepdim)`; empty `dims` = all.
     pub fn var(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
         require_float("var", &self.meta())?;
-        run(self, |b, x| decompose::var(b, x, dims, correction, keepdim))
+        decomposed!(&[self], |b, cv| decompose::var(
+            b,
+            &cv(self),
+            dims,
+            correction,
+            keepdim
+        ))
     }
     pub fn std(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
         require_float("std", &self.meta())?;
-        run(self, |b, x| decompose::std(b, x, dims, correction, keepdim))
+        decomposed!(&[self], |b, cv| decompose::std(
+            b,
+            &cv(self),
+            dims,
+            correction,
+            keepdim
+        ))
     }
 }

@@ -2,6 +2,7 @@
 //! comparisons, `where`, `masked_fill`, casts and copies. Each is one kernel.
 
 use super::kernel::KernelCall;
+use crate::autograd::rules::pointwise as rules;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, Arg};
 use kiln_ir::{bail, BinaryOp, Category, DType, Float, Result, UnaryOp};
@@ -82,7 +83,8 @@ impl Tensor {
         let mut k = KernelCall::new();
         let x = k.input(self, sig.compute);
         let y = k.unary(op, x, sig.compute);
-        k.finish(op.name(), y, &sig.dims, sig.out)
+        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+        rules::unary(op, self, y)
     }
 
     /// Applies a binary pointwise op with broadcasting and type promotion.
@@ -93,7 +95,8 @@ impl Tensor {
         let a = k.input(self, sig.compute);
         let b = k.input(other, sig.compute);
         let y = k.binary(op, a, b, sig.compute);
-        k.finish(op.name(), y, &sig.dims, sig.out)
+        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+        rules::binary(op, self, other, y)
     }
 
     /// `self op s` with a Python number; `reversed` computes `s op self`.
@@ -115,7 +118,8 @@ impl Tensor {
         let b = k.scalar(s.value(), sig.compute);
         let (l, r) = if reversed { (b, a) } else { (a, b) };
         let y = k.binary(op, l, r, sig.compute);
-        k.finish(op.name(), y, &sig.dims, sig.out)
+        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+        rules::binary_scalar(op, self, s, reversed, y)
     }
 
     pub fn add(&self, o: &Tensor) -> Result<Tensor> {
@@ -173,7 +177,8 @@ impl Tensor {
         let s = k.scalar(alpha, sig.compute);
         let bs = k.binary(BinaryOp::Mul, b, s, sig.compute);
         let y = k.binary(op, a, bs, sig.compute);
-        k.finish(op.name(), y, &sig.dims, sig.out)
+        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+        rules::add_scaled(self, other, alpha, subtract, y)
     }
 
     pub fn neg(&self) -> Result<Tensor> {
@@ -255,7 +260,8 @@ impl Tensor {
         let x = k.input(a, sig.compute);
         let y = k.input(b, sig.compute);
         let r = k.select(c, x, y, sig.compute);
-        k.finish("where", r, &sig.dims, sig.out)
+        let r = k.finish("where", r, &sig.dims, sig.out)?;
+        rules::where_(cond, a, Some(b), r)
     }
 
     /// `torch.where(cond, self, scalar)`.
@@ -268,7 +274,8 @@ impl Tensor {
         let x = k.input(a, sig.compute);
         let y = k.scalar(s.value(), sig.compute);
         let r = k.select(c, x, y, sig.compute);
-        k.finish("where", r, &sig.dims, sig.out)
+        let r = k.finish("where", r, &sig.dims, sig.out)?;
+        rules::where_(cond, a, None, r)
     }
 
     /// `masked_fill(mask, value)`: mask must be bool and broadcast to self's shape.
@@ -296,7 +303,8 @@ impl Tensor {
         let x = k.input(self, dt);
         let v = k.scalar(value.into().value(), dt);
         let r = k.select(c, v, x, dt);
-        k.finish("masked_fill", r, self.dims(), self.dtype())
+        let r = k.finish("masked_fill", r, self.dims(), self.dtype())?;
+        rules::masked_fill(self, mask, r)
     }
 
     /// `to(dtype)`: a converted copy (or `self` when the dtype already matches).
@@ -307,11 +315,14 @@ impl Tensor {
         }
         let out = Tensor::empty(self.dims(), dtype);
         copy_into(self, &out)?;
-        Ok(out)
+        rules::cast(self, out)
     }
 
     /// In-place copy of `src` (broadcast) into `self`, PyTorch's `copy_`.
+    /// Bumps the version counter (a backward that saved `self` then fails);
+    /// on a leaf that requires grad it is an error unless inside `no_grad()`.
     pub fn copy_(&self, src: &Tensor) -> Result<()> {
+        self.prepare_inplace("copy_", &[src])?;
         copy_into(src, self)
     }
 }

@@ -3,6 +3,7 @@
 //! reducing along the innermost loop dim.
 
 use super::kernel::KernelCall;
+use crate::autograd::rules::reduce as rules;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, reduced_shape};
 use kiln_ir::op::Meta;
@@ -77,17 +78,18 @@ impl Tensor {
             _ => m.dtype.compute(),
         };
         let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], compute);
-        reduce_expr(
+        let y = reduce_expr(
             kind.name(),
             kind,
             &self.meta(),
-            &[self.clone()],
+            &[self.detach()],
             dims,
             keepdim,
             m.dtype,
             body,
             |_, acc, _| acc,
-        )
+        )?;
+        rules::reduction(kind.name(), kind, false, self, dims, y)
     }
 
     /// `sum(dims, keepdim)`; `None` sums everything. Integers accumulate in i64.
@@ -133,18 +135,23 @@ impl Tensor {
     }
 
     /// `max(dim, keepdim)` -> (values, indices), as `torch.max(x, dim)`.
+    /// The gradient of the values goes to the returned index (as PyTorch's `max.dim`).
     pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.amax(Some(&[dim]), keepdim)?,
-            self.argmax(Some(dim), keepdim)?,
-        ))
+        let x = self.detach();
+        let (v, i) = (
+            x.amax(Some(&[dim]), keepdim)?,
+            x.argmax(Some(dim), keepdim)?,
+        );
+        Ok((rules::indexed("max", self, dim, &i, v)?, i))
     }
 
     pub fn min_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.amin(Some(&[dim]), keepdim)?,
-            self.argmin(Some(dim), keepdim)?,
-        ))
+        let x = self.detach();
+        let (v, i) = (
+            x.amin(Some(&[dim]), keepdim)?,
+            x.argmin(Some(dim), keepdim)?,
+        );
+        Ok((rules::indexed("min", self, dim, &i, v)?, i))
     }
 
     /// `mean(dims, keepdim)` (floating inputs only, like PyTorch).
@@ -158,17 +165,18 @@ impl Tensor {
         }
         let c = self.dtype().compute();
         let body = |k: &mut KernelCall, v: &[usize]| k.cast(v[0], c);
-        reduce_expr(
+        let y = reduce_expr(
             "mean",
             ReduceKind::Sum,
             &self.meta(),
-            &[self.clone()],
+            &[self.detach()],
             dims,
             keepdim,
             self.dtype(),
             body,
             |k, acc, n| mean_epilogue(k, acc, n, c),
-        )
+        )?;
+        rules::reduction("mean", ReduceKind::Sum, true, self, dims, y)
     }
 }
 

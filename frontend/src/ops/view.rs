@@ -2,6 +2,7 @@
 //! and the data-movement ops built on them: cat, stack, chunk, split,
 //! index_select, gather.
 
+use crate::autograd::rules::view as rules;
 use crate::Tensor;
 use kiln_ir::op::view as lv;
 use kiln_ir::shape::{fmt_dims, norm_dim};
@@ -11,18 +12,22 @@ use kiln_runtime::strided::for_each_offset;
 impl Tensor {
     /// `view(shape)`: shares storage; errors (suggesting `reshape`) when the strides do not allow it.
     pub fn view_as_shape(&self, shape: &[i64]) -> Result<Tensor> {
-        Ok(self.with_layout(lv::view(&self.layout, shape)?))
+        let y = self.with_layout(lv::view(&self.layout, shape)?);
+        rules::reshape_like("view", self, y)
     }
 
     /// `reshape(shape)`: a view when possible, otherwise a contiguous copy.
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
         let dims = lv::infer_size("reshape", shape, self.numel(), self.dims())?;
         match lv::view_strides(&self.layout, &dims) {
-            Some(strides) => Ok(self.with_layout(kiln_ir::op::Layout {
-                dims,
-                strides,
-                offset: self.layout.offset,
-            })),
+            Some(strides) => {
+                let y = self.with_layout(kiln_ir::op::Layout {
+                    dims,
+                    strides,
+                    offset: self.layout.offset,
+                });
+                rules::reshape_like("reshape", self, y)
+            }
             None => self.copy()?.view_as_shape(shape),
         }
     }
@@ -34,11 +39,24 @@ impl Tensor {
     }
 
     pub fn permute(&self, perm: &[i64]) -> Result<Tensor> {
-        Ok(self.with_layout(lv::permute(&self.layout, perm)?))
+        let y = self.with_layout(lv::permute(&self.layout, perm)?);
+        let rank = self.rank() as i64;
+        let p: Vec<usize> = perm
+            .iter()
+            .map(|&d| (if d < 0 { d + rank } else { d }) as usize)
+            .collect();
+        rules::view("permute", self, y, move |g, _| {
+            let mut inv = vec![0i64; p.len()];
+            for (i, &d) in p.iter().enumerate() {
+                inv[d] = i as i64;
+            }
+            g.permute(&inv)
+        })
     }
 
     pub fn transpose(&self, d0: i64, d1: i64) -> Result<Tensor> {
-        Ok(self.with_layout(lv::transpose(&self.layout, d0, d1)?))
+        let y = self.with_layout(lv::transpose(&self.layout, d0, d1)?);
+        rules::view("transpose", self, y, move |g, _| g.transpose(d0, d1))
     }
 
     /// `t()`: transpose of a matrix (0-D and 1-D tensors are returned as is).
@@ -58,15 +76,18 @@ impl Tensor {
 
     /// `expand(sizes)`; -1 keeps a dim.
     pub fn expand(&self, sizes: &[i64]) -> Result<Tensor> {
-        Ok(self.with_layout(lv::expand(&self.layout, sizes)?))
+        let y = self.with_layout(lv::expand(&self.layout, sizes)?);
+        rules::view("expand", self, y, |g, _| Ok(g.clone()))
     }
 
     pub fn expand_to(&self, dims: &[usize]) -> Result<Tensor> {
-        Ok(self.with_layout(lv::broadcast_to(&self.layout, dims)?))
+        let y = self.with_layout(lv::broadcast_to(&self.layout, dims)?);
+        rules::view("expand", self, y, |g, _| Ok(g.clone()))
     }
 
     pub fn narrow(&self, dim: i64, start: i64, length: usize) -> Result<Tensor> {
-        Ok(self.with_layout(lv::narrow(&self.layout, dim, start, length)?))
+        let y = self.with_layout(lv::narrow(&self.layout, dim, start, length)?);
+        rules::region("narrow", self, y, move |z| z.narrow(dim, start, length))
     }
 
     /// `x[start:stop:step]` along `dim`.
@@ -77,20 +98,24 @@ impl Tensor {
         stop: Option<i64>,
         step: i64,
     ) -> Result<Tensor> {
-        Ok(self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?))
+        let y = self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?);
+        rules::region("slice", self, y, move |z| z.slice(dim, start, stop, step))
     }
 
     pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
-        Ok(self.with_layout(lv::select(&self.layout, dim, index)?))
+        let y = self.with_layout(lv::select(&self.layout, dim, index)?);
+        rules::region("select", self, y, move |z| z.select(dim, index))
     }
 
     pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
-        Ok(self.with_layout(lv::unsqueeze(&self.layout, dim)?))
+        let y = self.with_layout(lv::unsqueeze(&self.layout, dim)?);
+        rules::reshape_like("unsqueeze", self, y)
     }
 
     /// `squeeze()` (all size-1 dims) or `squeeze(dims)`.
     pub fn squeeze(&self, dims: Option<&[i64]>) -> Result<Tensor> {
-        Ok(self.with_layout(lv::squeeze(&self.layout, dims)?))
+        let y = self.with_layout(lv::squeeze(&self.layout, dims)?);
+        rules::reshape_like("squeeze", self, y)
     }
 
     pub fn flatten(&self, start: i64, end: i64) -> Result<Tensor> {
@@ -171,10 +196,11 @@ impl Tensor {
         let mut at = 0;
         for t in tensors {
             let n = t.dims()[d];
-            out.narrow(d as i64, at as i64, n)?.copy_(t)?;
+            let dst = out.with_layout(lv::narrow(&out.layout, d as i64, at as i64, n)?);
+            crate::ops::pointwise::copy_into(t, &dst)?;
             at += n;
         }
-        Ok(out)
+        crate::autograd::rules::view::cat(tensors, d, out)
     }
 
     /// `torch.stack(tensors, dim)`: all shapes equal; a new dim at `dim`.
@@ -225,12 +251,15 @@ impl Tensor {
             }
         }
         let out = Tensor::empty(&dims, self.dtype());
+        let x = self.detach();
         for (j, &i) in idx.iter().enumerate() {
             let i = if i < 0 { i + n } else { i };
-            out.select(d as i64, j as i64)?
-                .copy_(&self.select(d as i64, i)?)?;
+            crate::ops::pointwise::copy_into(
+                &x.select(d as i64, i)?,
+                &out.select(d as i64, j as i64)?,
+            )?;
         }
-        Ok(out)
+        crate::autograd::rules::index::index_select(self, d, index, out)
     }
 
     /// `gather(dim, index)`: out[..i..] = self[..index[..i..]..] along `dim`.
@@ -293,6 +322,6 @@ impl Tensor {
                 pos[k] = 0;
             }
         }
-        Ok(out)
+        crate::autograd::rules::index::gather(self, d, index, out)
     }
 }

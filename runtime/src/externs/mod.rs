@@ -11,6 +11,7 @@ pub mod conv;
 pub mod embedding;
 pub mod gemm;
 pub mod pool;
+pub mod pool_backward;
 
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};

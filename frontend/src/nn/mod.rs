@@ -1,0 +1,24 @@
+//! `torch.nn` for kiln: the [`Module`] trait and the standard layers.
+//!
+//! ```
+//! use kiln_frontend::nn::{Activation, Linear, ModuleExt, Sequential};
+//! let mlp = Sequential::new()
+//!     .add(Linear::new(64, 32, true).unwrap())
+//!     .add(Activation::relu())
+//!     .add(Linear::new(32, 10, true).unwrap());
+//! let names: Vec<String> = mlp.state_dict().into_iter().map(|(k, _)| k).collect();
+//! assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias"]);
+//! ```
+
+mod container;
+pub mod init;
+mod layers;
+mod module;
+mod norm;
+mod simple;
+
+pub use container::{ModuleDict, ModuleList, Sequential};
+pub use layers::{Conv, ConvOptions, ConvTranspose2d, Embedding, Linear};
+pub use module::{Entry, LoadReport, Module, ModuleExt};
+pub use norm::{BatchNorm, GroupNorm, LayerNorm};
+pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};

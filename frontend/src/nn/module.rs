@@ -1,0 +1,206 @@
+//! The `Module` trait: parameters, buffers and children by name, train/eval
+//! mode, and `state_dict` / `load_state_dict` with PyTorch's key names.
+
+use crate::autograd::no_grad;
+use crate::Tensor;
+use kiln_ir::shape::fmt_dims;
+use kiln_ir::{bail, Result};
+use std::collections::BTreeMap;
+
+/// One registered member of a module, as [`Module::visit`] reports it.
+pub enum Entry<'a> {
+    Param(&'a str, &'a Tensor),
+    Buffer(&'a str, &'a Tensor),
+    Child(&'a str, &'a dyn Module),
+}
+
+/// A layer or a model, like `torch.nn.Module`.
+///
+/// A module reports what it owns through [`Module::visit`] — so containers
+/// register their children and no parameter can hide in a plain `Vec` — and
+/// everything else (names, `state_dict`, `train`/`eval`, `zero_grad`) is
+/// derived from that one method.
+pub trait Module: Send + Sync {
+    fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Calls `f` for each own parameter, buffer and child, in registration order.
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>));
+
+    /// Sets this module's own mode (BatchNorm, Dropout override it); children
+    /// are handled by [`ModuleExt::train`].
+    fn set_own_training(&self, _on: bool) {}
+
+    /// The module's own training flag (true unless the module tracks one).
+    fn is_training(&self) -> bool {
+        true
+    }
+
+    /// `Linear(in_features=64, out_features=32, bias=True)`, as PyTorch prints it.
+    fn describe(&self) -> String;
+}
+
+/// What `load_state_dict` found besides matching keys.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct LoadReport {
+    pub missing: Vec<String>,
+    pub unexpected: Vec<String>,
+    /// key, expected shape, shape in the state dict
+    pub mismatched: Vec<(String, Vec<usize>, Vec<usize>)>,
+}
+
+/// The derived API of every module.
+pub trait ModuleExt: Module {
+    /// `named_parameters()`: `0.weight`, `0.bias`, `2.weight`, ...
+    fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        walk(self.as_dyn(), "", &mut |name, e| {
+            if let Entry::Param(_, t) = e {
+                out.push((name, t.clone()))
+            }
+        });
+        out
+    }
+
+    fn parameters(&self) -> Vec<Tensor> {
+        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+    }
+
+    fn named_buffers(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        walk(self.as_dyn(), "", &mut |name, e| {
+            if let Entry::Buffer(_, t) = e {
+                out.push((name, t.clone()))
+            }
+        });
+        out
+    }
+
+    /// Parameters and buffers under PyTorch's names, in PyTorch's order.
+    fn state_dict(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        walk(self.as_dyn(), "", &mut |name, e| match e {
+            Entry::Param(_, t) | Entry::Buffer(_, t) => out.push((name, t.clone())),
+            Entry::Child(..) => {}
+        });
+        out
+    }
+
+    /// Copies matching entries of `sd` into the module's tensors (in place, so
+    /// optimizers holding them see the new values). Strict loading fails on
+    /// any missing or unexpected key or shape mismatch and lists them all;
+    /// non-strict loading returns them.
+    fn load_state_dict(&self, sd: &[(String, Tensor)], strict: bool) -> Result<LoadReport> {
+        let given: BTreeMap<&str, &Tensor> = sd.iter().map(|(k, t)| (k.as_str(), t)).collect();
+        let own = self.state_dict();
+        let mut report = LoadReport::default();
+        for (k, t) in &own {
+            match given.get(k.as_str()) {
+                None => report.missing.push(k.clone()),
+                Some(src) if src.dims() != t.dims() => report.mismatched.push((k.clone(), t.dims().to_vec(), src.dims().to_vec())),
+                Some(_) => {}
+            }
+        }
+        let own_keys: std::collections::BTreeSet<&str> = own.iter().map(|(k, _)| k.as_str()).collect();
+        report.unexpected = sd.iter().filter(|(k, _)| !own_keys.contains(k.as_str())).map(|(k, _)| k.clone()).collect();
+        if !report.mismatched.is_empty() || (strict && (!report.missing.is_empty() || !report.unexpected.is_empty())) {
+            let mut msg = vec![];
+            if !report.missing.is_empty() {
+                msg.push(format!("missing keys: {}", report.missing.join(", ")));
+            }
+            if !report.unexpected.is_empty() {
+                msg.push(format!("unexpected keys: {}", report.unexpected.join(", ")));
+            }
+            for (k, want, got) in &report.mismatched {
+                msg.push(format!("size mismatch for {k}: the state dict has {}, the module has {}", fmt_dims(got), fmt_dims(want)));
+            }
+            bail!("load_state_dict", "{}", msg.join("; "));
+        }
+        let _g = no_grad();
+        for (k, t) in &own {
+            if let Some(src) = given.get(k.as_str()) {
+                t.copy_(src)?;
+            }
+        }
+        Ok(report)
+    }
+
+    /// `train()`: this module and every descendant.
+    fn train(&self) {
+        set_training(self.as_dyn(), true)
+    }
+
+    /// `eval()`: this module and every descendant.
+    fn eval(&self) {
+        set_training(self.as_dyn(), false)
+    }
+
+    /// Clears every parameter's `.grad` (PyTorch's default `set_to_none=True`).
+    fn zero_grad(&self) {
+        for p in self.parameters() {
+            p.set_grad(None);
+        }
+    }
+
+    /// The `str(model)` form: `Sequential(\n  (0): Linear(...)\n)`.
+    fn to_string_tree(&self) -> String {
+        tree(self.as_dyn(), 0)
+    }
+
+    fn as_dyn(&self) -> &dyn Module;
+}
+
+impl<M: Module> ModuleExt for M {
+    fn as_dyn(&self) -> &dyn Module {
+        self
+    }
+}
+
+impl ModuleExt for dyn Module {
+    fn as_dyn(&self) -> &dyn Module {
+        self
+    }
+}
+
+/// Depth-first walk with dotted names: own entries first, then each child's.
+fn walk<'a>(m: &'a dyn Module, prefix: &str, f: &mut dyn FnMut(String, Entry<'a>)) {
+    let mut children: Vec<(String, &'a dyn Module)> = vec![];
+    m.visit(&mut |e| match e {
+        Entry::Child(n, c) => children.push((n.to_string(), c)),
+        Entry::Param(n, t) => f(format!("{prefix}{n}"), Entry::Param(n, t)),
+        Entry::Buffer(n, t) => f(format!("{prefix}{n}"), Entry::Buffer(n, t)),
+    });
+    for (n, c) in children {
+        walk(c, &format!("{prefix}{n}."), f);
+    }
+}
+
+fn set_training(m: &dyn Module, on: bool) {
+    m.set_own_training(on);
+    let mut children: Vec<&dyn Module> = vec![];
+    m.visit(&mut |e| {
+        if let Entry::Child(_, c) = e {
+            children.push(c)
+        }
+    });
+    for c in children {
+        set_training(c, on);
+    }
+}
+
+fn tree(m: &dyn Module, depth: usize) -> String {
+    let mut children: Vec<(String, &dyn Module)> = vec![];
+    m.visit(&mut |e| {
+        if let Entry::Child(n, c) = e {
+            children.push((n.to_string(), c))
+        }
+    });
+    if children.is_empty() {
+        return m.describe();
+    }
+    let pad = "  ".repeat(depth + 1);
+    let mut s = format!("{}(\n", m.describe());
+    for (n, c) in children {
+        s += &format!("{pad}({n}): {}\n", tree(c, depth + 1));
+    }
+    s + &"  ".repeat(depth) + ")"
+}

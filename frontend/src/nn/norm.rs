@@ -1,0 +1,174 @@
+//! Normalisation layers: BatchNorm1d/2d, LayerNorm, GroupNorm.
+
+use super::layers::{param, py_bool};
+use super::{Entry, Module};
+use crate::functional as F;
+use crate::Tensor;
+use kiln_ir::shape::fmt_dims;
+use kiln_ir::{bail, DType, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `nn.BatchNorm1d` / `nn.BatchNorm2d`: batch statistics in training (and the
+/// running stats updated with the unbiased variance), running stats in eval.
+pub struct BatchNorm {
+    pub weight: Option<Tensor>,
+    pub bias: Option<Tensor>,
+    pub running_mean: Option<Tensor>,
+    pub running_var: Option<Tensor>,
+    pub num_batches_tracked: Option<Tensor>,
+    /// None = cumulative moving average (PyTorch's `momentum=None`).
+    pub momentum: Option<f64>,
+    pub eps: f64,
+    /// 2 for BatchNorm1d, 4 for BatchNorm2d (the input rank it expects; 1d also takes rank 3).
+    rank: usize,
+    training: AtomicBool,
+}
+
+impl BatchNorm {
+    pub fn new_1d(features: usize) -> BatchNorm {
+        BatchNorm::with_options(features, 2, 1e-5, Some(0.1), true, true)
+    }
+    pub fn new_2d(features: usize) -> BatchNorm {
+        BatchNorm::with_options(features, 4, 1e-5, Some(0.1), true, true)
+    }
+    /// All of PyTorch's arguments: eps, momentum, affine, track_running_stats.
+    pub fn with_options(c: usize, rank: usize, eps: f64, momentum: Option<f64>, affine: bool, track: bool) -> BatchNorm {
+        let ones = || Tensor::ones(&[c], DType::F32);
+        BatchNorm {
+            weight: affine.then(|| ones().requires_grad_(true)),
+            bias: affine.then(|| param(&[c])),
+            running_mean: track.then(|| Tensor::zeros(&[c], DType::F32)),
+            running_var: track.then(ones),
+            num_batches_tracked: track.then(|| Tensor::zeros(&[], DType::I64)),
+            momentum,
+            eps,
+            rank,
+            training: AtomicBool::new(true),
+        }
+    }
+}
+
+impl Module for BatchNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let name = if self.rank == 2 { "BatchNorm1d" } else { "BatchNorm2d" };
+        let ok = if self.rank == 2 { matches!(x.rank(), 2 | 3) } else { x.rank() == 4 };
+        if !ok {
+            bail!(name, "expected {} input, got {}", if self.rank == 2 { "2D or 3D" } else { "4D" }, fmt_dims(x.dims()));
+        }
+        let training = self.training.load(Ordering::Relaxed);
+        let use_batch_stats = training || self.running_mean.is_none();
+        let mut momentum = self.momentum.unwrap_or(0.0);
+        if training {
+            if let Some(n) = &self.num_batches_tracked {
+                let _g = crate::autograd::no_grad();
+                n.copy_(&n.binary_scalar(kiln_ir::BinaryOp::Add, 1i64, false)?)?;
+                if self.momentum.is_none() {
+                    momentum = 1.0 / n.item()?;
+                }
+            }
+        }
+        let (rm, rv) = if training || !use_batch_stats { (self.running_mean.as_ref(), self.running_var.as_ref()) } else { (None, None) };
+        F::batch_norm(x, rm, rv, self.weight.as_ref(), self.bias.as_ref(), use_batch_stats, momentum, self.eps)
+    }
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
+        for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
+            if let Some(t) = t {
+                f(Entry::Param(n, t))
+            }
+        }
+        for (n, t) in [("running_mean", &self.running_mean), ("running_var", &self.running_var), ("num_batches_tracked", &self.num_batches_tracked)] {
+            if let Some(t) = t {
+                f(Entry::Buffer(n, t))
+            }
+        }
+    }
+    fn set_own_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed)
+    }
+    fn is_training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
+    }
+    fn describe(&self) -> String {
+        let c = self.running_mean.as_ref().or(self.weight.as_ref()).map(|t| t.dims()[0]).unwrap_or(0);
+        let d = if self.rank == 2 { 1 } else { 2 };
+        let m = self.momentum.map(|m| format!("{m}")).unwrap_or("None".into());
+        format!(
+            "BatchNorm{d}d({c}, eps={:e}, momentum={m}, affine={}, track_running_stats={})",
+            self.eps,
+            py_bool(self.weight.is_some()),
+            py_bool(self.running_mean.is_some())
+        )
+    }
+}
+
+/// `nn.LayerNorm(normalized_shape, eps, elementwise_affine)`.
+pub struct LayerNorm {
+    pub normalized_shape: Vec<usize>,
+    pub weight: Option<Tensor>,
+    pub bias: Option<Tensor>,
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    pub fn new(normalized_shape: &[usize], eps: f64, affine: bool) -> LayerNorm {
+        LayerNorm {
+            normalized_shape: normalized_shape.to_vec(),
+            weight: affine.then(|| Tensor::ones(normalized_shape, DType::F32).requires_grad_(true)),
+            bias: affine.then(|| param(normalized_shape)),
+            eps,
+        }
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        F::layer_norm(x, &self.normalized_shape, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+    }
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
+        for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
+            if let Some(t) = t {
+                f(Entry::Param(n, t))
+            }
+        }
+    }
+    fn describe(&self) -> String {
+        format!("LayerNorm({:?}, eps={:e}, elementwise_affine={})", self.normalized_shape, self.eps, py_bool(self.weight.is_some()))
+    }
+}
+
+/// `nn.GroupNorm(num_groups, num_channels, eps, affine)`.
+pub struct GroupNorm {
+    pub groups: usize,
+    pub weight: Option<Tensor>,
+    pub bias: Option<Tensor>,
+    pub eps: f64,
+    channels: usize,
+}
+
+impl GroupNorm {
+    pub fn new(groups: usize, channels: usize, eps: f64, affine: bool) -> GroupNorm {
+        GroupNorm {
+            groups,
+            weight: affine.then(|| Tensor::ones(&[channels], DType::F32).requires_grad_(true)),
+            bias: affine.then(|| param(&[channels])),
+            eps,
+            channels,
+        }
+    }
+}
+
+impl Module for GroupNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        F::group_norm(x, self.groups, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+    }
+    fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
+        for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
+            if let Some(t) = t {
+                f(Entry::Param(n, t))
+            }
+        }
+    }
+    fn describe(&self) -> String {
+        format!("GroupNorm({}, {}, eps={:e}, affine={})", self.groups, self.channels, self.eps, py_bool(self.weight.is_some()))
+    }
+}
