@@ -9,6 +9,7 @@
 
 pub mod bench;
 
+pub use kiln_frontend::amp;
 pub use kiln_frontend::autograd;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;

@@ -2,6 +2,7 @@
 //! the runtime's extern kernels; norms and losses come from the decomposition
 //! table (`kiln_passes::decompose`), run eagerly.
 
+use crate::amp::{self, Policy};
 use crate::autograd::rules::builder::TensorBuilder;
 use crate::autograd::rules::nn as rules;
 use crate::ops::composite::decomposed;
@@ -79,6 +80,9 @@ fn extern_out(dims: &[usize], dtype: DType, fill: impl FnOnce(&Tensor)) -> Resul
 /// `torch.matmul` for every rank combination; strided operands (transposes,
 /// broadcast batches) are read in place through their strides.
 pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if let Some((a, b)) = amp::cast_for(Policy::Lower, (a, b))? {
+        return matmul(&a, &b);
+    }
     let dt = float_dtype("matmul", &[a, b])?;
     let plan = mm::matmul_plan(a.dims(), b.dims())?;
     let (a0, b0) = (a, b);
@@ -126,6 +130,9 @@ pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 /// `F.linear(x, weight, bias)`: x @ weight^T + bias, any leading dims.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, weight, bias))? {
+        return linear(&x, &w, b.as_ref());
+    }
     let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
     let y = matmul(x, &weight.t()?)?;
     let y = match bias {
@@ -152,6 +159,9 @@ fn conv_nd(
     bias: Option<&Tensor>,
     p: &ConvParams,
 ) -> Result<Tensor> {
+    if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
+        return conv_nd(op, &x, &w, b.as_ref(), p);
+    }
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype(op, &ts)?;
@@ -173,6 +183,9 @@ pub fn conv_transpose2d(
     bias: Option<&Tensor>,
     p: &ConvTransposeParams,
 ) -> Result<Tensor> {
+    if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
+        return conv_transpose2d(&x, &w, b.as_ref(), p);
+    }
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype("conv_transpose2d", &ts)?;
@@ -287,6 +300,9 @@ pub fn layer_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
+        return layer_norm(&x, normalized_shape, w.as_ref(), b.as_ref(), eps);
+    }
     kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
     decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
         let (w, b) = (weight.map(cv), bias.map(cv));
@@ -307,6 +323,9 @@ pub fn group_norm(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
+    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
+        return group_norm(&x, groups, w.as_ref(), b.as_ref(), eps);
+    }
     kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
     decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
         let (w, b) = (weight.map(cv), bias.map(cv));
@@ -327,6 +346,11 @@ pub fn batch_norm(
     momentum: f64,
     eps: f64,
 ) -> Result<Tensor> {
+    // the running stats are updated in place: never cast
+    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
+        let (rm, rv) = (running_mean, running_var);
+        return batch_norm(&x, rm, rv, w.as_ref(), b.as_ref(), training, momentum, eps);
+    }
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
     let (y, running) = if crate::autograd::needs_grad(&ins(&[Some(x), weight, bias])) {
         let r = decompose::batch_norm(
@@ -385,6 +409,9 @@ pub fn cross_entropy(
     weight: Option<&Tensor>,
     o: ClassLossOpts,
 ) -> Result<Tensor> {
+    if let Some((x, t, w)) = amp::cast_for(Policy::F32, (x, target, weight))? {
+        return cross_entropy(&x, &t, w.as_ref(), o);
+    }
     kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
     decomposed!(&ins(&[Some(x), Some(target), weight]), |f, cv| {
         let w = weight.map(cv);
@@ -399,21 +426,40 @@ pub fn nll_loss(
     weight: Option<&Tensor>,
     o: ClassLossOpts,
 ) -> Result<Tensor> {
+    if let Some((lp, t, w)) = amp::cast_for(Policy::F32, (logp, target, weight))? {
+        return nll_loss(&lp, &t, w.as_ref(), o);
+    }
     decomposed!(&ins(&[Some(logp), Some(target), weight]), |f, cv| {
         let w = weight.map(cv);
         loss::nll_loss(f, &cv(logp), &cv(target), w.as_ref(), o)
     })
 }
 
+/// `F.mse_loss`; a target whose shape differs from the input's broadcasts,
+/// with PyTorch's warning (once per call site).
+#[track_caller]
 pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
+    target_size_warning(x, y);
+    let c = amp::cast_for(Policy::F32, (x, y))?;
+    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
     decomposed!(&[x, y], |f, cv| loss::mse_loss(f, &cv(x), &cv(y), r))
 }
 
+/// `F.l1_loss` (broadcasts like [`mse_loss`]).
+#[track_caller]
 pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
+    target_size_warning(x, y);
+    let c = amp::cast_for(Policy::F32, (x, y))?;
+    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
     decomposed!(&[x, y], |f, cv| loss::l1_loss(f, &cv(x), &cv(y), r))
 }
 
+/// `F.smooth_l1_loss` (broadcasts like [`mse_loss`]).
+#[track_caller]
 pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result<Tensor> {
+    target_size_warning(x, y);
+    let c = amp::cast_for(Policy::F32, (x, y))?;
+    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
     decomposed!(&[x, y], |f, cv| loss::smooth_l1_loss(
         f,
         &cv(x),
@@ -423,7 +469,12 @@ pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result
     ))
 }
 
+/// `F.huber_loss` (broadcasts like [`mse_loss`]).
+#[track_caller]
 pub fn huber_loss(x: &Tensor, y: &Tensor, r: Reduction, delta: f64) -> Result<Tensor> {
+    target_size_warning(x, y);
+    let c = amp::cast_for(Policy::F32, (x, y))?;
+    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
     decomposed!(&[x, y], |f, cv| loss::huber_loss(
         f,
         &cv(x),
@@ -440,6 +491,9 @@ pub fn binary_cross_entropy_with_logits(
     pos_weight: Option<&Tensor>,
     r: Reduction,
 ) -> Result<Tensor> {
+    if let Some((x, y, w, pw)) = amp::cast_for(Policy::F32, (x, y, weight, pos_weight))? {
+        return binary_cross_entropy_with_logits(&x, &y, w.as_ref(), pw.as_ref(), r);
+    }
     decomposed!(&ins(&[Some(x), Some(y), weight, pos_weight]), |f, cv| {
         let (w, pw) = (weight.map(cv), pos_weight.map(cv));
         loss::bce_with_logits(f, &cv(x), &cv(y), w.as_ref(), pw.as_ref(), r)
@@ -452,8 +506,27 @@ pub fn binary_cross_entropy(
     weight: Option<&Tensor>,
     r: Reduction,
 ) -> Result<Tensor> {
+    if let Some((p, y, w)) = amp::cast_for(Policy::F32, (p, y, weight))? {
+        return binary_cross_entropy(&p, &y, w.as_ref(), r);
+    }
     decomposed!(&ins(&[Some(p), Some(y), weight]), |f, cv| {
         let w = weight.map(cv);
         loss::binary_cross_entropy(f, &cv(p), &cv(y), w.as_ref(), r)
     })
+}
+
+/// PyTorch's `UserWarning` when a regression loss's target shape differs from
+/// the input's but broadcasts (e.g. `(32,1)` vs `(32,)`: a `(32,32)` loss).
+#[track_caller]
+fn target_size_warning(x: &Tensor, y: &Tensor) {
+    if x.dims() != y.dims() && kiln_ir::shape::broadcast_shapes("loss", x.dims(), y.dims()).is_ok()
+    {
+        crate::warnings::warn(&format!(
+            "Using a target size ({}) that is different to the input size ({}). \
+             This will likely lead to incorrect results due to broadcasting. \
+             Please ensure they have the same size.",
+            fmt_dims(y.dims()),
+            fmt_dims(x.dims())
+        ));
+    }
 }

@@ -1,5 +1,6 @@
 //! kiln-frontend: the strided [`Tensor`] and its eager ops.
 
+pub mod amp;
 pub mod autograd;
 pub mod data;
 pub mod functional;
@@ -9,6 +10,7 @@ pub mod optim;
 pub mod random;
 pub mod serialize;
 mod tensor;
+pub mod warnings;
 
 pub use kiln_ir::{DType, Error, Result};
 pub use ops::pointwise::Scalar;

@@ -49,9 +49,24 @@ fn same_shape<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
     Ok(())
 }
 
+/// PyTorch's regression losses broadcast input and target (the frontend
+/// warns when their shapes differ); shapes that cannot broadcast are an error.
+fn broadcastable<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
+    let (xs, ys) = (b.dims(x), b.dims(y));
+    if kiln_ir::shape::broadcast_shapes(op, &xs, &ys).is_err() {
+        bail!(
+            op,
+            "input {} and target {} cannot broadcast (the target size must match the input size)",
+            fmt_dims(&xs),
+            fmt_dims(&ys)
+        );
+    }
+    Ok(())
+}
+
 /// mean((x - y)^2)
 pub fn mse_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction) -> Result<B::T> {
-    same_shape(b, "mse_loss", x, y)?;
+    broadcastable(b, "mse_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let sq = b.binary(BinaryOp::Mul, &d, &d)?;
     reduce(b, &sq, r)
@@ -59,7 +74,7 @@ pub fn mse_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction) -> Resu
 
 /// mean(|x - y|)
 pub fn l1_loss<B: Builder>(b: &mut B, x: &B::T, y: &B::T, r: Reduction) -> Result<B::T> {
-    same_shape(b, "l1_loss", x, y)?;
+    broadcastable(b, "l1_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let a = b.unary(UnaryOp::Abs, &d)?;
     reduce(b, &a, r)
@@ -73,7 +88,7 @@ pub fn smooth_l1_loss<B: Builder>(
     r: Reduction,
     beta: f64,
 ) -> Result<B::T> {
-    same_shape(b, "smooth_l1_loss", x, y)?;
+    broadcastable(b, "smooth_l1_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let z = b.unary(UnaryOp::Abs, &d)?;
     if beta == 0.0 {
@@ -95,7 +110,7 @@ pub fn huber_loss<B: Builder>(
     r: Reduction,
     delta: f64,
 ) -> Result<B::T> {
-    same_shape(b, "huber_loss", x, y)?;
+    broadcastable(b, "huber_loss", x, y)?;
     let d = b.binary(BinaryOp::Sub, x, y)?;
     let z = b.unary(UnaryOp::Abs, &d)?;
     let small = b.scalar(BinaryOp::Lt, &z, delta)?;

@@ -13,12 +13,16 @@
 mod container;
 pub mod init;
 mod layers;
+mod loss;
 mod module;
 mod norm;
 mod simple;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
 pub use layers::{Conv, ConvOptions, ConvTranspose2d, Embedding, Linear};
+pub use loss::{
+    BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss,
+};
 pub use module::{Entry, LoadReport, Module, ModuleExt};
 pub use norm::{BatchNorm, GroupNorm, LayerNorm};
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};

@@ -36,12 +36,18 @@ pub(crate) fn run(x: &Tensor, f: impl FnOnce(&mut Fuser, &Lazy) -> Result<Lazy>)
 impl Tensor {
     /// `F.softmax(x, dim)`: max, exp(x - max) stored once, its sum, the division.
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.softmax(dim);
+        }
         require_float("softmax", &self.meta())?;
         let y = run(&self.detach(), |b, x| decompose::softmax(b, x, dim))?;
         crate::autograd::rules::reduce::softmax(self, dim, false, y)
     }
     /// `F.log_softmax(x, dim)`.
     pub fn log_softmax(&self, dim: i64) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.log_softmax(dim);
+        }
         require_float("log_softmax", &self.meta())?;
         let y = run(&self.detach(), |b, x| decompose::log_softmax(b, x, dim))?;
         crate::autograd::rules::reduce::softmax(self, dim, true, y)

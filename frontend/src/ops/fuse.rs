@@ -170,8 +170,9 @@ impl Emitter {
     }
 }
 
-fn scalar_for(dt: DType, s: f64) -> Scalar {
-    // an integral value against an integer tensor stays integer (e.g. where(mask, idx, 0))
+/// A Python number for a decomposition's constant: an integral value against
+/// an integer tensor stays integer (e.g. `where(mask, idx, 0)`).
+pub(crate) fn scalar_for(dt: DType, s: f64) -> Scalar {
     if !dt.is_float() && s.fract() == 0.0 {
         Scalar::Int(s as i64)
     } else {

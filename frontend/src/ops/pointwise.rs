@@ -135,6 +135,9 @@ impl Tensor {
         self.binary(BinaryOp::Div, o)
     }
     pub fn pow(&self, o: &Tensor) -> Result<Tensor> {
+        if let Some((x, o)) = crate::amp::cast_for(crate::amp::Policy::F32, (self, o))? {
+            return x.pow(&o);
+        }
         self.binary(BinaryOp::Pow, o)
     }
     pub fn maximum(&self, o: &Tensor) -> Result<Tensor> {
@@ -188,9 +191,15 @@ impl Tensor {
         self.unary(UnaryOp::Abs)
     }
     pub fn exp(&self) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.exp();
+        }
         self.unary(UnaryOp::Exp)
     }
     pub fn log(&self) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.log();
+        }
         self.unary(UnaryOp::Log)
     }
     pub fn sqrt(&self) -> Result<Tensor> {

@@ -94,6 +94,9 @@ impl Tensor {
 
     /// `sum(dims, keepdim)`; `None` sums everything. Integers accumulate in i64.
     pub fn sum(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.sum(dims, keepdim);
+        }
         self.simple_reduce(ReduceKind::Sum, dims, keepdim)
     }
 
@@ -156,6 +159,9 @@ impl Tensor {
 
     /// `mean(dims, keepdim)` (floating inputs only, like PyTorch).
     pub fn mean(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.mean(dims, keepdim);
+        }
         if !self.dtype().is_float() {
             bail!(
                 "mean",

@@ -2,20 +2,13 @@
 //! losses, ...) as recorded primitive Tensor ops, so its gradient comes from
 //! the primitives' rules. Used instead of the fusing `Fuser` when a gradient is needed.
 
-use crate::{Scalar, Tensor};
+use crate::ops::fuse::scalar_for;
+use crate::Tensor;
 use kiln_ir::shape::Dims;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
 use kiln_passes::decompose::Builder;
 
 pub struct TensorBuilder;
-
-fn scalar_for(dt: DType, s: f64) -> Scalar {
-    if !dt.is_float() && s.fract() == 0.0 {
-        Scalar::Int(s as i64)
-    } else {
-        Scalar::Float(s)
-    }
-}
 
 impl Builder for TensorBuilder {
     type T = Tensor;
