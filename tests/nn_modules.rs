@@ -5,43 +5,10 @@
 #[allow(dead_code)]
 mod fixture_support;
 
+use fixture_support::modules::{cnn, group, mlp};
 use fixture_support::{compare, load_suite, Fixtures};
-use kiln::ir::op::conv::Padding;
-use kiln::nn::{Activation, BatchNorm, Conv, ConvOptions, Flatten, Linear, Module, ModuleExt, Pool2d, Sequential};
+use kiln::nn::{BatchNorm, Linear, Module, ModuleExt};
 use kiln::{functional as F, ClassLossOpts, DType, Tensor};
-
-fn mlp() -> Sequential {
-    Sequential::new().add(Linear::new(64, 32, true).unwrap()).add(Activation::relu()).add(Linear::new(32, 10, true).unwrap())
-}
-
-fn cnn() -> Sequential {
-    let p1 = ConvOptions { padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
-    let p2 = ConvOptions { stride: 2, padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
-    Sequential::new()
-        .add(Conv::conv2d(1, 8, 3, p1).unwrap())
-        .add(BatchNorm::new_2d(8))
-        .add(Activation::relu())
-        .add(Conv::conv2d(8, 16, 3, p2).unwrap())
-        .add(BatchNorm::new_2d(16))
-        .add(Activation::relu())
-        .add(Pool2d::AdaptiveAvg([1, 1]))
-        .add(Flatten::default())
-        .add(Linear::new(16, 10, true).unwrap())
-}
-
-/// The stored tensors named `{case}/{group}/{key}` as a state dict.
-fn group(fx: &Fixtures, c: &fixture_support::Case, prefix: &str) -> Vec<(String, Tensor)> {
-    let all = fx.cases.iter().find(|x| x["suite"] == "modules" && x["case"] == c.case.as_str()).unwrap();
-    let g = &all["groups"][prefix];
-    g.as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let n = n.as_str().unwrap();
-            (n.rsplit_once(&format!("{prefix}/")).unwrap().1.to_string(), fx.tensor(c, n).unwrap())
-        })
-        .collect()
-}
 
 #[test]
 fn modules_forward_match_pytorch() {
@@ -117,68 +84,4 @@ fn batchnorm_train_with_batch_of_one_is_an_error() {
     let bn = BatchNorm::new_1d(3);
     let e = bn.forward(&Tensor::zeros(&[1, 3], DType::F32)).unwrap_err().to_string();
     assert!(e.contains("more than 1 value per channel"), "{e}");
-}
-
-/// The whole `modules` protocol of tests/fixtures/README.md ("Model cases"):
-/// eval output, train output, loss, every gradient, BN stats, the state after
-/// one and two SGD(0.1, momentum 0.9) steps, the eval output after the step.
-fn train_case(fx: &Fixtures, c: &fixture_support::Case) -> Result<(), String> {
-    use kiln::optim::{Optimizer, SgdConfig, SGD};
-    let model = if c.case == "mlp" { mlp() } else { cnn() };
-    model.load_state_dict(&group(fx, c, "state"), true).map_err(|e| e.to_string())?;
-    let one = |n: &str| fx.tensor(c, &format!("{}/{n}", c.case)).unwrap();
-    let (x, target) = (one("input"), one("target"));
-    let check = |what: &str, got: &Tensor, want: &Tensor| compare(got, want, 1e-4, 1e-5).map_err(|e| format!("{}: {what}: {e}", c.case));
-    let check_state = |what: &str| -> Result<(), String> {
-        let want: std::collections::HashMap<String, Tensor> = group(fx, c, what).into_iter().collect();
-        for (k, t) in model.state_dict() {
-            check(&format!("{what}/{k}"), &t, &want[&k])?;
-        }
-        Ok(())
-    };
-    let ce = |y: &Tensor| F::cross_entropy(y, &target, None, ClassLossOpts::default()).map_err(|e| e.to_string());
-
-    model.eval();
-    {
-        let _g = kiln::autograd::no_grad();
-        check("out_eval_initial", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_initial"))?;
-    }
-    model.train();
-    let cfg = SgdConfig { lr: 0.1, momentum: 0.9, ..SgdConfig::default() };
-    let mut opt = SGD::with_params(model.parameters(), cfg).map_err(|e| e.to_string())?;
-    let y = model.forward(&x).map_err(|e| e.to_string())?;
-    check("out_train", &y, &one("out_train"))?;
-    let loss = ce(&y)?;
-    check("loss", &loss, &one("loss"))?;
-    opt.zero_grad();
-    loss.backward().map_err(|e| e.to_string())?;
-    let grads: std::collections::HashMap<String, Tensor> = group(fx, c, "grad").into_iter().collect();
-    for (k, p) in model.named_parameters() {
-        let g = p.grad().ok_or(format!("{}: no grad for {k}", c.case))?;
-        check(&format!("grad/{k}"), &g, &grads[&k])?;
-    }
-    opt.step().map_err(|e| e.to_string())?;
-    check_state("after_step")?;
-    model.eval();
-    {
-        let _g = kiln::autograd::no_grad();
-        check("out_eval_after_step", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_after_step"))?;
-    }
-    model.train();
-    let loss2 = ce(&model.forward(&x).map_err(|e| e.to_string())?)?;
-    check("loss_step2", &loss2, &one("loss_step2"))?;
-    opt.zero_grad();
-    loss2.backward().map_err(|e| e.to_string())?;
-    opt.step().map_err(|e| e.to_string())?;
-    check_state("after_step2")
-}
-
-#[test]
-fn modules_training_match_pytorch() {
-    use std::io::Write;
-    let fx = Fixtures::load();
-    let cases = load_suite(&fx, "modules");
-    let failures: Vec<String> = cases.iter().filter_map(|c| train_case(&fx, c).err()).collect();
-    let _ = writeln!(std::io::stderr(), "modules: {}/{}", cases.len() - failures.len(), cases.len());
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -2,6 +2,7 @@
 //! expressions, and NaN-aware comparison.
 
 pub mod backward;
+pub mod modules;
 pub mod ops;
 pub mod optim;
 

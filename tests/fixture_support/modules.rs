@@ -1,0 +1,95 @@
+//! The `modules` fixtures (MLP and small CNN built like PyTorch's) and the
+//! whole training protocol of tests/fixtures/README.md ("Model cases").
+
+use super::{compare, Case, Fixtures};
+use kiln::ir::op::conv::Padding;
+use kiln::nn::{Activation, BatchNorm, Conv, ConvOptions, Flatten, Linear, Module, ModuleExt, Pool2d, Sequential};
+use kiln::{functional as F, ClassLossOpts, Tensor};
+
+pub fn mlp() -> Sequential {
+    Sequential::new().add(Linear::new(64, 32, true).unwrap()).add(Activation::relu()).add(Linear::new(32, 10, true).unwrap())
+}
+
+pub fn cnn() -> Sequential {
+    let p1 = ConvOptions { padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
+    let p2 = ConvOptions { stride: 2, padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
+    Sequential::new()
+        .add(Conv::conv2d(1, 8, 3, p1).unwrap())
+        .add(BatchNorm::new_2d(8))
+        .add(Activation::relu())
+        .add(Conv::conv2d(8, 16, 3, p2).unwrap())
+        .add(BatchNorm::new_2d(16))
+        .add(Activation::relu())
+        .add(Pool2d::AdaptiveAvg([1, 1]))
+        .add(Flatten::default())
+        .add(Linear::new(16, 10, true).unwrap())
+}
+
+/// The stored tensors named `{case}/{group}/{key}` as a state dict.
+pub fn group(fx: &Fixtures, c: &Case, prefix: &str) -> Vec<(String, Tensor)> {
+    let all = fx.cases.iter().find(|x| x["suite"] == "modules" && x["case"] == c.case.as_str()).unwrap();
+    let g = &all["groups"][prefix];
+    g.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let n = n.as_str().unwrap();
+            (n.rsplit_once(&format!("{prefix}/")).unwrap().1.to_string(), fx.tensor(c, n).unwrap())
+        })
+        .collect()
+}
+
+/// The whole `modules` protocol of tests/fixtures/README.md ("Model cases"):
+/// eval output, train output, loss, every gradient, BN stats, the state after
+/// one and two SGD(0.1, momentum 0.9) steps, the eval output after the step.
+pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    use kiln::optim::{Optimizer, SgdConfig, SGD};
+    let model = if c.case == "mlp" { mlp() } else { cnn() };
+    model.load_state_dict(&group(fx, c, "state"), true).map_err(|e| e.to_string())?;
+    let one = |n: &str| fx.tensor(c, &format!("{}/{n}", c.case)).unwrap();
+    let (x, target) = (one("input"), one("target"));
+    let check = |what: &str, got: &Tensor, want: &Tensor| compare(got, want, 1e-4, 1e-5).map_err(|e| format!("{}: {what}: {e}", c.case));
+    let check_state = |what: &str| -> Result<(), String> {
+        let want: std::collections::HashMap<String, Tensor> = group(fx, c, what).into_iter().collect();
+        for (k, t) in model.state_dict() {
+            check(&format!("{what}/{k}"), &t, &want[&k])?;
+        }
+        Ok(())
+    };
+    let ce = |y: &Tensor| F::cross_entropy(y, &target, None, ClassLossOpts::default()).map_err(|e| e.to_string());
+
+    model.eval();
+    {
+        let _g = kiln::autograd::no_grad();
+        check("out_eval_initial", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_initial"))?;
+    }
+    model.train();
+    let cfg = SgdConfig { lr: 0.1, momentum: 0.9, ..SgdConfig::default() };
+    let mut opt = SGD::with_params(model.parameters(), cfg).map_err(|e| e.to_string())?;
+    let y = model.forward(&x).map_err(|e| e.to_string())?;
+    check("out_train", &y, &one("out_train"))?;
+    let loss = ce(&y)?;
+    check("loss", &loss, &one("loss"))?;
+    opt.zero_grad();
+    loss.backward().map_err(|e| e.to_string())?;
+    let grads: std::collections::HashMap<String, Tensor> = group(fx, c, "grad").into_iter().collect();
+    for (k, p) in model.named_parameters() {
+        let g = p.grad().ok_or(format!("{}: no grad for {k}", c.case))?;
+        check(&format!("grad/{k}"), &g, &grads[&k])?;
+    }
+    opt.step().map_err(|e| e.to_string())?;
+    check_state("after_step")?;
+    model.eval();
+    {
+        let _g = kiln::autograd::no_grad();
+        check("out_eval_after_step", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_after_step"))?;
+    }
+    model.train();
+    let loss2 = ce(&model.forward(&x).map_err(|e| e.to_string())?)?;
+    check("loss_step2", &loss2, &one("loss_step2"))?;
+    opt.zero_grad();
+    loss2.backward().map_err(|e| e.to_string())?;
+    opt.step().map_err(|e| e.to_string())?;
+    check_state("after_step2")
+}
+
