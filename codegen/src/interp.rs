@@ -9,7 +9,9 @@
 //!   index of the other dims, the body values along that dim are combined in
 //!   order (Sum, Prod, NaN-propagating Max/Min, or the first index of the
 //!   max/min for ArgMax/ArgMin, where NaN counts as the extreme), starting
-//!   from the identity (0, 1, -inf/+inf or the dtype's min/max); then the
+//!   from the identity (0, 1, -inf/+inf or the dtype's min/max); except that
+//!   a float Sum none of whose loads is strided along the reduced dim adds in
+//!   PyTorch's order (see [`sum_width`] and [`pytorch_sum`]); then the
 //!   epilogue runs once with `Acc` = that value, its loads reading at reduce
 //!   index 0, and its result is stored to the output at reduce index 0;
 //! - when no dim is left to split (rank 0, or rank 1 with a reduction) the
@@ -197,6 +199,71 @@ pub fn reduce_identity(kind: ReduceKind, dt: DType) -> f64 {
     }
 }
 
+/// The vector width, in elements, of the PyTorch summation order that a
+/// float Sum follows (see [`pytorch_sum`]): 8 for f32 and 4 for f64 (PyTorch's
+/// `Vectorized` on AVX2), when the reduction is a Sum accumulating in f32/f64
+/// and none of the operands the reduced value loads is strided along the
+/// reduced dim (a row PyTorch would sum as a contiguous inner reduction).
+/// `None`: the values are added one after the other.
+pub fn sum_width(k: &Kernel) -> Option<usize> {
+    let r = k.reduce.as_ref()?;
+    let w = match (r.kind, r.dtype) {
+        (ReduceKind::Sum, DType::F32) => 8,
+        (ReduceKind::Sum, DType::F64) => 4,
+        _ => return None,
+    };
+    let mut seen = vec![false; k.body.len()];
+    let mut stack = vec![r.value];
+    while let Some(id) = stack.pop() {
+        if id >= k.body.len() || std::mem::replace(&mut seen[id], true) {
+            continue;
+        }
+        let ins = k.body[id].0;
+        if let Instr::Load(op) = ins {
+            if k.operands[op].inner == crate::kernel::Inner::Strided {
+                return None;
+            }
+        }
+        let (args, n) = instr_args(&ins);
+        stack.extend_from_slice(&args[..n]);
+    }
+    Some(w)
+}
+
+/// PyTorch's CPU float sum of one row (`cascade_sum` in ATen's
+/// `SumKernel.cpp`, without its cascade, which starts at 64 vectors), with
+/// vectors of `w` elements: rows shorter than `w` use `w = 1`. The row is cut
+/// into vectors of `w`; four vector accumulators take vectors 0, 1, 2, 3, 4,
+/// ... in turn while a whole group of four is left, the remaining whole
+/// vectors go into the first; the four are added lane-wise, left to right.
+/// The result starts at 0, adds the elements after the last whole vector in
+/// order, then the lanes of the combined accumulator in order. So a row of 5
+/// gives `(((x0 + x4) + x1) + x2) + x3`.
+pub fn pytorch_sum<S: ScalarOps>(s: &mut S, xs: &[S::V], w: usize, dt: DType) -> S::V {
+    let n = xs.len();
+    let w = if n < w { 1 } else { w };
+    let nv = n / w;
+    let zero = s.constant(0.0, dt);
+    let mut acc = vec![vec![zero; w]; 4];
+    for j in 0..nv {
+        let a = if j < nv / 4 * 4 { j % 4 } else { 0 };
+        for l in 0..w {
+            acc[a][l] = s.binary(Prim2::Add, acc[a][l], xs[j * w + l], dt);
+        }
+    }
+    let (first, rest) = acc.split_at_mut(1);
+    for other in rest.iter() {
+        for (a, &b) in first[0].iter_mut().zip(other) {
+            *a = s.binary(Prim2::Add, *a, b, dt);
+        }
+    }
+    let mut r = zero;
+    for &x in xs[nv * w..].iter().chain(&first[0]) {
+        r = s.binary(Prim2::Add, r, x, dt);
+    }
+    r
+}
+
 unsafe fn read(ptr: *mut u8, elem_off: isize, dt: DType) -> Val {
     let p = ptr.offset(elem_off * dt.size() as isize);
     Val::from_le_bytes(std::slice::from_raw_parts(p, dt.size()), dt)
@@ -325,6 +392,8 @@ unsafe fn point(
     let cmp_dt = if arg { vd } else { red.dtype };
     let mut best = s.constant(reduce_identity(red.kind, cmp_dt), cmp_dt);
     let mut best_idx = 0i64;
+    let width = sum_width(k);
+    let mut row = vec![];
     for j in 0..n {
         let mut vals = vec![None; total];
         let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
@@ -334,6 +403,7 @@ unsafe fn point(
             s.cast(v, vd, cmp_dt)
         };
         match red.kind {
+            ReduceKind::Sum if width.is_some() => row.push(v),
             ReduceKind::Sum => best = s.binary(Prim2::Add, best, v, cmp_dt),
             ReduceKind::Prod => best = s.binary(Prim2::Mul, best, v, cmp_dt),
             ReduceKind::Max => best = s.binary(Prim2::Max, best, v, cmp_dt),
@@ -350,6 +420,9 @@ unsafe fn point(
                 }
             }
         }
+    }
+    if let Some(w) = width {
+        best = pytorch_sum(s, &row, w, cmp_dt);
     }
     let acc = if arg {
         (Val::I(best_idx), DType::I64)

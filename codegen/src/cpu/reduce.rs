@@ -1,7 +1,14 @@
 //! A reduced row: accumulate the body along the innermost dim in registers,
 //! then run the epilogue once and store one output element.
 //!
-//! Sum/Prod/Max/Min with a vector plan keep two vector accumulators (one per
+//! A float Sum that [`crate::interp::sum_width`] gives a width `w` (8 for
+//! f32) adds in PyTorch's order, bit for bit as [`crate::interp::pytorch_sum`]:
+//! rows shorter than `w` with four scalar accumulators (taking elements in
+//! turn), longer rows with four accumulators of `w` elements each — `w / lanes`
+//! vector registers with a vector plan (so 8 f32x4 registers, 32 elements per
+//! iteration), `w` scalars otherwise — then the scalar tail and the lanes.
+//!
+//! Other Sum/Prod/Max/Min with a vector plan keep two vector accumulators (one per
 //! unrolled body), combine them and then the lanes at the end of the vector
 //! loop, and finish the row's tail in a scalar accumulator. ArgMax/ArgMin run
 //! scalar code keeping (best value, index): a candidate wins when it is
@@ -14,10 +21,11 @@
 use super::emit::{flags, scalar_ty, Emitter};
 use super::loops::{for_loop, loaded_operands, store_out, Frame, Row};
 use super::plan::Plan;
-use crate::interp::{eval_value, reduce_identity};
+use crate::interp::{eval_value, reduce_identity, sum_width};
 use crate::kernel::{Instr, Kernel};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, Value};
+use cranelift_frontend::Variable;
 use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, ReduceKind};
 
@@ -36,7 +44,6 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     let vd = k.dtype_of(red.value);
     let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
     let cd = if arg { vd } else { red.dtype };
-    let prim = combine_prim(red.kind);
     let row = Row {
         k,
         fr,
@@ -55,6 +62,74 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         em.b.def_var(idx, lo);
     }
 
+    if let Some(w) = sum_width(k) {
+        // Rows shorter than w take PyTorch's scalar path (w = 1).
+        let short = em.b.ins().icmp_imm_s(IntCC::SignedLessThan, hi, w as i64);
+        let (sb, lb, join) = (
+            em.b.create_block(),
+            em.b.create_block(),
+            em.b.create_block(),
+        );
+        em.b.ins().brif(short, sb, &[], lb, &[]);
+        em.b.seal_block(sb);
+        em.b.seal_block(lb);
+        for (blk, w, lanes) in [(sb, 1, 1), (lb, w as u32, plan.lanes)] {
+            em.b.switch_to_block(blk);
+            let s = pytorch_sum_row(em, &row, red.value, vd, cd, lo, hi, w, lanes);
+            em.b.def_var(acc, s);
+            em.b.ins().jump(join, &[]);
+        }
+        em.b.seal_block(join);
+        em.b.switch_to_block(join);
+    } else {
+        reduce_loops(
+            em, &row, plan, red.value, red.kind, vd, cd, acc, idx, lo, hi,
+        );
+    }
+
+    // Epilogue: Acc is the reduced value; loads read at reduce index 0.
+    let accv = if arg {
+        (em.b.use_var(idx), DType::I64)
+    } else {
+        (em.b.use_var(acc), red.dtype)
+    };
+    let mut pre = vec![None; k.operands.len()];
+    let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
+        match ins {
+            Instr::Acc => accv,
+            Instr::Load(op) => {
+                let dt = k.operands[op].dtype;
+                let v = *pre[op]
+                    .get_or_insert_with(|| em.b.ins().load(scalar_ty(dt), flags(), ptrs[op], 0));
+                (v, dt)
+            }
+            Instr::Scalar(n) => (fr.scal[n], k.scalars[n]),
+            _ => unreachable!(),
+        }
+    };
+    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+    let v = eval_value(em, k, k.out, &mut vals, &mut leaf);
+    store_out(k, em, v, k.dtype_of(k.out), ptrs[0], 0);
+}
+
+/// The reduction loops of every reduction but a PyTorch-order Sum: vector
+/// accumulators (one per unrolled body) with a vector plan, then the scalar tail.
+#[allow(clippy::too_many_arguments)]
+fn reduce_loops(
+    em: &mut Emitter,
+    row: &Row,
+    plan: &Plan,
+    value: usize,
+    kind: ReduceKind,
+    vd: DType,
+    cd: DType,
+    acc: Variable,
+    idx: Variable,
+    lo: Value,
+    hi: Value,
+) {
+    let arg = matches!(kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
+    let prim = combine_prim(kind);
     let mut tail_lo = lo;
     if plan.lanes > 1 {
         let lanes = plan.lanes as i64;
@@ -63,7 +138,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         let vbytes = (lanes * plan.vdt.size() as i64) as i32;
         em.lanes = plan.lanes;
         let vt = em.ty(cd);
-        let vinit = em.constant(reduce_identity(red.kind, cd), cd);
+        let vinit = em.constant(reduce_identity(kind, cd), cd);
         let vacc: Vec<_> = (0..plan.unroll)
             .map(|_| {
                 let v = em.b.declare_var(vt);
@@ -79,7 +154,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
             |em| row.preload(em),
             |em, i, pre| {
                 for (u, &va) in vacc.iter().enumerate() {
-                    let v = row.eval(em, red.value, i, u as i32 * vbytes, pre);
+                    let v = row.eval(em, value, i, u as i32 * vbytes, pre);
                     let a = em.b.use_var(va);
                     let a = em.binary(prim, a, v, cd);
                     em.b.def_var(va, a);
@@ -109,7 +184,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         1,
         |em| row.preload(em),
         |em, i, pre| {
-            let v = row.eval(em, red.value, i, 0, pre);
+            let v = row.eval(em, value, i, 0, pre);
             let v = em.cast(v, vd, cd);
             let best = em.b.use_var(acc);
             if !arg {
@@ -118,7 +193,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
                 return;
             }
             let better = if cd.is_float() {
-                let cc = if red.kind == ReduceKind::ArgMax {
+                let cc = if kind == ReduceKind::ArgMax {
                     FloatCC::GreaterThan
                 } else {
                     FloatCC::LessThan
@@ -130,7 +205,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
                 em.b.ins().band(c, bok)
             } else {
                 let u = matches!(cd, DType::U8 | DType::Bool);
-                let cc = match (red.kind == ReduceKind::ArgMax, u) {
+                let cc = match (kind == ReduceKind::ArgMax, u) {
                     (true, false) => IntCC::SignedGreaterThan,
                     (true, true) => IntCC::UnsignedGreaterThan,
                     (false, false) => IntCC::SignedLessThan,
@@ -145,28 +220,134 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
             em.b.def_var(idx, ni);
         },
     );
+}
 
-    // Epilogue: Acc is the reduced value; loads read at reduce index 0.
-    let accv = if arg {
-        (em.b.use_var(idx), DType::I64)
-    } else {
-        (em.b.use_var(acc), red.dtype)
-    };
-    let mut pre = vec![None; k.operands.len()];
-    let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
-        match ins {
-            Instr::Acc => accv,
-            Instr::Load(op) => {
-                let dt = k.operands[op].dtype;
-                let v = *pre[op]
-                    .get_or_insert_with(|| em.b.ins().load(scalar_ty(dt), flags(), ptrs[op], 0));
-                (v, dt)
-            }
-            Instr::Scalar(n) => (fr.scal[n], k.scalars[n]),
-            _ => unreachable!(),
+/// A float Sum of the row `lo..hi` in PyTorch's order with vectors of `w`
+/// elements (see [`crate::interp::pytorch_sum`]; `w` is a power of two, 1 for
+/// the short-row path), each held in `w / lanes` registers of `lanes` lanes.
+/// Returns the scalar sum.
+#[allow(clippy::too_many_arguments)]
+fn pytorch_sum_row(
+    em: &mut Emitter,
+    row: &Row,
+    value: usize,
+    vd: DType,
+    cd: DType,
+    lo: Value,
+    hi: Value,
+    w: u32,
+    lanes: u32,
+) -> Value {
+    let lanes = lanes.min(w);
+    let regs = (w / lanes) as usize;
+    let wi = w as i64;
+    // Element `i + off` as a value of `lanes` lanes (loads all of dtype cd
+    // when lanes > 1, so a byte offset serves every operand).
+    let unit = |em: &mut Emitter, i: Value, off: i64, pre: &[Option<Value>]| -> Value {
+        if lanes > 1 {
+            return row.eval(em, value, i, (off * cd.size() as i64) as i32, pre);
+        }
+        let j = if off == 0 {
+            i
+        } else {
+            em.b.ins().iadd_imm_s(i, off)
+        };
+        let v = row.eval(em, value, j, 0, pre);
+        if vd == cd {
+            v
+        } else {
+            em.cast(v, vd, cd)
         }
     };
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
-    let v = eval_value(em, k, k.out, &mut vals, &mut leaf);
-    store_out(k, em, v, k.dtype_of(k.out), ptrs[0], 0);
+    em.lanes = lanes;
+    let zero = em.constant(0.0, cd);
+    let vt = em.ty(cd);
+    let accs: Vec<Vec<Variable>> = (0..4)
+        .map(|_| {
+            (0..regs)
+                .map(|_| {
+                    let v = em.b.declare_var(vt);
+                    em.b.def_var(v, zero);
+                    v
+                })
+                .collect()
+        })
+        .collect();
+    let add_into = |em: &mut Emitter, var: Variable, x: Value| {
+        let a = em.b.use_var(var);
+        let s = em.binary(Prim2::Add, a, x, cd);
+        em.b.def_var(var, s);
+    };
+    // Whole groups of four vectors, one per accumulator.
+    let main_end = em.b.ins().band_imm_s(hi, !(4 * wi - 1));
+    for_loop(
+        em,
+        lo,
+        main_end,
+        4 * wi,
+        |em| row.preload(em),
+        |em, i, pre| {
+            for (a, regs_a) in accs.iter().enumerate() {
+                for (q, &var) in regs_a.iter().enumerate() {
+                    let x = unit(em, i, a as i64 * wi + (q as u32 * lanes) as i64, pre);
+                    add_into(em, var, x);
+                }
+            }
+        },
+    );
+    // The remaining whole vectors go into the first accumulator.
+    let vec_end = if w == 1 {
+        hi
+    } else {
+        em.b.ins().band_imm_s(hi, !(wi - 1))
+    };
+    for_loop(
+        em,
+        main_end,
+        vec_end,
+        wi,
+        |em| row.preload(em),
+        |em, i, pre| {
+            for (q, &var) in accs[0].iter().enumerate() {
+                let x = unit(em, i, (q as u32 * lanes) as i64, pre);
+                add_into(em, var, x);
+            }
+        },
+    );
+    for regs_a in &accs[1..] {
+        for (q, &var) in regs_a.iter().enumerate() {
+            let x = em.b.use_var(var);
+            add_into(em, accs[0][q], x);
+        }
+    }
+    // 0, then the elements after the last whole vector, then the lanes.
+    em.lanes = 1;
+    let res = em.b.declare_var(scalar_ty(cd));
+    let z = em.constant(0.0, cd);
+    em.b.def_var(res, z);
+    if w > 1 {
+        for_loop(
+            em,
+            vec_end,
+            hi,
+            1,
+            |em| row.preload(em),
+            |em, i, pre| {
+                let x = unit(em, i, 0, pre);
+                add_into(em, res, x);
+            },
+        );
+    }
+    for &var in &accs[0] {
+        let v = em.b.use_var(var);
+        for l in 0..lanes {
+            let x = if lanes > 1 {
+                em.b.ins().extractlane(v, l as u8)
+            } else {
+                v
+            };
+            add_into(em, res, x);
+        }
+    }
+    em.b.use_var(res)
 }
