@@ -8,14 +8,16 @@
 //! ```
 
 pub mod bench;
+pub mod checkpoint;
+pub mod train;
 
 pub use kiln_frontend::amp;
 pub use kiln_frontend::autograd;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
+pub use kiln_frontend::optim;
 pub use kiln_frontend::random::manual_seed;
 pub use kiln_frontend::{data, random, serialize};
-pub use kiln_frontend::optim;
 pub use kiln_frontend::{DType, Element, Error, Result, Scalar, Tensor};
 pub use kiln_passes::{ClassLossOpts, Reduction};
 

@@ -27,6 +27,9 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         iters: usize,
     },
+    /// Train a CNN or MLP on the shipped digits (8x8, 10 classes); the last
+    /// line printed is `test accuracy: 0.xxxx`.
+    Train(kiln::train::TrainArgs),
 }
 
 fn main() {
@@ -40,5 +43,11 @@ fn main() {
                 std::process::exit(1);
             }
         },
+        Cmd::Train(args) => {
+            if let Err(e) = kiln::train::cli(args) {
+                eprintln!("kiln train: {e}");
+                std::process::exit(1);
+            }
+        }
     }
 }

@@ -1,0 +1,502 @@
+//! `kiln train`: trains a small CNN or MLP on the shipped digits dataset
+//! (`data/digits.safetensors`, 1797 8x8 images, 10 classes).
+//!
+//! * Split: a seeded 80/20 [`random_split`] (generator `Generator::new(seed)`),
+//!   1437 training and 360 test images.
+//! * Normalisation: pixels are scaled to `[0, 1]` (`x / 16`), then
+//!   standardised with the mean and standard deviation of all training-split
+//!   pixels: `(x/16 - mean) / std` (torchvision's `Normalize((mean,), (std,))`).
+//! * Optimiser: SGD with Nesterov momentum 0.9 and weight decay 5e-4, the lr
+//!   decayed per epoch by `ExponentialLR(gamma = 0.85)`.
+//! * Each epoch: train mode over shuffled batches, then the test split is
+//!   evaluated in eval mode under `no_grad`. With a checkpoint path, a full
+//!   [`Checkpoint`] is written (atomically) after every epoch; `--resume`
+//!   continues from one bit for bit (see `tests/train_resume.rs`).
+//! * Reproducibility: [`crate::manual_seed`] seeds init, dropout and the loader
+//!   seed; the same seed gives bit-identical parameters.
+
+use crate::checkpoint::Checkpoint;
+use crate::data::{digits, random_split, DataLoader, TensorDataset};
+use crate::ir::op::conv::Padding;
+use crate::nn::{
+    Activation, BatchNorm, Conv, ConvOptions, Dropout, Flatten, Linear, Module, ModuleExt, Pool2d,
+    Sequential,
+};
+use crate::optim::lr_scheduler::{ExponentialLR, LRScheduler};
+use crate::optim::{Optimizer, SgdConfig, SGD};
+use crate::random::Generator;
+use crate::{autograd, functional as F, ClassLossOpts, Error, Result, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The lr decays by this factor after every epoch (`ExponentialLR`), a
+/// schedule that does not depend on `--epochs`, so a run can be extended.
+pub const LR_GAMMA: f64 = 0.85;
+
+/// Which network to train.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ModelKind {
+    /// Conv(1,16,3,p1)-BN-ReLU-Conv(16,32,3,s2,p1)-BN-ReLU-AdaptiveAvgPool(1)-Flatten-Linear(32,10).
+    Cnn,
+    /// Flatten-Linear(64,128)-ReLU-Dropout(0.1)-Linear(128,10) on the flattened 8x8 image.
+    Mlp,
+}
+
+impl ModelKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Cnn => "cnn",
+            ModelKind::Mlp => "mlp",
+        }
+    }
+
+    /// A freshly initialised model (draws from the default generator).
+    pub fn build(self) -> Result<Sequential> {
+        Ok(match self {
+            ModelKind::Cnn => {
+                let p1 = ConvOptions {
+                    padding: Padding::Explicit(vec![1]),
+                    ..ConvOptions::default()
+                };
+                let p2 = ConvOptions {
+                    stride: 2,
+                    padding: Padding::Explicit(vec![1]),
+                    ..ConvOptions::default()
+                };
+                Sequential::new()
+                    .add(Conv::conv2d(1, 16, 3, p1)?)
+                    .add(BatchNorm::new_2d(16))
+                    .add(Activation::relu())
+                    .add(Conv::conv2d(16, 32, 3, p2)?)
+                    .add(BatchNorm::new_2d(32))
+                    .add(Activation::relu())
+                    .add(Pool2d::AdaptiveAvg([1, 1]))
+                    .add(Flatten::default())
+                    .add(Linear::new(32, 10, true)?)
+            }
+            ModelKind::Mlp => Sequential::new()
+                .add(Flatten::default())
+                .add(Linear::new(64, 128, true)?)
+                .add(Activation::relu())
+                .add(Dropout::new(0.1)?)
+                .add(Linear::new(128, 10, true)?),
+        })
+    }
+
+    fn parse(s: &str) -> Option<ModelKind> {
+        match s {
+            "cnn" => Some(ModelKind::Cnn),
+            "mlp" => Some(ModelKind::Mlp),
+            _ => None,
+        }
+    }
+}
+
+/// The options of `kiln train` (see [`TrainConfig::default`] for the defaults).
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    pub model: ModelKind,
+    /// Total epochs (a resumed run continues up to this many).
+    pub epochs: u64,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub seed: u64,
+    /// Write a full checkpoint here after every epoch.
+    pub checkpoint: Option<PathBuf>,
+    /// Resume from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// DataLoader worker threads (batches are the same whatever the count).
+    pub workers: usize,
+    /// The digits file (default: [`default_data_path`]).
+    pub data: Option<PathBuf>,
+    /// Use only the first `n` images (quick runs and tests).
+    pub limit: Option<usize>,
+    /// Show a progress bar (only when stdout is a terminal).
+    pub progress: bool,
+    /// Print a line per epoch when no bar is shown.
+    pub verbose: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            model: ModelKind::Cnn,
+            epochs: 20,
+            batch_size: 32,
+            lr: 0.2,
+            seed: 0,
+            checkpoint: None,
+            resume: None,
+            workers: 0,
+            data: None,
+            limit: None,
+            progress: false,
+            verbose: false,
+        }
+    }
+}
+
+/// One epoch's numbers.
+#[derive(Clone, Debug)]
+pub struct EpochStats {
+    /// 1-based.
+    pub epoch: u64,
+    pub lr: f64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub test_accuracy: f64,
+    pub seconds: f64,
+}
+
+/// What a run produced.
+pub struct Outcome {
+    pub model: Sequential,
+    /// The epochs trained in this run (after any resumed ones).
+    pub epochs: Vec<EpochStats>,
+    pub test_accuracy: f64,
+    /// Epochs completed before this run (from `--resume`), else 0.
+    pub resumed_at: u64,
+    pub seconds: f64,
+    pub train_size: usize,
+    pub test_size: usize,
+}
+
+impl Outcome {
+    /// The `--json` summary (one line).
+    pub fn json(&self, cfg: &TrainConfig) -> String {
+        let last = self.epochs.last();
+        json!({
+            "model": cfg.model.name(),
+            "epochs": cfg.epochs,
+            "resumed_at": self.resumed_at,
+            "batch_size": cfg.batch_size,
+            "lr": cfg.lr,
+            "seed": cfg.seed,
+            "workers": cfg.workers,
+            "train_size": self.train_size,
+            "test_size": self.test_size,
+            "parameters": self.model.parameters().iter().map(|p| p.numel()).sum::<usize>(),
+            "train_loss": last.map(|e| e.train_loss),
+            "train_accuracy": last.map(|e| e.train_accuracy),
+            "test_accuracy": self.test_accuracy,
+            "seconds": self.seconds,
+            "per_epoch": self.epochs.iter().map(|e| json!({
+                "epoch": e.epoch, "lr": e.lr, "train_loss": e.train_loss,
+                "train_accuracy": e.train_accuracy, "test_accuracy": e.test_accuracy,
+                "seconds": e.seconds,
+            })).collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+}
+
+/// `data/digits.safetensors` in the current folder if it is there, else the
+/// copy in this crate's folder.
+pub fn default_data_path() -> PathBuf {
+    let here = Path::new("data/digits.safetensors");
+    if here.exists() {
+        here.to_path_buf()
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/digits.safetensors")
+    }
+}
+
+/// The normalised train and test splits.
+pub struct Splits {
+    pub train: (Tensor, Tensor),
+    pub test: (Tensor, Tensor),
+    pub mean: f64,
+    pub std: f64,
+}
+
+/// Loads the digits, splits 80/20 with `Generator::new(seed)` and normalises
+/// with the training split's pixel mean and std.
+pub fn load_splits(path: &Path, seed: u64, limit: Option<usize>) -> Result<Splits> {
+    let (mut x, mut y) = digits::load_digits(path)?;
+    if let Some(n) = limit {
+        let n = n.min(x.dims()[0]);
+        x = x.narrow(0, 0, n)?;
+        y = y.narrow(0, 0, n)?;
+    }
+    let ds = TensorDataset::new(vec![x.clone(), y.clone()])?;
+    let parts = random_split(ds, [0.8, 0.2], Some(&mut Generator::new(seed)))?;
+    let pick = |idx: &[usize]| -> Result<(Tensor, Tensor)> {
+        let i = Tensor::from_vec(idx.iter().map(|&i| i as i64).collect(), &[idx.len()])?;
+        Ok((x.index_select(0, &i)?, y.index_select(0, &i)?))
+    };
+    let (xtr, ytr) = pick(&parts[0].indices)?;
+    let (xte, yte) = pick(&parts[1].indices)?;
+    let px = xtr.to_f64_vec();
+    let n = px.len().max(1) as f64;
+    let mean = px.iter().sum::<f64>() / n;
+    let std = (px.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n)
+        .sqrt()
+        .max(1e-6);
+    let norm = |t: &Tensor| -> Result<Tensor> {
+        t.sub(&Tensor::scalar(mean as f32))?
+            .div(&Tensor::scalar(std as f32))
+    };
+    Ok(Splits {
+        train: (norm(&xtr)?, ytr),
+        test: (norm(&xte)?, yte),
+        mean,
+        std,
+    })
+}
+
+/// Accuracy of `model` on `(x, y)` in eval mode under `no_grad` (restores train mode).
+pub fn evaluate(model: &Sequential, x: &Tensor, y: &Tensor) -> Result<f64> {
+    model.eval();
+    let acc = {
+        let _g = autograd::no_grad();
+        let logits = model.forward(x)?;
+        correct(&logits, y)? as f64 / y.numel().max(1) as f64
+    };
+    model.train();
+    Ok(acc)
+}
+
+fn correct(logits: &Tensor, y: &Tensor) -> Result<usize> {
+    let _g = autograd::no_grad();
+    let pred = logits.argmax(Some(1), false)?.to_vec::<i64>()?;
+    let y = y.to_vec::<i64>()?;
+    Ok(pred.iter().zip(&y).filter(|(a, b)| a == b).count())
+}
+
+fn bar(len: usize, show: bool, epoch: u64, epochs: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(len as u64);
+    let style = ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed} {msg}")
+        .expect("valid template")
+        .progress_chars("=> ");
+    b.set_style(style);
+    b.set_prefix(format!("epoch {epoch}/{epochs}"));
+    b
+}
+
+fn ckpt_err(path: &Path, msg: String) -> Error {
+    Error::Io {
+        path: path.display().to_string(),
+        msg,
+    }
+}
+
+/// Trains as `cfg` says and returns the model and the numbers.
+pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
+    let start = Instant::now();
+    if cfg.batch_size == 0 || cfg.epochs == 0 {
+        return Err(Error::op(
+            "train",
+            "--epochs and --batch-size must be positive",
+        ));
+    }
+    // A resumed run takes the data split and model kind from the checkpoint.
+    let resume = match &cfg.resume {
+        Some(p) => Some((p.clone(), Checkpoint::load(p)?)),
+        None => None,
+    };
+    let mut split_seed = cfg.seed;
+    if let Some((p, ck)) = &resume {
+        if let Some(m) = ck.extra.get("model") {
+            if ModelKind::parse(m) != Some(cfg.model) {
+                return Err(ckpt_err(
+                    p,
+                    format!(
+                        "metadata key `extra/model`: the checkpoint is for a `{m}` model, not `{}`",
+                        cfg.model.name()
+                    ),
+                ));
+            }
+        }
+        if let Some(s) = ck.extra.get("split_seed") {
+            split_seed = s.parse().map_err(|_| {
+                ckpt_err(
+                    p,
+                    format!("metadata key `extra/split_seed`: `{s}` is not an integer"),
+                )
+            })?;
+        }
+    }
+    let data = cfg.data.clone().unwrap_or_else(default_data_path);
+    let splits = load_splits(&data, split_seed, cfg.limit)?;
+    let (xtr, ytr) = splits.train.clone();
+    let (xte, yte) = splits.test.clone();
+    let n_train = ytr.numel();
+
+    crate::manual_seed(cfg.seed);
+    let model = cfg.model.build()?;
+    let sgd = SgdConfig {
+        lr: cfg.lr,
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 5e-4,
+        ..SgdConfig::default()
+    };
+    let mut opt = SGD::with_params(model.parameters(), sgd)?;
+    let mut sched = ExponentialLR::new(&mut opt, LR_GAMMA)?;
+    let train_ds = TensorDataset::new(vec![xtr, ytr])?;
+    let mut loader = DataLoader::new(train_ds, cfg.batch_size)
+        .shuffle(true)
+        .drop_last(n_train % cfg.batch_size == 1) // BatchNorm cannot train on a batch of one
+        .num_workers(cfg.workers)
+        .persistent_workers(cfg.workers > 0);
+    let mut first_epoch = 0;
+    if let Some((p, ck)) = &resume {
+        ck.restore_model(p, &model)?;
+        ck.restore_optimizer(p, &mut opt)?;
+        ck.restore_scheduler(p, &mut sched)?;
+        ck.restore_rng();
+        loader = loader.seed(ck.loader_seed);
+        loader.set_epoch(ck.loader_epoch);
+        first_epoch = ck.epoch;
+    }
+
+    let show = cfg.progress && std::io::stdout().is_terminal();
+    let mut stats = vec![];
+    model.train();
+    for epoch in first_epoch..cfg.epochs {
+        let t0 = Instant::now();
+        let lr = opt.param_groups()[0].lr();
+        let pb = bar(loader.len(), show, epoch + 1, cfg.epochs);
+        let (mut loss_sum, mut hits, mut seen) = (0.0f64, 0usize, 0usize);
+        let loader_epoch = loader.epoch();
+        for batch in loader.iter_epoch(loader_epoch) {
+            let batch = batch?;
+            let (x, y) = (&batch[0], &batch[1]);
+            let logits = model.forward(x)?;
+            let loss = F::cross_entropy(&logits, y, None, ClassLossOpts::default())?;
+            opt.zero_grad();
+            loss.backward()?;
+            opt.step()?;
+            let n = y.numel();
+            loss_sum += loss.item()? * n as f64;
+            hits += correct(&logits, y)?;
+            seen += n;
+            pb.inc(1);
+            pb.set_message(format!(
+                "loss {:.4} acc {:.4}",
+                loss_sum / seen as f64,
+                hits as f64 / seen as f64
+            ));
+        }
+        sched.step(&mut opt)?;
+        let test_accuracy = evaluate(&model, &xte, &yte)?;
+        let s = EpochStats {
+            epoch: epoch + 1,
+            lr,
+            train_loss: loss_sum / seen.max(1) as f64,
+            train_accuracy: hits as f64 / seen.max(1) as f64,
+            test_accuracy,
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        let line = format!(
+            "epoch {}/{}: lr {:.4} loss {:.4} acc {:.4} test acc {:.4} ({:.1}s)",
+            s.epoch, cfg.epochs, s.lr, s.train_loss, s.train_accuracy, s.test_accuracy, s.seconds
+        );
+        if show {
+            pb.finish_and_clear();
+            println!("{line}");
+        } else if cfg.verbose {
+            println!("{line}");
+        }
+        stats.push(s);
+        if let Some(p) = &cfg.checkpoint {
+            let mut ck = Checkpoint::capture(
+                &model,
+                &opt,
+                Some(&sched),
+                epoch + 1,
+                loader.initial_seed(),
+                loader.epoch(),
+            );
+            ck.extra.insert("model".into(), cfg.model.name().into());
+            ck.extra.insert("split_seed".into(), split_seed.to_string());
+            ck.extra.insert("seed".into(), cfg.seed.to_string());
+            ck.extra
+                .insert("batch_size".into(), cfg.batch_size.to_string());
+            ck.extra.insert(
+                "normalize".into(),
+                format!("mean {} std {}", splits.mean, splits.std),
+            );
+            ck.save(p)?;
+        }
+    }
+    let test_accuracy = match stats.last() {
+        Some(s) => s.test_accuracy,
+        None => evaluate(&model, &xte, &yte)?,
+    };
+    Ok(Outcome {
+        model,
+        epochs: stats,
+        test_accuracy,
+        resumed_at: first_epoch,
+        seconds: start.elapsed().as_secs_f64(),
+        train_size: n_train,
+        test_size: yte.numel(),
+    })
+}
+
+/// The last line `kiln train` prints.
+pub fn accuracy_line(acc: f64) -> String {
+    format!("test accuracy: {acc:.4}")
+}
+
+/// The flags of `kiln train`.
+#[derive(clap::Args, Debug)]
+pub struct TrainArgs {
+    #[arg(long, value_enum, default_value_t = ModelKind::Cnn)]
+    pub model: ModelKind,
+    #[arg(long, default_value_t = TrainConfig::default().epochs)]
+    pub epochs: u64,
+    #[arg(long, default_value_t = TrainConfig::default().batch_size)]
+    pub batch_size: usize,
+    /// Initial learning rate (SGD, Nesterov momentum 0.9, x0.85 per epoch).
+    #[arg(long, default_value_t = TrainConfig::default().lr)]
+    pub lr: f64,
+    #[arg(long, default_value_t = TrainConfig::default().seed)]
+    pub seed: u64,
+    /// Write a full checkpoint here at the end of every epoch.
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Continue from a checkpoint (up to --epochs in total).
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// Print a JSON summary line (before the last line), no bar or epoch lines.
+    #[arg(long)]
+    pub json: bool,
+    /// DataLoader worker threads (the batches do not depend on it).
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
+    /// The digits file (default: data/digits.safetensors here, else the project's).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+}
+
+/// `kiln train`: runs and prints the summary; the last line is [`accuracy_line`].
+pub fn cli(a: TrainArgs) -> Result<()> {
+    let cfg = TrainConfig {
+        model: a.model,
+        epochs: a.epochs,
+        batch_size: a.batch_size,
+        lr: a.lr,
+        seed: a.seed,
+        checkpoint: a.checkpoint,
+        resume: a.resume,
+        workers: a.workers,
+        data: a.data,
+        limit: None,
+        progress: !a.json,
+        verbose: !a.json,
+    };
+    let out = run(&cfg)?;
+    if a.json {
+        println!("{}", out.json(&cfg));
+    }
+    println!("{}", accuracy_line(out.test_accuracy));
+    Ok(())
+}
