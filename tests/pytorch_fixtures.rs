@@ -176,7 +176,15 @@ fn pytorch_backward_fixtures() {
 fn pytorch_modules_fixtures() {
     let fx = Fixtures::load();
     let cases = load_suite(&fx, "modules");
-    let failures: Vec<String> = cases.iter().filter_map(|c| fixture_support::modules::train_case(&fx, c).err()).collect();
-    let _ = writeln!(std::io::stderr(), "modules: {}/{}", cases.len() - failures.len(), cases.len());
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| fixture_support::modules::train_case(&fx, c).err())
+        .collect();
+    let _ = writeln!(
+        std::io::stderr(),
+        "modules: {}/{}",
+        cases.len() - failures.len(),
+        cases.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

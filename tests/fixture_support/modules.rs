@@ -3,16 +3,29 @@
 
 use super::{compare, Case, Fixtures};
 use kiln::ir::op::conv::Padding;
-use kiln::nn::{Activation, BatchNorm, Conv, ConvOptions, Flatten, Linear, Module, ModuleExt, Pool2d, Sequential};
+use kiln::nn::{
+    Activation, BatchNorm, Conv, ConvOptions, Flatten, Linear, Module, ModuleExt, Pool2d,
+    Sequential,
+};
 use kiln::{functional as F, ClassLossOpts, Tensor};
 
 pub fn mlp() -> Sequential {
-    Sequential::new().add(Linear::new(64, 32, true).unwrap()).add(Activation::relu()).add(Linear::new(32, 10, true).unwrap())
+    Sequential::new()
+        .add(Linear::new(64, 32, true).unwrap())
+        .add(Activation::relu())
+        .add(Linear::new(32, 10, true).unwrap())
 }
 
 pub fn cnn() -> Sequential {
-    let p1 = ConvOptions { padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
-    let p2 = ConvOptions { stride: 2, padding: Padding::Explicit(vec![1]), ..ConvOptions::default() };
+    let p1 = ConvOptions {
+        padding: Padding::Explicit(vec![1]),
+        ..ConvOptions::default()
+    };
+    let p2 = ConvOptions {
+        stride: 2,
+        padding: Padding::Explicit(vec![1]),
+        ..ConvOptions::default()
+    };
     Sequential::new()
         .add(Conv::conv2d(1, 8, 3, p1).unwrap())
         .add(BatchNorm::new_2d(8))
@@ -27,14 +40,21 @@ pub fn cnn() -> Sequential {
 
 /// The stored tensors named `{case}/{group}/{key}` as a state dict.
 pub fn group(fx: &Fixtures, c: &Case, prefix: &str) -> Vec<(String, Tensor)> {
-    let all = fx.cases.iter().find(|x| x["suite"] == "modules" && x["case"] == c.case.as_str()).unwrap();
+    let all = fx
+        .cases
+        .iter()
+        .find(|x| x["suite"] == "modules" && x["case"] == c.case.as_str())
+        .unwrap();
     let g = &all["groups"][prefix];
     g.as_array()
         .unwrap()
         .iter()
         .map(|n| {
             let n = n.as_str().unwrap();
-            (n.rsplit_once(&format!("{prefix}/")).unwrap().1.to_string(), fx.tensor(c, n).unwrap())
+            (
+                n.rsplit_once(&format!("{prefix}/")).unwrap().1.to_string(),
+                fx.tensor(c, n).unwrap(),
+            )
         })
         .collect()
 }
@@ -45,26 +65,41 @@ pub fn group(fx: &Fixtures, c: &Case, prefix: &str) -> Vec<(String, Tensor)> {
 pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     use kiln::optim::{Optimizer, SgdConfig, SGD};
     let model = if c.case == "mlp" { mlp() } else { cnn() };
-    model.load_state_dict(&group(fx, c, "state"), true).map_err(|e| e.to_string())?;
+    model
+        .load_state_dict(&group(fx, c, "state"), true)
+        .map_err(|e| e.to_string())?;
     let one = |n: &str| fx.tensor(c, &format!("{}/{n}", c.case)).unwrap();
     let (x, target) = (one("input"), one("target"));
-    let check = |what: &str, got: &Tensor, want: &Tensor| compare(got, want, 1e-4, 1e-5).map_err(|e| format!("{}: {what}: {e}", c.case));
+    let check = |what: &str, got: &Tensor, want: &Tensor| {
+        compare(got, want, 1e-4, 1e-5).map_err(|e| format!("{}: {what}: {e}", c.case))
+    };
     let check_state = |what: &str| -> Result<(), String> {
-        let want: std::collections::HashMap<String, Tensor> = group(fx, c, what).into_iter().collect();
+        let want: std::collections::HashMap<String, Tensor> =
+            group(fx, c, what).into_iter().collect();
         for (k, t) in model.state_dict() {
             check(&format!("{what}/{k}"), &t, &want[&k])?;
         }
         Ok(())
     };
-    let ce = |y: &Tensor| F::cross_entropy(y, &target, None, ClassLossOpts::default()).map_err(|e| e.to_string());
+    let ce = |y: &Tensor| {
+        F::cross_entropy(y, &target, None, ClassLossOpts::default()).map_err(|e| e.to_string())
+    };
 
     model.eval();
     {
         let _g = kiln::autograd::no_grad();
-        check("out_eval_initial", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_initial"))?;
+        check(
+            "out_eval_initial",
+            &model.forward(&x).map_err(|e| e.to_string())?,
+            &one("out_eval_initial"),
+        )?;
     }
     model.train();
-    let cfg = SgdConfig { lr: 0.1, momentum: 0.9, ..SgdConfig::default() };
+    let cfg = SgdConfig {
+        lr: 0.1,
+        momentum: 0.9,
+        ..SgdConfig::default()
+    };
     let mut opt = SGD::with_params(model.parameters(), cfg).map_err(|e| e.to_string())?;
     let y = model.forward(&x).map_err(|e| e.to_string())?;
     check("out_train", &y, &one("out_train"))?;
@@ -72,7 +107,8 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     check("loss", &loss, &one("loss"))?;
     opt.zero_grad();
     loss.backward().map_err(|e| e.to_string())?;
-    let grads: std::collections::HashMap<String, Tensor> = group(fx, c, "grad").into_iter().collect();
+    let grads: std::collections::HashMap<String, Tensor> =
+        group(fx, c, "grad").into_iter().collect();
     for (k, p) in model.named_parameters() {
         let g = p.grad().ok_or(format!("{}: no grad for {k}", c.case))?;
         check(&format!("grad/{k}"), &g, &grads[&k])?;
@@ -82,7 +118,11 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     model.eval();
     {
         let _g = kiln::autograd::no_grad();
-        check("out_eval_after_step", &model.forward(&x).map_err(|e| e.to_string())?, &one("out_eval_after_step"))?;
+        check(
+            "out_eval_after_step",
+            &model.forward(&x).map_err(|e| e.to_string())?,
+            &one("out_eval_after_step"),
+        )?;
     }
     model.train();
     let loss2 = ce(&model.forward(&x).map_err(|e| e.to_string())?)?;
@@ -92,4 +132,3 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     opt.step().map_err(|e| e.to_string())?;
     check_state("after_step2")
 }
-

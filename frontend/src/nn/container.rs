@@ -80,7 +80,10 @@ impl ModuleList {
 
 impl Module for ModuleList {
     fn forward(&self, _x: &Tensor) -> Result<Tensor> {
-        bail!("ModuleList", "a ModuleList has no forward; iterate over its modules")
+        bail!(
+            "ModuleList",
+            "a ModuleList has no forward; iterate over its modules"
+        )
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, l) in self.names.iter().zip(&self.items) {
@@ -110,13 +113,19 @@ impl ModuleDict {
         }
     }
     pub fn get(&self, name: &str) -> Option<&dyn Module> {
-        self.items.iter().find(|(n, _)| n == name).map(|(_, m)| m.as_ref())
+        self.items
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, m)| m.as_ref())
     }
 }
 
 impl Module for ModuleDict {
     fn forward(&self, _x: &Tensor) -> Result<Tensor> {
-        bail!("ModuleDict", "a ModuleDict has no forward; look modules up by name")
+        bail!(
+            "ModuleDict",
+            "a ModuleDict has no forward; look modules up by name"
+        )
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, l) in &self.items {

@@ -11,7 +11,11 @@ use kiln_ir::{bail, Result};
 pub fn fans(t: &Tensor) -> Result<(usize, usize)> {
     let d = t.dims();
     if d.len() < 2 {
-        bail!("init", "fan in and fan out need a tensor with at least 2 dims, got {}", fmt_dims(d));
+        bail!(
+            "init",
+            "fan in and fan out need a tensor with at least 2 dims, got {}",
+            fmt_dims(d)
+        );
     }
     let rf: usize = d[2..].iter().product();
     Ok((d[1] * rf, d[0] * rf))
@@ -96,7 +100,11 @@ pub fn default_layer_init(weight: &Tensor, bias: Option<&Tensor>) -> Result<()> 
     kaiming_uniform_(weight, 5f64.sqrt(), FanMode::FanIn, "leaky_relu")?;
     if let Some(b) = bias {
         let (fan_in, _) = fans(weight)?;
-        let bound = if fan_in > 0 { 1.0 / (fan_in as f64).sqrt() } else { 0.0 };
+        let bound = if fan_in > 0 {
+            1.0 / (fan_in as f64).sqrt()
+        } else {
+            0.0
+        };
         uniform_(b, -bound, bound)?;
     }
     Ok(())

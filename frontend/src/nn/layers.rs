@@ -27,7 +27,10 @@ pub struct Linear {
 
 impl Linear {
     pub fn new(in_features: usize, out_features: usize, bias: bool) -> Result<Linear> {
-        let l = Linear { weight: param(&[out_features, in_features]), bias: bias.then(|| param(&[out_features])) };
+        let l = Linear {
+            weight: param(&[out_features, in_features]),
+            bias: bias.then(|| param(&[out_features])),
+        };
         default_layer_init(&l.weight, l.bias.as_ref())?;
         Ok(l)
     }
@@ -42,7 +45,12 @@ impl Module for Linear {
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
-        format!("Linear(in_features={}, out_features={}, bias={})", d[1], d[0], py_bool(self.bias.is_some()))
+        format!(
+            "Linear(in_features={}, out_features={}, bias={})",
+            d[1],
+            d[0],
+            py_bool(self.bias.is_some())
+        )
     }
 }
 
@@ -73,7 +81,13 @@ pub struct ConvOptions {
 
 impl Default for ConvOptions {
     fn default() -> Self {
-        ConvOptions { stride: 1, padding: Padding::Explicit(vec![0]), dilation: 1, groups: 1, bias: true }
+        ConvOptions {
+            stride: 1,
+            padding: Padding::Explicit(vec![0]),
+            dilation: 1,
+            groups: 1,
+            bias: true,
+        }
     }
 }
 
@@ -92,7 +106,12 @@ impl Conv {
         let c = Conv {
             weight: param(&wd),
             bias: o.bias.then(|| param(&[c_out])),
-            params: ConvParams { stride: vec![o.stride], padding: o.padding, dilation: vec![o.dilation], groups: o.groups },
+            params: ConvParams {
+                stride: vec![o.stride],
+                padding: o.padding,
+                dilation: vec![o.dilation],
+                groups: o.groups,
+            },
         };
         default_layer_init(&c.weight, c.bias.as_ref())?;
         Ok(c)
@@ -114,7 +133,16 @@ impl Module for Conv {
         let d = self.weight.dims();
         let k = &d[2..];
         let rank = k.len();
-        let tuple = |v: &[usize]| format!("({})", v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ") + if v.len() == 1 { "," } else { "" });
+        let tuple = |v: &[usize]| {
+            format!(
+                "({})",
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+                    + if v.len() == 1 { "," } else { "" }
+            )
+        };
         let rep = |v: usize| vec![v; rank];
         let mut s = format!(
             "Conv{rank}d({}, {}, kernel_size={}, stride={}",
@@ -150,7 +178,13 @@ pub struct ConvTranspose2d {
 }
 
 impl ConvTranspose2d {
-    pub fn new(c_in: usize, c_out: usize, kernel: usize, params: ConvTransposeParams, bias: bool) -> Result<Self> {
+    pub fn new(
+        c_in: usize,
+        c_out: usize,
+        kernel: usize,
+        params: ConvTransposeParams,
+        bias: bool,
+    ) -> Result<Self> {
         let c = ConvTranspose2d {
             weight: param(&[c_in, c_out / params.groups.max(1), kernel, kernel]),
             bias: bias.then(|| param(&[c_out])),
@@ -170,7 +204,13 @@ impl Module for ConvTranspose2d {
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
-        format!("ConvTranspose2d({}, {}, kernel_size=({}, {}))", d[0], d[1] * self.params.groups, d[2], d[3])
+        format!(
+            "ConvTranspose2d({}, {}, kernel_size=({}, {}))",
+            d[0],
+            d[1] * self.params.groups,
+            d[2],
+            d[3]
+        )
     }
 }
 
@@ -182,12 +222,17 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn new(num: usize, dim: usize, padding_idx: Option<i64>) -> Result<Embedding> {
-        let e = Embedding { weight: param(&[num, dim]), padding_idx };
+        let e = Embedding {
+            weight: param(&[num, dim]),
+            padding_idx,
+        };
         super::init::normal_(&e.weight, 0.0, 1.0)?;
         if let Some(p) = padding_idx {
             let row = if p < 0 { p + num as i64 } else { p };
             let _g = crate::autograd::no_grad();
-            e.weight.select(0, row)?.copy_(&Tensor::zeros(&[dim], DType::F32))?;
+            e.weight
+                .select(0, row)?
+                .copy_(&Tensor::zeros(&[dim], DType::F32))?;
         }
         Ok(e)
     }

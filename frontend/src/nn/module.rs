@@ -62,7 +62,10 @@ pub trait ModuleExt: Module {
     }
 
     fn parameters(&self) -> Vec<Tensor> {
-        self.named_parameters().into_iter().map(|(_, t)| t).collect()
+        self.named_parameters()
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
     }
 
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
@@ -96,13 +99,24 @@ pub trait ModuleExt: Module {
         for (k, t) in &own {
             match given.get(k.as_str()) {
                 None => report.missing.push(k.clone()),
-                Some(src) if src.dims() != t.dims() => report.mismatched.push((k.clone(), t.dims().to_vec(), src.dims().to_vec())),
+                Some(src) if src.dims() != t.dims() => {
+                    report
+                        .mismatched
+                        .push((k.clone(), t.dims().to_vec(), src.dims().to_vec()))
+                }
                 Some(_) => {}
             }
         }
-        let own_keys: std::collections::BTreeSet<&str> = own.iter().map(|(k, _)| k.as_str()).collect();
-        report.unexpected = sd.iter().filter(|(k, _)| !own_keys.contains(k.as_str())).map(|(k, _)| k.clone()).collect();
-        if !report.mismatched.is_empty() || (strict && (!report.missing.is_empty() || !report.unexpected.is_empty())) {
+        let own_keys: std::collections::BTreeSet<&str> =
+            own.iter().map(|(k, _)| k.as_str()).collect();
+        report.unexpected = sd
+            .iter()
+            .filter(|(k, _)| !own_keys.contains(k.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !report.mismatched.is_empty()
+            || (strict && (!report.missing.is_empty() || !report.unexpected.is_empty()))
+        {
             let mut msg = vec![];
             if !report.missing.is_empty() {
                 msg.push(format!("missing keys: {}", report.missing.join(", ")));
@@ -111,7 +125,11 @@ pub trait ModuleExt: Module {
                 msg.push(format!("unexpected keys: {}", report.unexpected.join(", ")));
             }
             for (k, want, got) in &report.mismatched {
-                msg.push(format!("size mismatch for {k}: the state dict has {}, the module has {}", fmt_dims(got), fmt_dims(want)));
+                msg.push(format!(
+                    "size mismatch for {k}: the state dict has {}, the module has {}",
+                    fmt_dims(got),
+                    fmt_dims(want)
+                ));
             }
             bail!("load_state_dict", "{}", msg.join("; "));
         }

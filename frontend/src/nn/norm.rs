@@ -32,7 +32,14 @@ impl BatchNorm {
         BatchNorm::with_options(features, 4, 1e-5, Some(0.1), true, true)
     }
     /// All of PyTorch's arguments: eps, momentum, affine, track_running_stats.
-    pub fn with_options(c: usize, rank: usize, eps: f64, momentum: Option<f64>, affine: bool, track: bool) -> BatchNorm {
+    pub fn with_options(
+        c: usize,
+        rank: usize,
+        eps: f64,
+        momentum: Option<f64>,
+        affine: bool,
+        track: bool,
+    ) -> BatchNorm {
         let ones = || Tensor::ones(&[c], DType::F32);
         BatchNorm {
             weight: affine.then(|| ones().requires_grad_(true)),
@@ -50,10 +57,23 @@ impl BatchNorm {
 
 impl Module for BatchNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let name = if self.rank == 2 { "BatchNorm1d" } else { "BatchNorm2d" };
-        let ok = if self.rank == 2 { matches!(x.rank(), 2 | 3) } else { x.rank() == 4 };
+        let name = if self.rank == 2 {
+            "BatchNorm1d"
+        } else {
+            "BatchNorm2d"
+        };
+        let ok = if self.rank == 2 {
+            matches!(x.rank(), 2 | 3)
+        } else {
+            x.rank() == 4
+        };
         if !ok {
-            bail!(name, "expected {} input, got {}", if self.rank == 2 { "2D or 3D" } else { "4D" }, fmt_dims(x.dims()));
+            bail!(
+                name,
+                "expected {} input, got {}",
+                if self.rank == 2 { "2D or 3D" } else { "4D" },
+                fmt_dims(x.dims())
+            );
         }
         let training = self.training.load(Ordering::Relaxed);
         let use_batch_stats = training || self.running_mean.is_none();
@@ -67,8 +87,21 @@ impl Module for BatchNorm {
                 }
             }
         }
-        let (rm, rv) = if training || !use_batch_stats { (self.running_mean.as_ref(), self.running_var.as_ref()) } else { (None, None) };
-        F::batch_norm(x, rm, rv, self.weight.as_ref(), self.bias.as_ref(), use_batch_stats, momentum, self.eps)
+        let (rm, rv) = if training || !use_batch_stats {
+            (self.running_mean.as_ref(), self.running_var.as_ref())
+        } else {
+            (None, None)
+        };
+        F::batch_norm(
+            x,
+            rm,
+            rv,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            use_batch_stats,
+            momentum,
+            self.eps,
+        )
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
@@ -76,7 +109,11 @@ impl Module for BatchNorm {
                 f(Entry::Param(n, t))
             }
         }
-        for (n, t) in [("running_mean", &self.running_mean), ("running_var", &self.running_var), ("num_batches_tracked", &self.num_batches_tracked)] {
+        for (n, t) in [
+            ("running_mean", &self.running_mean),
+            ("running_var", &self.running_var),
+            ("num_batches_tracked", &self.num_batches_tracked),
+        ] {
             if let Some(t) = t {
                 f(Entry::Buffer(n, t))
             }
@@ -89,9 +126,17 @@ impl Module for BatchNorm {
         self.training.load(Ordering::Relaxed)
     }
     fn describe(&self) -> String {
-        let c = self.running_mean.as_ref().or(self.weight.as_ref()).map(|t| t.dims()[0]).unwrap_or(0);
+        let c = self
+            .running_mean
+            .as_ref()
+            .or(self.weight.as_ref())
+            .map(|t| t.dims()[0])
+            .unwrap_or(0);
         let d = if self.rank == 2 { 1 } else { 2 };
-        let m = self.momentum.map(|m| format!("{m}")).unwrap_or("None".into());
+        let m = self
+            .momentum
+            .map(|m| format!("{m}"))
+            .unwrap_or("None".into());
         format!(
             "BatchNorm{d}d({c}, eps={:e}, momentum={m}, affine={}, track_running_stats={})",
             self.eps,
@@ -122,7 +167,13 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::layer_norm(x, &self.normalized_shape, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+        F::layer_norm(
+            x,
+            &self.normalized_shape,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
@@ -132,7 +183,12 @@ impl Module for LayerNorm {
         }
     }
     fn describe(&self) -> String {
-        format!("LayerNorm({:?}, eps={:e}, elementwise_affine={})", self.normalized_shape, self.eps, py_bool(self.weight.is_some()))
+        format!(
+            "LayerNorm({:?}, eps={:e}, elementwise_affine={})",
+            self.normalized_shape,
+            self.eps,
+            py_bool(self.weight.is_some())
+        )
     }
 }
 
@@ -159,7 +215,13 @@ impl GroupNorm {
 
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::group_norm(x, self.groups, self.weight.as_ref(), self.bias.as_ref(), self.eps)
+        F::group_norm(
+            x,
+            self.groups,
+            self.weight.as_ref(),
+            self.bias.as_ref(),
+            self.eps,
+        )
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
@@ -169,6 +231,12 @@ impl Module for GroupNorm {
         }
     }
     fn describe(&self) -> String {
-        format!("GroupNorm({}, {}, eps={:e}, affine={})", self.groups, self.channels, self.eps, py_bool(self.weight.is_some()))
+        format!(
+            "GroupNorm({}, {}, eps={:e}, affine={})",
+            self.groups,
+            self.channels,
+            self.eps,
+            py_bool(self.weight.is_some())
+        )
     }
 }

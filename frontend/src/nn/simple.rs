@@ -18,7 +18,13 @@ impl Activation {
     }
     /// `nn.GELU(approximate='none' | 'tanh')`.
     pub fn gelu(tanh_approx: bool) -> Self {
-        Activation { op: if tanh_approx { UnaryOp::GeluTanh } else { UnaryOp::Gelu } }
+        Activation {
+            op: if tanh_approx {
+                UnaryOp::GeluTanh
+            } else {
+                UnaryOp::Gelu
+            },
+        }
     }
     pub fn silu() -> Self {
         Activation { op: UnaryOp::Silu }
@@ -27,16 +33,31 @@ impl Activation {
         Activation { op: UnaryOp::Tanh }
     }
     pub fn sigmoid() -> Self {
-        Activation { op: UnaryOp::Sigmoid }
+        Activation {
+            op: UnaryOp::Sigmoid,
+        }
     }
     pub fn leaky_relu(slope: f64) -> Self {
-        Activation { op: UnaryOp::LeakyRelu { slope: Float(slope) } }
+        Activation {
+            op: UnaryOp::LeakyRelu {
+                slope: Float(slope),
+            },
+        }
     }
     pub fn elu(alpha: f64) -> Self {
-        Activation { op: UnaryOp::Elu { alpha: Float(alpha) } }
+        Activation {
+            op: UnaryOp::Elu {
+                alpha: Float(alpha),
+            },
+        }
     }
     pub fn softplus(beta: f64, threshold: f64) -> Self {
-        Activation { op: UnaryOp::Softplus { beta: Float(beta), threshold: Float(threshold) } }
+        Activation {
+            op: UnaryOp::Softplus {
+                beta: Float(beta),
+                threshold: Float(threshold),
+            },
+        }
     }
 }
 
@@ -55,7 +76,9 @@ impl Module for Activation {
             UnaryOp::Sigmoid => "Sigmoid()".into(),
             UnaryOp::LeakyRelu { slope } => format!("LeakyReLU(negative_slope={slope})"),
             UnaryOp::Elu { alpha } => format!("ELU(alpha={alpha})"),
-            UnaryOp::Softplus { beta, threshold } => format!("Softplus(beta={beta}, threshold={threshold})"),
+            UnaryOp::Softplus { beta, threshold } => {
+                format!("Softplus(beta={beta}, threshold={threshold})")
+            }
             other => format!("{other}()"),
         }
     }
@@ -73,7 +96,10 @@ impl Dropout {
         if !(0.0..=1.0).contains(&p) {
             bail!("Dropout", "probability must be in [0, 1], got {p}");
         }
-        Ok(Dropout { p, training: AtomicBool::new(true) })
+        Ok(Dropout {
+            p,
+            training: AtomicBool::new(true),
+        })
     }
 }
 
@@ -86,7 +112,8 @@ impl Module for Dropout {
             return x.binary_scalar(kiln_ir::BinaryOp::Mul, 0.0, false);
         }
         let keep = crate::random::bernoulli_mask(x.dims(), 1.0 - self.p, x.dtype(), None)?;
-        x.mul(&keep)?.binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p), false)
+        x.mul(&keep)?
+            .binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p), false)
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn set_own_training(&self, on: bool) {
@@ -103,7 +130,10 @@ impl Module for Dropout {
 /// 2-D pooling layers.
 pub enum Pool2d {
     Max(Pool2dParams),
-    Avg { params: Pool2dParams, count_include_pad: bool },
+    Avg {
+        params: Pool2dParams,
+        count_include_pad: bool,
+    },
     AdaptiveAvg([usize; 2]),
     AdaptiveMax([usize; 2]),
 }
@@ -112,17 +142,32 @@ impl Module for Pool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
             Pool2d::Max(p) => Ok(F::max_pool2d(x, p)?.0),
-            Pool2d::Avg { params, count_include_pad } => F::avg_pool2d(x, params, *count_include_pad, None),
+            Pool2d::Avg {
+                params,
+                count_include_pad,
+            } => F::avg_pool2d(x, params, *count_include_pad, None),
             Pool2d::AdaptiveAvg(o) => F::adaptive_avg_pool2d(x, *o),
             Pool2d::AdaptiveMax(o) => Ok(F::adaptive_max_pool2d(x, *o)?.0),
         }
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn describe(&self) -> String {
-        let out = |o: &[usize; 2]| if o[0] == o[1] { o[0].to_string() } else { format!("({}, {})", o[0], o[1]) };
+        let out = |o: &[usize; 2]| {
+            if o[0] == o[1] {
+                o[0].to_string()
+            } else {
+                format!("({}, {})", o[0], o[1])
+            }
+        };
         match self {
-            Pool2d::Max(p) => format!("MaxPool2d(kernel_size={:?}, stride={:?}, padding={:?})", p.kernel, p.stride, p.padding),
-            Pool2d::Avg { params: p, .. } => format!("AvgPool2d(kernel_size={:?}, stride={:?}, padding={:?})", p.kernel, p.stride, p.padding),
+            Pool2d::Max(p) => format!(
+                "MaxPool2d(kernel_size={:?}, stride={:?}, padding={:?})",
+                p.kernel, p.stride, p.padding
+            ),
+            Pool2d::Avg { params: p, .. } => format!(
+                "AvgPool2d(kernel_size={:?}, stride={:?}, padding={:?})",
+                p.kernel, p.stride, p.padding
+            ),
             Pool2d::AdaptiveAvg(o) => format!("AdaptiveAvgPool2d(output_size={})", out(o)),
             Pool2d::AdaptiveMax(o) => format!("AdaptiveMaxPool2d(output_size={})", out(o)),
         }
