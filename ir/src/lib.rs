@@ -6,6 +6,7 @@
 
 pub mod dtype;
 pub mod error;
+pub mod graph;
 pub mod interp;
 pub mod op;
 pub mod scalar;
@@ -13,5 +14,6 @@ pub mod shape;
 
 pub use dtype::{promote_types, result_type, Category, DType, Operand};
 pub use error::{Error, Result};
+pub use graph::{Graph, NodeId};
 pub use op::{BinaryOp, Float, ReduceKind, UnaryOp};
 pub use shape::{Dims, Strides};

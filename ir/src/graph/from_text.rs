@@ -1,0 +1,345 @@
+//! The inverse of `attrs.rs`: rebuilds an [`Op`] from its text-form name and
+//! attributes. Every attribute the printer writes is required, and an
+//! attribute the op does not have is an error, so a typo never passes silently.
+
+use super::attrs::{category_name, PAIR_LOSSES};
+use super::lex::Pos;
+use super::AttrValue;
+use crate::dtype::Category;
+use crate::op::conv::{ConvParams, ConvTransposeParams, Padding};
+use crate::op::pool::Pool2dParams;
+use crate::op::Op;
+use crate::{BinaryOp, DType, Float, ReduceKind, Result, UnaryOp};
+
+/// The attributes of one node, consumed by name.
+pub(crate) struct Attrs {
+    pub op: String,
+    pub pos: Pos,
+    pub items: Vec<(String, AttrValue, Pos)>,
+}
+
+impl Attrs {
+    fn take(&mut self, key: &str) -> Result<(AttrValue, Pos)> {
+        match self.items.iter().position(|(k, ..)| k == key) {
+            Some(i) => {
+                let (_, v, p) = self.items.remove(i);
+                Ok((v, p))
+            }
+            None => Err(self
+                .pos
+                .error(format!("{}: missing attribute '{key}'", self.op))),
+        }
+    }
+
+    fn bad<T>(&self, key: &str, p: Pos, want: &str, got: &AttrValue) -> Result<T> {
+        Err(p.error(format!(
+            "{}: attribute '{key}' must be {want}, got {got}",
+            self.op
+        )))
+    }
+
+    pub fn value(&mut self, key: &str) -> Result<AttrValue> {
+        Ok(self.take(key)?.0)
+    }
+    pub fn int(&mut self, key: &str) -> Result<i64> {
+        match self.take(key)? {
+            (AttrValue::Int(i), _) => Ok(i),
+            (v, p) => self.bad(key, p, "an integer", &v),
+        }
+    }
+    pub fn usize(&mut self, key: &str) -> Result<usize> {
+        match self.take(key)? {
+            (AttrValue::Int(i), p) => usize::try_from(i)
+                .or_else(|_| self.bad(key, p, "a non-negative integer", &AttrValue::Int(i))),
+            (v, p) => self.bad(key, p, "a non-negative integer", &v),
+        }
+    }
+    pub fn opt_int(&mut self, key: &str) -> Result<Option<i64>> {
+        match self.take(key)? {
+            (AttrValue::Int(i), _) => Ok(Some(i)),
+            (AttrValue::None, _) => Ok(None),
+            (v, p) => self.bad(key, p, "an integer or none", &v),
+        }
+    }
+    pub fn bool(&mut self, key: &str) -> Result<bool> {
+        match self.take(key)? {
+            (AttrValue::Bool(b), _) => Ok(b),
+            (v, p) => self.bad(key, p, "true or false", &v),
+        }
+    }
+    pub fn float(&mut self, key: &str) -> Result<Float> {
+        match self.take(key)? {
+            (AttrValue::Float(x), _) => Ok(x),
+            (AttrValue::Int(i), _) => Ok(Float(i as f64)),
+            (v, p) => self.bad(key, p, "a number", &v),
+        }
+    }
+    pub fn ints(&mut self, key: &str) -> Result<Vec<i64>> {
+        match self.take(key)? {
+            (AttrValue::Ints(v), _) => Ok(v),
+            (v, p) => self.bad(key, p, "a list of integers", &v),
+        }
+    }
+    pub fn usizes(&mut self, key: &str) -> Result<Vec<usize>> {
+        let (v, p) = self.take(key)?;
+        if let AttrValue::Ints(xs) = &v {
+            if let Ok(u) = xs.iter().map(|&x| usize::try_from(x)).collect() {
+                return Ok(u);
+            }
+        }
+        self.bad(key, p, "a list of non-negative integers", &v)
+    }
+    pub fn pair(&mut self, key: &str) -> Result<[usize; 2]> {
+        let (v, p) = self.take(key)?;
+        if let AttrValue::Ints(xs) = &v {
+            if let &[a, b] = xs.as_slice() {
+                if let (Ok(a), Ok(b)) = (usize::try_from(a), usize::try_from(b)) {
+                    return Ok([a, b]);
+                }
+            }
+        }
+        self.bad(key, p, "a list of two non-negative integers", &v)
+    }
+    pub fn word(&mut self, key: &str) -> Result<(String, Pos)> {
+        match self.take(key)? {
+            (AttrValue::Word(w), p) => Ok((w, p)),
+            (v, p) => self.bad(key, p, "a word", &v),
+        }
+    }
+    /// Errors on an attribute nobody took.
+    pub fn finish(self) -> Result<()> {
+        match self.items.first() {
+            None => Ok(()),
+            Some((k, _, p)) => Err(p.error(format!("{}: unknown attribute '{k}'", self.op))),
+        }
+    }
+}
+
+use UnaryOp as U;
+const UNARY: [UnaryOp; 21] = [
+    U::Neg,
+    U::Abs,
+    U::Exp,
+    U::Log,
+    U::Log1p,
+    U::Expm1,
+    U::Sqrt,
+    U::Rsqrt,
+    U::Reciprocal,
+    U::Square,
+    U::Sin,
+    U::Cos,
+    U::Tanh,
+    U::Erf,
+    U::Floor,
+    U::Not,
+    U::Sigmoid,
+    U::Relu,
+    U::Gelu,
+    U::GeluTanh,
+    U::Silu,
+];
+use BinaryOp as B;
+const BINARY: [BinaryOp; 18] = [
+    B::Add,
+    B::Sub,
+    B::Mul,
+    B::Div,
+    B::Pow,
+    B::Maximum,
+    B::Minimum,
+    B::Remainder,
+    B::Fmod,
+    B::FloorDiv,
+    B::Eq,
+    B::Ne,
+    B::Lt,
+    B::Le,
+    B::Gt,
+    B::Ge,
+    B::And,
+    B::Or,
+];
+use ReduceKind as R;
+const REDUCE: [ReduceKind; 6] = [R::Sum, R::Prod, R::Max, R::Min, R::ArgMax, R::ArgMin];
+
+fn binary(name: &str) -> Option<BinaryOp> {
+    BINARY.into_iter().find(|b| b.name() == name)
+}
+
+fn pool(a: &mut Attrs) -> Result<Pool2dParams> {
+    Ok(Pool2dParams {
+        ceil_mode: a.bool("ceil_mode")?,
+        dilation: a.pair("dilation")?,
+        kernel: a.pair("kernel_size")?,
+        padding: a.pair("padding")?,
+        stride: a.pair("stride")?,
+    })
+}
+
+fn conv_params(a: &mut Attrs) -> Result<ConvParams> {
+    let padding = match a.take("padding")? {
+        (AttrValue::Word(w), _) if w == "same" => Padding::Same,
+        (AttrValue::Word(w), _) if w == "valid" => Padding::Valid,
+        (v, p) => {
+            a.items.push(("padding".into(), v, p));
+            Padding::Explicit(a.usizes("padding")?)
+        }
+    };
+    Ok(ConvParams {
+        dilation: a.usizes("dilation")?,
+        groups: a.usize("groups")?,
+        padding,
+        stride: a.usizes("stride")?,
+    })
+}
+
+/// The op named `name` with attributes `a`, or `None` if no op has that name.
+pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
+    if let Some(u) = UNARY.into_iter().find(|u| u.name() == name) {
+        return Ok(Some(Op::Unary(u)));
+    }
+    if let Some(b) = binary(name) {
+        return Ok(Some(Op::Binary(b)));
+    }
+    if let Some(kind) = REDUCE.into_iter().find(|r| r.name() == name) {
+        let (dims, keepdim) = (a.ints("dims")?, a.bool("keepdim")?);
+        return Ok(Some(Op::Reduce {
+            kind,
+            dims,
+            keepdim,
+        }));
+    }
+    if let Some(b) = name.strip_suffix("_scalar").and_then(binary) {
+        let (w, p) = a.word("scalar")?;
+        let scalar = [Category::Bool, Category::Int, Category::Float]
+            .into_iter()
+            .find(|c| category_name(*c) == w)
+            .ok_or_else(|| {
+                p.error(format!(
+                    "{name}: scalar must be bool, int or float, got {w}"
+                ))
+            })?;
+        let reversed = a.bool("reversed")?;
+        return Ok(Some(Op::BinaryScalar {
+            op: b,
+            scalar,
+            reversed,
+        }));
+    }
+    if let Some((kind, _)) = PAIR_LOSSES
+        .into_iter()
+        .find(|(_, printed)| *printed == name)
+    {
+        return Ok(Some(Op::PairLoss {
+            name: kind,
+            reduce: a.bool("reduce")?,
+        }));
+    }
+    let conv_spatial = name
+        .strip_prefix("conv")
+        .and_then(|s| s.strip_suffix('d'))
+        .and_then(|s| s.parse::<usize>().ok());
+    if let Some(spatial) = conv_spatial {
+        return Ok(Some(Op::Conv {
+            params: conv_params(a)?,
+            spatial,
+        }));
+    }
+    let dims_keep =
+        |a: &mut Attrs| -> Result<(Vec<i64>, bool)> { Ok((a.ints("dims")?, a.bool("keepdim")?)) };
+    Ok(Some(match name {
+        "softplus" => Op::Unary(U::Softplus {
+            beta: a.float("beta")?,
+            threshold: a.float("threshold")?,
+        }),
+        "leaky_relu" => Op::Unary(U::LeakyRelu {
+            slope: a.float("negative_slope")?,
+        }),
+        "elu" => Op::Unary(U::Elu {
+            alpha: a.float("alpha")?,
+        }),
+        "where" => Op::Where,
+        "cast" => {
+            let (w, p) = a.word("dtype")?;
+            Op::Cast(DType::parse(&w).map_err(|e| p.error(e))?)
+        }
+        "mean" => {
+            let (dims, keepdim) = dims_keep(a)?;
+            Op::Mean { dims, keepdim }
+        }
+        "logsumexp" => {
+            let (dims, keepdim) = dims_keep(a)?;
+            Op::LogSumExp { dims, keepdim }
+        }
+        "var" | "std" => {
+            let correction = a.float("correction")?;
+            let (dims, keepdim) = dims_keep(a)?;
+            if name == "var" {
+                Op::Var {
+                    dims,
+                    correction,
+                    keepdim,
+                }
+            } else {
+                Op::Std {
+                    dims,
+                    correction,
+                    keepdim,
+                }
+            }
+        }
+        "softmax" => Op::Softmax { dim: a.int("dim")? },
+        "log_softmax" => Op::LogSoftmax { dim: a.int("dim")? },
+        "layer_norm" => Op::LayerNorm {
+            eps: a.float("eps")?,
+            normalized_shape: a.usizes("normalized_shape")?,
+        },
+        "group_norm" => Op::GroupNorm {
+            eps: a.float("eps")?,
+            groups: a.usize("num_groups")?,
+        },
+        "batch_norm" => Op::BatchNorm {
+            eps: a.float("eps")?,
+            momentum: a.float("momentum")?,
+            training: a.bool("training")?,
+        },
+        "matmul" => Op::Matmul,
+        "linear" => Op::Linear,
+        "conv_transpose2d" => Op::ConvTranspose2d(ConvTransposeParams {
+            dilation: a.usizes("dilation")?,
+            groups: a.usize("groups")?,
+            output_padding: a.usizes("output_padding")?,
+            padding: a.usizes("padding")?,
+            stride: a.usizes("stride")?,
+        }),
+        "max_pool2d" => Op::MaxPool2d(pool(a)?),
+        "avg_pool2d" => Op::AvgPool2d {
+            params: pool(a)?,
+            count_include_pad: a.bool("count_include_pad")?,
+        },
+        "adaptive_avg_pool2d" => Op::AdaptiveAvgPool2d(a.pair("output_size")?),
+        "adaptive_max_pool2d" => Op::AdaptiveMaxPool2d(a.pair("output_size")?),
+        "embedding" => Op::Embedding,
+        "view" => Op::View(a.ints("shape")?),
+        "permute" => Op::Permute(a.ints("dims")?),
+        "expand" => Op::Expand(a.ints("size")?),
+        "slice" => Op::Slice {
+            dim: a.int("dim")?,
+            start: a.opt_int("start")?,
+            stop: a.opt_int("end")?,
+            step: a.int("step")?,
+        },
+        "select" => Op::Select {
+            dim: a.int("dim")?,
+            index: a.int("index")?,
+        },
+        "cat" => Op::Cat { dim: a.int("dim")? },
+        "index_select" => Op::IndexSelect { dim: a.int("dim")? },
+        "gather" => Op::Gather { dim: a.int("dim")? },
+        "masked_fill" => Op::MaskedFill,
+        "cross_entropy" => Op::CrossEntropy,
+        "nll_loss" => Op::NllLoss,
+        _ => return Ok(None),
+    }))
+}
