@@ -3,7 +3,9 @@
 
 use crate::functional as F;
 use crate::ir::op::conv::{ConvParams, Padding};
+use crate::profiler;
 use crate::{DType, Result, Tensor};
+use std::path::Path;
 use std::time::Instant;
 
 /// One measured row.
@@ -207,19 +209,44 @@ pub fn w8(iters: usize) -> Result<Vec<Row>> {
 
 /// Runs the selected workloads (`only` empty = all) with `iters` timed runs each.
 pub fn run(only: &[String], iters: usize) -> Result<Vec<Row>> {
+    run_profiled(only, iters, None)
+}
+
+/// [`run`], and with `profile_dir` each workload (warm-up and timed runs) is
+/// profiled into `DIR/W1.json`, ... (Chrome traces); the times then include
+/// the profiler's small per-op cost.
+pub fn run_profiled(only: &[String], iters: usize, profile_dir: Option<&Path>) -> Result<Vec<Row>> {
     let want = |w: &str| only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(w));
+    if let Some(d) = profile_dir {
+        std::fs::create_dir_all(d).map_err(|e| crate::Error::Io {
+            path: d.display().to_string(),
+            msg: format!("cannot create the profile folder: {e}"),
+        })?;
+    }
     let mut rows = vec![];
     if want("W8") {
-        rows.extend(w8(iters)?);
+        rows.extend(traced(profile_dir, "W8", || w8(iters))?);
     }
     let table: [(&str, fn(usize) -> Result<Row>); 5] =
         [("W1", w1), ("W2", w2), ("W3", w3), ("W4", w4), ("W7", w7)];
     for (name, f) in table {
         if want(name) {
-            rows.push(f(iters)?);
+            rows.extend(traced(profile_dir, name, || Ok(vec![f(iters)?]))?);
         }
     }
     Ok(rows)
+}
+
+/// Runs `f`, profiled into `dir/{name}.json` when there is a `dir`.
+fn traced(
+    dir: Option<&Path>,
+    name: &str,
+    f: impl FnOnce() -> Result<Vec<Row>>,
+) -> Result<Vec<Row>> {
+    let Some(d) = dir else { return f() };
+    let (rows, p) = profiler::profile(f);
+    p.export_chrome_trace(d.join(format!("{name}.json")))?;
+    rows
 }
 
 /// The human-readable table.

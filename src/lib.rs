@@ -25,3 +25,8 @@ pub use kiln_passes::{ClassLossOpts, Reduction};
 pub use kiln_ir as ir;
 /// Runtime introspection: kernel-cache counters, memory in use.
 pub use kiln_runtime as runtime;
+/// Memory accounting: `memory_allocated()`, `max_memory_allocated()`, `memory_summary()`, ...
+pub use kiln_runtime::memory;
+/// `torch.profiler`: `profiler::profile(|| ..)` records ops, kernels, extern calls,
+/// compiles and backward nodes; `Profile::table` and `Profile::export_chrome_trace`.
+pub use kiln_runtime::profiler;

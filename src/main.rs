@@ -26,6 +26,9 @@ enum Cmd {
         /// Timed runs per workload (the median is reported).
         #[arg(long, default_value_t = 20)]
         iters: usize,
+        /// Profile each workload into a Chrome trace DIR/W1.json, ... (Perfetto, chrome://tracing).
+        #[arg(long, value_name = "DIR")]
+        profile: Option<std::path::PathBuf>,
     },
     /// Train a CNN or MLP on the shipped digits (8x8, 10 classes); the last
     /// line printed is `test accuracy: 0.xxxx`.
@@ -35,7 +38,12 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Bench { json, only, iters } => match kiln::bench::run(&only, iters.max(1)) {
+        Cmd::Bench {
+            json,
+            only,
+            iters,
+            profile,
+        } => match kiln::bench::run_profiled(&only, iters.max(1), profile.as_deref()) {
             Ok(rows) if json => rows.iter().for_each(|r| println!("{}", r.json())),
             Ok(rows) => print!("{}", kiln::bench::table(&rows)),
             Err(e) => {

@@ -24,6 +24,7 @@ use crate::nn::{
 };
 use crate::optim::lr_scheduler::{ExponentialLR, LRScheduler};
 use crate::optim::{Optimizer, SgdConfig, SGD};
+use crate::profiler::{self, Profile, Profiler};
 use crate::random::Generator;
 use crate::{autograd, functional as F, ClassLossOpts, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -118,6 +119,9 @@ pub struct TrainConfig {
     pub progress: bool,
     /// Print a line per epoch when no bar is shown.
     pub verbose: bool,
+    /// Profile the first epoch of this run: write its Chrome trace here and
+    /// print its table (to stderr with `--json`).
+    pub profile: Option<PathBuf>,
 }
 
 impl Default for TrainConfig {
@@ -135,6 +139,7 @@ impl Default for TrainConfig {
             limit: None,
             progress: false,
             verbose: false,
+            profile: None,
         }
     }
 }
@@ -162,6 +167,8 @@ pub struct Outcome {
     pub seconds: f64,
     pub train_size: usize,
     pub test_size: usize,
+    /// `memory::max_memory_allocated()` at the end of the run (process-wide peak).
+    pub peak_memory_bytes: usize,
 }
 
 impl Outcome {
@@ -183,6 +190,7 @@ impl Outcome {
             "train_accuracy": last.map(|e| e.train_accuracy),
             "test_accuracy": self.test_accuracy,
             "seconds": self.seconds,
+            "peak_memory_bytes": self.peak_memory_bytes,
             "per_epoch": self.epochs.iter().map(|e| json!({
                 "epoch": e.epoch, "lr": e.lr, "train_loss": e.train_loss,
                 "train_accuracy": e.train_accuracy, "test_accuracy": e.test_accuracy,
@@ -365,14 +373,18 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         let pb = bar(loader.len(), show, epoch + 1, cfg.epochs);
         let (mut loss_sum, mut hits, mut seen) = (0.0f64, 0usize, 0usize);
         let loader_epoch = loader.epoch();
+        let prof = (epoch == first_epoch && cfg.profile.is_some()).then(Profiler::start);
         for batch in loader.iter_epoch(loader_epoch) {
             let batch = batch?;
             let (x, y) = (&batch[0], &batch[1]);
+            let _step = profiler::record_function("train_step");
             let logits = model.forward(x)?;
             let loss = F::cross_entropy(&logits, y, None, ClassLossOpts::default())?;
             opt.zero_grad();
             loss.backward()?;
+            let step = profiler::record_function("optimizer.step");
             opt.step()?;
+            drop(step);
             let n = y.numel();
             loss_sum += loss.item()? * n as f64;
             hits += correct(&logits, y)?;
@@ -385,7 +397,11 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
             ));
         }
         sched.step(&mut opt)?;
-        let test_accuracy = evaluate(&model, &xte, &yte)?;
+        let test_accuracy = {
+            let _eval = profiler::record_function("evaluate");
+            evaluate(&model, &xte, &yte)?
+        };
+        let prof = prof.map(Profiler::stop);
         let s = EpochStats {
             epoch: epoch + 1,
             lr,
@@ -405,6 +421,9 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
             println!("{line}");
         }
         stats.push(s);
+        if let (Some(prof), Some(path)) = (prof, &cfg.profile) {
+            write_profile(prof, path, epoch + 1, !cfg.verbose)?;
+        }
         if let Some(p) = &cfg.checkpoint {
             let mut ck = Checkpoint::capture(
                 &model,
@@ -438,7 +457,24 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         seconds: start.elapsed().as_secs_f64(),
         train_size: n_train,
         test_size: yte.numel(),
+        peak_memory_bytes: crate::memory::max_memory_allocated(),
     })
+}
+
+/// Writes the Chrome trace of a profiled epoch and prints its table (the 30
+/// rows with the most total time) to stdout, or stderr when `to_stderr`.
+fn write_profile(p: Profile, path: &Path, epoch: u64, to_stderr: bool) -> Result<()> {
+    p.export_chrome_trace(path)?;
+    let msg = format!(
+        "profile of epoch {epoch} (open {} in https://ui.perfetto.dev):\n{}",
+        path.display(),
+        p.table_top(false, 30)
+    );
+    match to_stderr {
+        true => eprint!("{msg}"),
+        false => print!("{msg}"),
+    }
+    Ok(())
 }
 
 /// The last line `kiln train` prints.
@@ -475,6 +511,10 @@ pub struct TrainArgs {
     /// The digits file (default: data/digits.safetensors here, else the project's).
     #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Profile the first epoch: write its Chrome trace (Perfetto,
+    /// chrome://tracing) to this file and print its op/kernel table.
+    #[arg(long, value_name = "TRACE.json")]
+    pub profile: Option<PathBuf>,
 }
 
 /// `kiln train`: runs and prints the summary; the last line is [`accuracy_line`].
@@ -492,10 +532,14 @@ pub fn cli(a: TrainArgs) -> Result<()> {
         limit: None,
         progress: !a.json,
         verbose: !a.json,
+        profile: a.profile,
     };
     let out = run(&cfg)?;
     if a.json {
         println!("{}", out.json(&cfg));
+    } else {
+        let peak = crate::memory::format_bytes(out.peak_memory_bytes);
+        println!("peak memory: {peak} ({} bytes)", out.peak_memory_bytes);
     }
     println!("{}", accuracy_line(out.test_accuracy));
     Ok(())

@@ -16,6 +16,7 @@ use kiln_ir::{bail, DType, Result};
 use kiln_passes::decompose;
 use kiln_passes::decompose_loss::{self as loss, ClassLossOpts, Reduction};
 use kiln_runtime::externs;
+use kiln_runtime::profiler::{self, Category};
 
 /// The float dtype extern kernels compute `ts` in (f16/bf16 widen to f32), or an
 /// error naming `op` when the dtypes differ or are not floating.
@@ -70,11 +71,37 @@ macro_rules! dispatch_float {
     };
 }
 
-/// Allocates the output in the compute dtype, fills it with `fill`, and narrows to `dtype`.
-fn extern_out(dims: &[usize], dtype: DType, fill: impl FnOnce(&Tensor)) -> Result<Tensor> {
+/// Allocates the output in the compute dtype, fills it with `fill` (the extern
+/// kernel `name` over `ins`, profiled as one extern event), and narrows to `dtype`.
+fn extern_out(
+    name: &'static str,
+    ins: &[&Tensor],
+    dims: &[usize],
+    dtype: DType,
+    fill: impl FnOnce(&Tensor),
+) -> Result<Tensor> {
     let out = Tensor::zeros(dims, dtype.compute());
-    fill(&out);
+    {
+        let _p = profiler::scope(name, Category::Extern)
+            .shapes(|| shapes(ins))
+            .bytes(|| ins.iter().chain([&&out]).map(|t| nbytes(t)).sum());
+        fill(&out);
+    }
     out.to_dtype(dtype)
+}
+
+/// Input shapes for the profiler.
+fn shapes(ts: &[&Tensor]) -> Vec<Vec<usize>> {
+    ts.iter().map(|t| t.dims().to_vec()).collect()
+}
+
+fn nbytes(t: &Tensor) -> u64 {
+    (t.numel() * t.dtype().size()) as u64
+}
+
+/// An op-level profiler scope over `ins` (free when not profiling).
+fn op_scope(name: &'static str, ins: &[&Tensor]) -> profiler::Scope {
+    profiler::scope(name, Category::Op).shapes(|| shapes(ins))
 }
 
 /// `torch.matmul` for every rank combination; strided operands (transposes,
@@ -83,6 +110,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if let Some((a, b)) = amp::cast_for(Policy::Lower, (a, b))? {
         return matmul(&a, &b);
     }
+    let _p = op_scope("matmul", &[a, b]);
     let dt = float_dtype("matmul", &[a, b])?;
     let plan = mm::matmul_plan(a.dims(), b.dims())?;
     let (a0, b0) = (a, b);
@@ -111,7 +139,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (brs, bcs) = (be.strides()[bl], be.strides()[bl + 1]);
     let mut full: Vec<usize> = plan.batch.to_vec();
     full.extend([plan.m, plan.n]);
-    let out = extern_out(&full, dt, |out| unsafe {
+    let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
         dispatch_float!(dt, T => externs::gemm::batched_matmul_offsets::<T>(
             plan.m, plan.k, plan.n,
             ae.storage.as_slice::<T>(), &ao, ars, acs,
@@ -133,6 +161,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, weight, bias))? {
         return linear(&x, &w, b.as_ref());
     }
+    let _p = op_scope("linear", &[x, weight]);
     let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
     let y = matmul(x, &weight.t()?)?;
     let y = match bias {
@@ -153,7 +182,7 @@ pub fn conv1d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> 
 }
 
 fn conv_nd(
-    op: &str,
+    op: &'static str,
     x: &Tensor,
     w: &Tensor,
     bias: Option<&Tensor>,
@@ -162,13 +191,14 @@ fn conv_nd(
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
         return conv_nd(op, &x, &w, b.as_ref(), p);
     }
+    let _p = op_scope(op, &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype(op, &ts)?;
     let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
-    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv2d::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
         ))
@@ -186,6 +216,7 @@ pub fn conv_transpose2d(
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
         return conv_transpose2d(&x, &w, b.as_ref(), p);
     }
+    let _p = op_scope("conv_transpose2d", &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
     let dt = float_dtype("conv_transpose2d", &ts)?;
@@ -198,24 +229,33 @@ pub fn conv_transpose2d(
     )?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
-    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
-        dispatch_float!(dt, T => externs::conv::conv_transpose2d::<T>(
-            &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
-        ))
-    })?;
+    let y = extern_out(
+        "conv_transpose2d",
+        &[&xc, &wc],
+        &g.out_shape(),
+        dt,
+        |out| unsafe {
+            dispatch_float!(dt, T => externs::conv::conv_transpose2d::<T>(
+                &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
+            ))
+        },
+    )?;
     rules::conv_transpose(g, x, w, bias, y)
 }
 
 fn pool_with_indices(
-    op: &str,
+    op: &'static str,
     x: &Tensor,
     g: &Pool2dGeometry,
     run: impl Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
 ) -> Result<(Tensor, Tensor)> {
+    let _p = op_scope(op, &[x]);
     let dt = float_dtype(op, &[x])?;
     let xc = compute_input(x)?;
     let idx = Tensor::zeros(&g.out_shape(), DType::I64);
-    let out = extern_out(&g.out_shape(), dt, |out| run(g, &xc, out, &idx, dt))?;
+    let out = extern_out(op, &[&xc], &g.out_shape(), dt, |out| {
+        run(g, &xc, out, &idx, dt)
+    })?;
     let name = if op == "max_pool2d" {
         "max_pool2d"
     } else {
@@ -247,11 +287,12 @@ pub fn avg_pool2d(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
+    let _p = op_scope("avg_pool2d", &[x]);
     let dt = float_dtype("avg_pool2d", &[x])?;
     pool::check_divisor_override("avg_pool2d", divisor_override)?;
     let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
     let xc = compute_input(x)?;
-    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
+    let y = extern_out("avg_pool2d", &[&xc], &g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::pool::avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>(), count_include_pad, divisor_override))
     })?;
     rules::avg_pool(
@@ -267,17 +308,25 @@ pub fn avg_pool2d(
 
 /// `F.adaptive_avg_pool2d`.
 pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
+    let _p = op_scope("adaptive_avg_pool2d", &[x]);
     let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
     let g = pool::adaptive_pool2d_geometry("adaptive_avg_pool2d", x.dims(), output_size)?;
     let xc = compute_input(x)?;
-    let y = extern_out(&g.out_shape(), dt, |out| unsafe {
-        dispatch_float!(dt, T => externs::pool::adaptive_avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>()))
-    })?;
+    let y = extern_out(
+        "adaptive_avg_pool2d",
+        &[&xc],
+        &g.out_shape(),
+        dt,
+        |out| unsafe {
+            dispatch_float!(dt, T => externs::pool::adaptive_avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>()))
+        },
+    )?;
     rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y)
 }
 
 /// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx matters for backward only).
 pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
+    let _p = op_scope("embedding", &[indices, weight]);
     let shape = emb::embedding_shape(weight.dims(), indices.dims(), indices.dtype())?;
     emb::resolve_padding_idx(weight.dims(), padding_idx)?;
     let dt = float_dtype("embedding", &[weight])?;
@@ -285,7 +334,7 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
     let wc = compute_input(weight)?;
     let (v, d) = (weight.dims()[0], weight.dims()[1]);
     let mut res = Ok(());
-    let out = extern_out(&shape, dt, |out| unsafe {
+    let out = extern_out("embedding", &[&idx, &wc], &shape, dt, |out| unsafe {
         res = dispatch_float!(dt, T => externs::embedding::embedding::<T, i64>(data(&wc), v, d, data(&idx), out.storage.as_mut_slice::<T>()))
     })?;
     res?;
@@ -303,6 +352,7 @@ pub fn layer_norm(
     if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
         return layer_norm(&x, normalized_shape, w.as_ref(), b.as_ref(), eps);
     }
+    let _p = op_scope("layer_norm", &[x]);
     kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
     decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
         let (w, b) = (weight.map(cv), bias.map(cv));
@@ -326,6 +376,7 @@ pub fn group_norm(
     if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
         return group_norm(&x, groups, w.as_ref(), b.as_ref(), eps);
     }
+    let _p = op_scope("group_norm", &[x]);
     kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
     decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
         let (w, b) = (weight.map(cv), bias.map(cv));
@@ -351,6 +402,7 @@ pub fn batch_norm(
         let (rm, rv) = (running_mean, running_var);
         return batch_norm(&x, rm, rv, w.as_ref(), b.as_ref(), training, momentum, eps);
     }
+    let _p = op_scope("batch_norm", &[x]);
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
     let (y, running) = if crate::autograd::needs_grad(&ins(&[Some(x), weight, bias])) {
         let r = decompose::batch_norm(
@@ -412,6 +464,7 @@ pub fn cross_entropy(
     if let Some((x, t, w)) = amp::cast_for(Policy::F32, (x, target, weight))? {
         return cross_entropy(&x, &t, w.as_ref(), o);
     }
+    let _p = op_scope("cross_entropy", &[x, target]);
     kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
     decomposed!(&ins(&[Some(x), Some(target), weight]), |f, cv| {
         let w = weight.map(cv);
@@ -429,6 +482,7 @@ pub fn nll_loss(
     if let Some((lp, t, w)) = amp::cast_for(Policy::F32, (logp, target, weight))? {
         return nll_loss(&lp, &t, w.as_ref(), o);
     }
+    let _p = op_scope("nll_loss", &[logp, target]);
     decomposed!(&ins(&[Some(logp), Some(target), weight]), |f, cv| {
         let w = weight.map(cv);
         loss::nll_loss(f, &cv(logp), &cv(target), w.as_ref(), o)
@@ -439,6 +493,7 @@ pub fn nll_loss(
 /// with PyTorch's warning (once per call site).
 #[track_caller]
 pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
+    let _p = op_scope("mse_loss", &[x, y]);
     target_size_warning(x, y);
     let c = amp::cast_for(Policy::F32, (x, y))?;
     let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
@@ -448,6 +503,7 @@ pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
 /// `F.l1_loss` (broadcasts like [`mse_loss`]).
 #[track_caller]
 pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
+    let _p = op_scope("l1_loss", &[x, y]);
     target_size_warning(x, y);
     let c = amp::cast_for(Policy::F32, (x, y))?;
     let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
@@ -457,6 +513,7 @@ pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
 /// `F.smooth_l1_loss` (broadcasts like [`mse_loss`]).
 #[track_caller]
 pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result<Tensor> {
+    let _p = op_scope("smooth_l1_loss", &[x, y]);
     target_size_warning(x, y);
     let c = amp::cast_for(Policy::F32, (x, y))?;
     let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
@@ -472,6 +529,7 @@ pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result
 /// `F.huber_loss` (broadcasts like [`mse_loss`]).
 #[track_caller]
 pub fn huber_loss(x: &Tensor, y: &Tensor, r: Reduction, delta: f64) -> Result<Tensor> {
+    let _p = op_scope("huber_loss", &[x, y]);
     target_size_warning(x, y);
     let c = amp::cast_for(Policy::F32, (x, y))?;
     let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
@@ -494,6 +552,7 @@ pub fn binary_cross_entropy_with_logits(
     if let Some((x, y, w, pw)) = amp::cast_for(Policy::F32, (x, y, weight, pos_weight))? {
         return binary_cross_entropy_with_logits(&x, &y, w.as_ref(), pw.as_ref(), r);
     }
+    let _p = op_scope("binary_cross_entropy_with_logits", &[x, y]);
     decomposed!(&ins(&[Some(x), Some(y), weight, pos_weight]), |f, cv| {
         let (w, pw) = (weight.map(cv), pos_weight.map(cv));
         loss::bce_with_logits(f, &cv(x), &cv(y), w.as_ref(), pw.as_ref(), r)
@@ -509,6 +568,7 @@ pub fn binary_cross_entropy(
     if let Some((p, y, w)) = amp::cast_for(Policy::F32, (p, y, weight))? {
         return binary_cross_entropy(&p, &y, w.as_ref(), r);
     }
+    let _p = op_scope("binary_cross_entropy", &[p, y]);
     decomposed!(&ins(&[Some(p), Some(y), weight]), |f, cv| {
         let w = weight.map(cv);
         loss::binary_cross_entropy(f, &cv(p), &cv(y), w.as_ref(), r)

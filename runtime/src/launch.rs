@@ -1,6 +1,7 @@
 //! Launching KernelIR over strided views: dim collapsing, the kernel cache,
 //! f16/bf16 widening, and splitting dim 0 across threads.
 
+use crate::profiler::{self, Category};
 use crate::storage::Storage;
 use crate::strided::for_each_offset;
 use kiln_codegen::cpu::{CompiledKernel, CpuJit};
@@ -131,6 +132,7 @@ pub fn compiled(k: &Kernel) -> Result<Arc<Executable>> {
         HITS.fetch_add(1, Ordering::Relaxed);
         return Ok(f.clone());
     }
+    let _p = profiler::scope_with(Category::Compile, || format!("codegen {}", k.name));
     let f = Arc::new(match &mut c.backend {
         Backend::Jit(jit) => Executable::Native(jit.compile(k)?),
         Backend::Interp => Executable::Interpreted(k.clone()),
@@ -210,6 +212,9 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     if views.iter().any(|v| v.dtype().is_half()) {
         return launch_widened(template, views, scalars);
     }
+    let _p = profiler::scope_with(Category::Kernel, || template.name.clone())
+        .shapes(|| views.iter().map(|v| operand_dims(v.layout)).collect())
+        .bytes(|| views.iter().map(operand_bytes).sum());
     let dims = &views[0].layout.dims;
     if dims.contains(&0) && template.reduce.is_none() {
         return Ok(());
@@ -258,6 +263,20 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
         });
     }
     Ok(())
+}
+
+/// An operand's dims as the profiler reports them: broadcast (stride-0) dims as 1.
+fn operand_dims(l: &Layout) -> Vec<usize> {
+    l.dims
+        .iter()
+        .zip(&l.strides)
+        .map(|(&d, &s)| if s == 0 { d.min(1) } else { d })
+        .collect()
+}
+
+/// Bytes an operand occupies (its distinct elements: broadcast dims count once).
+fn operand_bytes(v: &View) -> u64 {
+    (operand_dims(v.layout).iter().product::<usize>() * v.dtype().size()) as u64
 }
 
 fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
@@ -318,6 +337,9 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
 /// round-to-nearest-even into f16/bf16 (crate `half`). Views must have equal dims
 /// (broadcast strides in `src` are fine; a reduced output view is written once per element).
 pub fn convert(src: View, dst: View) {
+    let _p = profiler::scope("convert", Category::Memcpy)
+        .shapes(|| vec![dst.layout.dims.to_vec(), src.layout.dims.to_vec()])
+        .bytes(|| operand_bytes(&src) + operand_bytes(&dst));
     let mut vals: Vec<f64> = Vec::with_capacity(src.layout.numel());
     let mut ints: Vec<i64> = Vec::new();
     let sd = src.dtype();

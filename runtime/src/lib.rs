@@ -3,8 +3,14 @@
 
 pub mod externs;
 pub mod launch;
+pub mod memory;
+pub mod profiler;
 pub mod storage;
 pub mod strided;
 
 pub use launch::{cache_stats, convert, launch, record_kernels, CacheStats, View};
-pub use storage::{memory_allocated, memory_cached, Storage};
+pub use memory::{
+    max_memory_allocated, memory_allocated, memory_cached, memory_reserved, memory_stats,
+    memory_summary, reset_peak_memory_stats, Device, MemoryStats,
+};
+pub use storage::Storage;

@@ -1,21 +1,27 @@
 //! CPU storage: one dtype, a byte buffer, shared by every view of it.
 
+use crate::memory::{counters, Device};
 use kiln_ir::DType;
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+pub use crate::memory::{memory_allocated, memory_cached};
 
-/// Bytes currently held by live storages (all tensors, all views counted once).
-pub fn memory_allocated() -> usize {
-    LIVE_BYTES.load(Ordering::Relaxed)
-}
-
-/// Bytes held by the caching allocator for reuse (freed, not returned to the OS).
-pub fn memory_cached() -> usize {
-    pool().lock().map(|p| p.cached_bytes).unwrap_or(0)
+/// The pool's cached bytes and its cached blocks per size class
+/// (`(block bytes, count)`, smallest first), for [`crate::memory`].
+pub(crate) fn pool_state() -> (usize, Vec<(usize, usize)>) {
+    let Ok(p) = pool().lock() else {
+        return (0, vec![]);
+    };
+    let mut blocks: Vec<(usize, usize)> = p
+        .free
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(&words, v)| (words * 16, v.len()))
+        .collect();
+    blocks.sort_unstable();
+    (p.cached_bytes, blocks)
 }
 
 /// A caching allocator for large buffers: a freed buffer is kept (by rounded
@@ -56,7 +62,9 @@ fn take_cached(words: usize) -> Option<Vec<u128>> {
         return None;
     }
     let mut p = pool().lock().ok()?;
-    let v = p.free.get_mut(&words)?.pop()?;
+    let v = p.free.get_mut(&words).and_then(|b| b.pop());
+    counters(Device::Cpu).on_pool_request(v.is_some());
+    let v = v?;
     p.cached_bytes -= words * 16;
     Some(v)
 }
@@ -114,7 +122,7 @@ impl Storage {
     }
 
     fn with_data(dtype: DType, len: usize, data: Vec<u128>) -> Storage {
-        LIVE_BYTES.fetch_add(len * dtype.size(), Ordering::Relaxed);
+        counters(Device::Cpu).on_alloc(len * dtype.size(), data.len() * 16);
         Storage {
             dtype,
             len,
@@ -177,7 +185,8 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
-        LIVE_BYTES.fetch_sub(self.nbytes(), Ordering::Relaxed);
+        let buffer_bytes = self.data.get_mut().len() * 16;
+        counters(Device::Cpu).on_free(self.nbytes(), buffer_bytes);
         give_back(std::mem::take(self.data.get_mut()));
     }
 }

@@ -8,6 +8,7 @@ use super::{anomaly, no_grad, AutogradMeta};
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
+use kiln_runtime::profiler::{self, Category};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -73,6 +74,7 @@ pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Res
         );
     }
     let _ng = no_grad();
+    let _p = profiler::scope("backward", Category::Op);
     let mut nodes: HashMap<Key, Arc<Node>> = HashMap::new();
     let mut buffers: HashMap<Key, Option<Tensor>> = HashMap::new();
     let mut starts = vec![];
@@ -138,7 +140,11 @@ pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Res
                 );
             };
             let outs = match &g {
-                Some(g) => Some(func(g)?),
+                Some(g) => {
+                    let _p = profiler::scope_with(Category::Backward, || n.name().to_string())
+                        .shapes(|| vec![g.dims().to_vec()]);
+                    Some(func(g)?)
+                }
                 None => None,
             };
             if !retain_graph {

@@ -9,6 +9,7 @@ use crate::Tensor;
 use kiln_ir::op::infer::require_float;
 use kiln_ir::Result;
 use kiln_passes::decompose;
+use kiln_runtime::profiler::{self, Category};
 
 /// `decomposed!(inputs, |b, cv| body)`: runs `body` (a decomposition returning
 /// `Result<B::T>`) with the fusing builder when no input needs a gradient,
@@ -34,11 +35,16 @@ pub(crate) fn run(x: &Tensor, f: impl FnOnce(&mut Fuser, &Lazy) -> Result<Lazy>)
 }
 
 impl Tensor {
+    /// An op-level profiler scope with this tensor's shape (free when not profiling).
+    fn op_scope(&self, name: &'static str) -> profiler::Scope {
+        profiler::scope(name, Category::Op).shapes(|| vec![self.dims().to_vec()])
+    }
     /// `F.softmax(x, dim)`: max, exp(x - max) stored once, its sum, the division.
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.softmax(dim);
         }
+        let _p = self.op_scope("softmax");
         require_float("softmax", &self.meta())?;
         let y = run(&self.detach(), |b, x| decompose::softmax(b, x, dim))?;
         crate::autograd::rules::reduce::softmax(self, dim, false, y)
@@ -48,12 +54,14 @@ impl Tensor {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.log_softmax(dim);
         }
+        let _p = self.op_scope("log_softmax");
         require_float("log_softmax", &self.meta())?;
         let y = run(&self.detach(), |b, x| decompose::log_softmax(b, x, dim))?;
         crate::autograd::rules::reduce::softmax(self, dim, true, y)
     }
     /// `torch.logsumexp(x, dims, keepdim)`.
     pub fn logsumexp(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+        let _p = self.op_scope("logsumexp");
         require_float("logsumexp", &self.meta())?;
         decomposed!(&[self], |b, cv| decompose::logsumexp(
             b,
@@ -64,6 +72,7 @@ impl Tensor {
     }
     /// `torch.var(x, dims, correction=..., keepdim)`; empty `dims` = all.
     pub fn var(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let _p = self.op_scope("var");
         require_float("var", &self.meta())?;
         decomposed!(&[self], |b, cv| decompose::var(
             b,
@@ -74,6 +83,7 @@ impl Tensor {
         ))
     }
     pub fn std(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
+        let _p = self.op_scope("std");
         require_float("std", &self.meta())?;
         decomposed!(&[self], |b, cv| decompose::std(
             b,

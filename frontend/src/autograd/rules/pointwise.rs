@@ -131,8 +131,6 @@ fn binary_grads(
 ) -> Result<[Tensor; 2]> {
     use BinaryOp::*;
     Ok(match op {
-        Add => [g.clone(), g.clone()],
-        Sub => [g.clone(), g.neg()?],
         Mul => [g.mul(b)?, g.mul(a)?],
         Div => [g.div(b)?, g.neg()?.mul(a)?.div(&b.mul(b)?)?],
         Pow => {
@@ -159,6 +157,18 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, y: Tensor) -> Result<
         return Ok(y);
     }
     let name = op.name();
+    // add/sub need no saved values (like PyTorch's AddBackward): saving the
+    // inputs would keep activations alive until backward for nothing
+    if matches!(op, BinaryOp::Add | BinaryOp::Sub) {
+        return record(name, y, &[a, b], move |g| {
+            let gb = if op == BinaryOp::Sub {
+                g.neg()?
+            } else {
+                g.clone()
+            };
+            Ok(vec![Some(g.clone()), Some(gb)])
+        });
+    }
     let (sa, sb) = (Saved::new(name, a), Saved::new(name, b));
     let sy = (op == BinaryOp::Pow).then(|| Saved::new(name, &y));
     record(name, y, &[a, b], move |g| {
