@@ -8,7 +8,6 @@ use kiln_codegen::cpu::{CompiledKernel, CpuJit};
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::op::Layout;
 use kiln_ir::{DType, Result, Strides};
-use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -414,22 +413,13 @@ unsafe fn write_i64(p: *mut u8, d: DType, o: usize, v: i64) {
     }
 }
 
-/// Strides of a reduction's output as seen by the loop nest: the kept dims of
-/// `out` followed by a stride-0 reduced dim.
-pub fn reduction_out_strides(out: &Layout) -> Strides {
-    let mut s: Strides = out.strides.clone();
-    s.push(0);
-    s
-}
-
-/// Small helper for building stride vectors in tests.
-pub fn strides(v: &[isize]) -> Strides {
-    SmallVec::from_slice(v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strides(v: &[isize]) -> Strides {
+        smallvec::SmallVec::from_slice(v)
+    }
 
     #[test]
     fn collapse_merges_contiguous_and_keeps_reduce_axis() {
