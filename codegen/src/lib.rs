@@ -3,6 +3,7 @@
 //! Backends are pure functions of a [`Kernel`].
 
 pub mod cpu;
+pub mod cuda;
 pub mod interp;
 pub mod kernel;
 

@@ -1,6 +1,7 @@
 //! kiln-runtime: CPU storage, launching generated kernels through the kernel
 //! cache, and extern kernels (GEMM, convolution, pooling, embedding).
 
+pub mod cuda;
 pub mod externs;
 pub mod launch;
 pub mod memory;

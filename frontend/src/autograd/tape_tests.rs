@@ -162,3 +162,9 @@ fn composites_and_multi_root_backward() {
     // softmax part: s(1-s) = 0.19661193 for row 0 col 0; var part: x - mean = -0.5
     assert!((gx[0] - (0.19661193 - 1.0)).abs() < 1e-5, "{gx:?}");
 }
+
+#[test]
+fn tensors_are_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<crate::Tensor>();
+}
