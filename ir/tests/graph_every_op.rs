@@ -1,9 +1,10 @@
 //! The text form round-trips every `Op` variant: print(parse(print(g))) ==
 //! print(g), and parse(print(g)) == g. `variant` has no wildcard arm, so a new
-//! variant fails to compile here until the graph below covers it.
+//! variant fails to compile here until the graph below covers it, and
+//! `variant` names every field, so a new field does too (add a case for it
+//! below, then add it to the pattern).
 
-use kiln_ir::dtype::Category;
-use kiln_ir::graph::{Constant, Graph};
+use kiln_ir::graph::{Constant, Graph, Reduction, ScalarValue};
 use kiln_ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Meta, Op};
@@ -15,7 +16,11 @@ fn variant(op: &Op) -> usize {
     match op {
         Op::Unary(_) => 0,
         Op::Binary(_) => 1,
-        Op::BinaryScalar { .. } => 2,
+        Op::BinaryScalar {
+            op: _,
+            value: _,
+            reversed: _,
+        } => 2,
         Op::Where => 3,
         Op::Cast(_) => 4,
         Op::Reduce { .. } => 5,
@@ -25,9 +30,26 @@ fn variant(op: &Op) -> usize {
         Op::LogSumExp { .. } => 9,
         Op::Softmax { .. } => 10,
         Op::LogSoftmax { .. } => 11,
-        Op::LayerNorm { .. } => 12,
-        Op::GroupNorm { .. } => 13,
-        Op::BatchNorm { .. } => 14,
+        Op::LayerNorm {
+            normalized_shape: _,
+            eps: _,
+            has_weight: _,
+            has_bias: _,
+        } => 12,
+        Op::GroupNorm {
+            groups: _,
+            eps: _,
+            has_weight: _,
+            has_bias: _,
+        } => 13,
+        Op::BatchNorm {
+            training: _,
+            momentum: _,
+            eps: _,
+            has_running_stats: _,
+            has_weight: _,
+            has_bias: _,
+        } => 14,
         Op::Matmul => 15,
         Op::Linear => 16,
         Op::Conv { .. } => 17,
@@ -45,10 +67,24 @@ fn variant(op: &Op) -> usize {
         Op::Cat { .. } => 29,
         Op::IndexSelect { .. } => 30,
         Op::Gather { .. } => 31,
-        Op::MaskedFill => 32,
-        Op::CrossEntropy => 33,
-        Op::NllLoss => 34,
-        Op::PairLoss { .. } => 35,
+        Op::MaskedFill { value: _ } => 32,
+        Op::CrossEntropy {
+            reduction: _,
+            ignore_index: _,
+            label_smoothing: _,
+            has_weight: _,
+        } => 33,
+        Op::NllLoss {
+            reduction: _,
+            ignore_index: _,
+            has_weight: _,
+        } => 34,
+        Op::PairLoss {
+            name: _,
+            reduction: _,
+            has_weight: _,
+            has_pos_weight: _,
+        } => 35,
     }
 }
 
@@ -80,6 +116,7 @@ fn every_op() -> Graph {
     let tgt = g.input("target", Meta::new(DType::I64, &[4]));
     let y = g.input("y", f32m(&[4, 5]));
     let h = g.input("odd name", Meta::new(DType::BF16, &[4, 5]));
+    let t0 = g.input("t0", Meta::new(DType::I64, &[]));
 
     let mut outs: Vec<NodeId> = Vec::new();
     let mut add = |g: &mut Graph, op: Op, ins: &[NodeId]| -> NodeId {
@@ -99,9 +136,14 @@ fn every_op() -> Graph {
         B::FloorDiv, B::Eq, B::Ne, B::Lt, B::Le, B::Gt, B::Ge, B::And, B::Or] {
         add(&mut g, Op::Binary(bop), &[m, y]);
     }
-    add(&mut g, Op::BinaryScalar { op: B::Mul, scalar: Category::Float, reversed: false }, &[m]);
-    add(&mut g, Op::BinaryScalar { op: B::Sub, scalar: Category::Int, reversed: true }, &[idx]);
-    add(&mut g, Op::BinaryScalar { op: B::Or, scalar: Category::Bool, reversed: false }, &[mask]);
+    use ScalarValue as S;
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(2.0)), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(3.0)), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Int(2), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Sub, value: S::Int(-7), reversed: true }, &[idx]);
+    add(&mut g, Op::BinaryScalar { op: B::Add, value: S::Int(i64::MAX), reversed: false }, &[idx]);
+    add(&mut g, Op::BinaryScalar { op: B::Div, value: S::Float(f(0.1)), reversed: true }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Or, value: S::Bool(true), reversed: false }, &[mask]);
     add(&mut g, Op::Where, &[mask, m, y]);
     add(&mut g, Op::Cast(DType::F16), &[m]);
     add(&mut g, Op::Cast(DType::I32), &[m]);
@@ -115,11 +157,21 @@ fn every_op() -> Graph {
     add(&mut g, Op::LogSumExp { dims: vec![-1], keepdim: false }, &[m]);
     add(&mut g, Op::Softmax { dim: -1 }, &[m]);
     add(&mut g, Op::LogSoftmax { dim: 0 }, &[m]);
-    add(&mut g, Op::LayerNorm { normalized_shape: vec![5], eps: f(1e-5) }, &[m, v5, v5]);
-    add(&mut g, Op::LayerNorm { normalized_shape: vec![4, 5], eps: f(1e-12) }, &[m]);
-    add(&mut g, Op::GroupNorm { groups: 3, eps: f(1e-5) }, &[x, c3, c3]);
-    add(&mut g, Op::BatchNorm { training: false, momentum: f(0.1), eps: f(1e-5) }, &[x, c3, c3, c3, c3]);
-    add(&mut g, Op::BatchNorm { training: true, momentum: f(0.1), eps: f(1e-3) }, &[x]);
+    let ln = |shape: Vec<usize>, eps, has_weight, has_bias| Op::LayerNorm { normalized_shape: shape, eps, has_weight, has_bias };
+    add(&mut g, ln(vec![5], f(1e-5), true, true), &[m, v5, v5]);
+    add(&mut g, ln(vec![4, 5], f(1e-12), false, false), &[m]);
+    add(&mut g, ln(vec![5], f(1e-5), true, false), &[m, v5]);
+    add(&mut g, ln(vec![5], f(1e-5), false, true), &[m, v5]);
+    add(&mut g, Op::GroupNorm { groups: 3, eps: f(1e-5), has_weight: true, has_bias: true }, &[x, c3, c3]);
+    add(&mut g, Op::GroupNorm { groups: 1, eps: f(1e-5), has_weight: false, has_bias: true }, &[x, c3]);
+    let bn = |training, eps, has_running_stats, has_weight, has_bias| Op::BatchNorm {
+        training, momentum: f(0.1), eps, has_running_stats, has_weight, has_bias,
+    };
+    add(&mut g, bn(false, f(1e-5), true, true, true), &[x, c3, c3, c3, c3]);
+    add(&mut g, bn(true, f(1e-3), false, false, false), &[x]);
+    add(&mut g, bn(true, f(1e-5), false, true, true), &[x, c3, c3]);
+    add(&mut g, bn(false, f(1e-5), true, false, false), &[x, c3, c3]);
+    add(&mut g, bn(true, f(1e-5), true, false, true), &[x, c3, c3, c3]);
     add(&mut g, Op::Matmul, &[m, m2]);
     add(&mut g, Op::Linear, &[m, lw, lb]);
     add(&mut g, Op::Linear, &[m, lw]);
@@ -147,13 +199,29 @@ fn every_op() -> Graph {
     add(&mut g, Op::Cat { dim: 0 }, &[m, y, m]);
     add(&mut g, Op::IndexSelect { dim: 1 }, &[m, idx]);
     add(&mut g, Op::Gather { dim: 1 }, &[m, idx2]);
-    add(&mut g, Op::MaskedFill, &[m, mask]);
-    add(&mut g, Op::CrossEntropy, &[m, tgt]);
-    add(&mut g, Op::NllLoss, &[m, tgt, v5]);
+    let fill0 = g.constant(Constant::scalar(0.0, DType::F32)).unwrap();
+    add(&mut g, Op::MaskedFill { value: Some(S::Float(f(f64::NEG_INFINITY))) }, &[m, mask]);
+    add(&mut g, Op::MaskedFill { value: Some(S::Int(0)) }, &[m, mask]);
+    add(&mut g, Op::MaskedFill { value: None }, &[m, mask, fill0]);
+    let ce = |reduction, ignore_index, ls, has_weight| Op::CrossEntropy {
+        reduction, ignore_index, label_smoothing: f(ls), has_weight,
+    };
+    add(&mut g, ce(Reduction::Mean, -100, 0.0, false), &[m, tgt]);
+    add(&mut g, ce(Reduction::None, 3, 0.1, true), &[m, tgt, v5]);
+    add(&mut g, ce(Reduction::Sum, -100, 0.0, false), &[m, y]);
+    let nll = |reduction, ignore_index, has_weight| Op::NllLoss { reduction, ignore_index, has_weight };
+    add(&mut g, nll(Reduction::Mean, -100, true), &[m, tgt, v5]);
+    add(&mut g, nll(Reduction::None, 0, false), &[m, tgt]);
+    add(&mut g, nll(Reduction::Sum, -100, false), &[v5, t0]);
+    let pl = |name, reduction, has_weight, has_pos_weight| Op::PairLoss { name, reduction, has_weight, has_pos_weight };
     for name in ["mse", "l1", "smooth_l1", "huber", "bce", "bce_with_logits"] {
-        add(&mut g, Op::PairLoss { name, reduce: true }, &[m, y]);
+        add(&mut g, pl(name, Reduction::Mean, false, false), &[m, y]);
     }
-    add(&mut g, Op::PairLoss { name: "mse", reduce: false }, &[m, y]);
+    add(&mut g, pl("mse", Reduction::None, false, false), &[m, v5]);
+    add(&mut g, pl("l1", Reduction::Sum, false, false), &[m, y]);
+    add(&mut g, pl("bce", Reduction::Mean, true, false), &[m, y, v5]);
+    add(&mut g, pl("bce_with_logits", Reduction::None, false, true), &[m, y, v5]);
+    add(&mut g, pl("bce_with_logits", Reduction::Sum, true, true), &[m, y, y, v5]);
 
     // tuple elements and constants
     for (t, i) in [(mp, 0), (mp, 1), (amp, 1)] {

@@ -2,7 +2,7 @@
 //! and text-in tests: a graph written by hand parses, re-infers and prints
 //! back in canonical form.
 
-use kiln_ir::graph::{Constant, Graph};
+use kiln_ir::graph::{Constant, Graph, Reduction};
 use kiln_ir::op::conv::{ConvParams, Padding};
 use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Meta, Op};
@@ -42,6 +42,9 @@ fn conv_bn_relu() {
         training: false,
         momentum: Float(0.1),
         eps: Float(1e-5),
+        has_running_stats: true,
+        has_weight: true,
+        has_bias: true,
     };
     let b = g.op(bn_op, &[c, bn[0], bn[1], bn[2], bn[3]]).unwrap();
     let r = g.op(Op::Unary(UnaryOp::Relu), &[b]).unwrap();
@@ -61,7 +64,13 @@ fn mlp_with_loss() {
     let h = g.op(Op::Linear, &[x, w1, b1]).unwrap();
     let h = g.op(Op::Unary(UnaryOp::Relu), &[h]).unwrap();
     let logits = g.op(Op::Linear, &[h, w2, b2]).unwrap();
-    let loss = g.op(Op::CrossEntropy, &[logits, t]).unwrap();
+    let ce = Op::CrossEntropy {
+        reduction: Reduction::Mean,
+        ignore_index: -100,
+        label_smoothing: Float(0.0),
+        has_weight: false,
+    };
+    let loss = g.op(ce, &[logits, t]).unwrap();
     g.output(loss).unwrap();
     g.output(logits).unwrap();
     insta::assert_snapshot!(text(&g));
@@ -83,6 +92,8 @@ fn scaled_softmax_and_layer_norm() {
     let ln = Op::LayerNorm {
         normalized_shape: vec![64],
         eps: Float(1e-5),
+        has_weight: true,
+        has_bias: true,
     };
     let y = g.op(ln, &[o, w, b]).unwrap();
     g.output(y).unwrap();
@@ -160,4 +171,28 @@ fn dot_output() {
     )
     .unwrap();
     insta::assert_snapshot!(g.to_dot());
+}
+
+#[test]
+fn presence_flags_and_scalar_values_are_checked() {
+    let ok = "graph g(%0 x: f32[4,5], %1 w: f32[5]) {\n  %2 = layer_norm(%0, %1) {eps=1e-5, has_bias=true, has_weight=false, normalized_shape=[5]} : f32[4,5]\n  %3 = mul_scalar(%2) {reversed=false, value=3} : f32[4,5]\n  return %3\n}\n";
+    let g = Graph::parse(ok).unwrap();
+    assert_eq!(g.to_text(), ok);
+    // the flags must agree with the operands
+    let bad = ok.replace("has_bias=true", "has_bias=false");
+    assert!(Graph::parse(&bad).is_err());
+    // the old kind-only scalar attribute is gone
+    let old = ok.replace("value=3", "scalar=int");
+    assert!(Graph::parse(&old).is_err());
+    // reduction=none gives one loss per sample
+    let mut g = Graph::new("l");
+    let x = g.input("x", f32m(&[4, 10, 7]));
+    let t = g.input("t", Meta::new(DType::I64, &[4, 7]));
+    let per = Op::NllLoss {
+        reduction: Reduction::None,
+        ignore_index: -100,
+        has_weight: false,
+    };
+    let l = g.op(per, &[x, t]).unwrap();
+    assert_eq!(g.node(l).meta().unwrap().dims.as_slice(), &[4, 7]);
 }

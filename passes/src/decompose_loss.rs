@@ -5,27 +5,8 @@ use crate::decompose::{log_softmax, Builder};
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result, UnaryOp};
 
-/// `reduction=` of PyTorch's losses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Reduction {
-    None,
-    Mean,
-    Sum,
-}
-
-impl Reduction {
-    pub fn parse(s: &str) -> Result<Reduction> {
-        Ok(match s {
-            "none" => Reduction::None,
-            "mean" => Reduction::Mean,
-            "sum" => Reduction::Sum,
-            _ => bail!(
-                "loss",
-                "reduction must be 'none', 'mean' or 'sum', got '{s}'"
-            ),
-        })
-    }
-}
+/// `reduction=` of PyTorch's losses (one definition, in the IR vocabulary).
+pub use kiln_ir::op::Reduction;
 
 fn reduce<B: Builder>(b: &mut B, loss: &B::T, r: Reduction) -> Result<B::T> {
     let rank = b.dims(loss).len() as i64;

@@ -6,7 +6,7 @@
 //! Attribute names are PyTorch's keyword names where a PyTorch function has
 //! the argument (`kernel_size`, `negative_slope`, `num_groups`, `end`).
 
-use crate::dtype::Category;
+use super::{Reduction, ScalarValue};
 use crate::op::conv::Padding;
 use crate::op::pool::Pool2dParams;
 use crate::op::Op;
@@ -67,12 +67,17 @@ fn opt(x: Option<i64>) -> AttrValue {
     x.map_or(AttrValue::None, AttrValue::Int)
 }
 
-pub(crate) fn category_name(c: Category) -> &'static str {
-    match c {
-        Category::Bool => "bool",
-        Category::Int => "int",
-        Category::Float => "float",
+/// `true`, `2` or `2.0`: the parser reads the kind back from the spelling.
+fn scalar(v: ScalarValue) -> AttrValue {
+    match v {
+        ScalarValue::Bool(b) => AttrValue::Bool(b),
+        ScalarValue::Int(i) => AttrValue::Int(i),
+        ScalarValue::Float(x) => AttrValue::Float(x),
     }
+}
+
+fn reduction(r: Reduction) -> AttrValue {
+    AttrValue::Word(r.name().into())
 }
 
 /// `PairLoss` kinds and their printed (PyTorch) names.
@@ -121,11 +126,16 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             UnaryOp::Elu { alpha } => vec![("alpha", F(*alpha))],
             _ => vec![],
         },
-        Op::Binary(_) | Op::Where | Op::Matmul | Op::Linear | Op::Embedding | Op::MaskedFill
-        | Op::CrossEntropy | Op::NllLoss => vec![],
-        Op::BinaryScalar { scalar, reversed, .. } => vec![
-            ("reversed", Bool(*reversed)),
-            ("scalar", Word(category_name(*scalar).into())),
+        Op::Binary(_) | Op::Where | Op::Matmul | Op::Linear | Op::Embedding => vec![],
+        Op::BinaryScalar { value, reversed, .. } => vec![("reversed", Bool(*reversed)), ("value", scalar(*value))],
+        Op::MaskedFill { value } => vec![("value", value.map_or(AttrValue::None, scalar))],
+        Op::CrossEntropy { reduction: r, ignore_index, label_smoothing, has_weight } => vec![
+            ("has_weight", Bool(*has_weight)), ("ignore_index", AttrValue::Int(*ignore_index)),
+            ("label_smoothing", F(*label_smoothing)), ("reduction", reduction(*r)),
+        ],
+        Op::NllLoss { reduction: r, ignore_index, has_weight } => vec![
+            ("has_weight", Bool(*has_weight)), ("ignore_index", AttrValue::Int(*ignore_index)),
+            ("reduction", reduction(*r)),
         ],
         Op::Cast(d) => vec![("dtype", Word(d.name().into()))],
         Op::Reduce { dims, keepdim, .. } | Op::Mean { dims, keepdim } | Op::LogSumExp { dims, keepdim } => {
@@ -136,10 +146,17 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
         ],
         Op::Softmax { dim } | Op::LogSoftmax { dim } | Op::Cat { dim } | Op::IndexSelect { dim }
         | Op::Gather { dim } => vec![("dim", AttrValue::Int(*dim))],
-        Op::LayerNorm { normalized_shape, eps } => vec![("eps", F(*eps)), ("normalized_shape", ints(normalized_shape))],
-        Op::GroupNorm { groups, eps } => vec![("eps", F(*eps)), ("num_groups", int(*groups))],
-        Op::BatchNorm { training, momentum, eps } => vec![
-            ("eps", F(*eps)), ("momentum", F(*momentum)), ("training", Bool(*training)),
+        Op::LayerNorm { normalized_shape, eps, has_weight, has_bias } => vec![
+            ("eps", F(*eps)), ("has_bias", Bool(*has_bias)), ("has_weight", Bool(*has_weight)),
+            ("normalized_shape", ints(normalized_shape)),
+        ],
+        Op::GroupNorm { groups, eps, has_weight, has_bias } => vec![
+            ("eps", F(*eps)), ("has_bias", Bool(*has_bias)), ("has_weight", Bool(*has_weight)),
+            ("num_groups", int(*groups)),
+        ],
+        Op::BatchNorm { training, momentum, eps, has_running_stats, has_weight, has_bias } => vec![
+            ("eps", F(*eps)), ("has_bias", Bool(*has_bias)), ("has_running_stats", Bool(*has_running_stats)),
+            ("has_weight", Bool(*has_weight)), ("momentum", F(*momentum)), ("training", Bool(*training)),
         ],
         Op::Conv { params: p, .. } => vec![
             ("dilation", ints(&p.dilation)),
@@ -171,14 +188,26 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             ("step", AttrValue::Int(*step)),
         ],
         Op::Select { dim, index } => vec![("dim", AttrValue::Int(*dim)), ("index", AttrValue::Int(*index))],
-        Op::PairLoss { reduce, .. } => vec![("reduce", Bool(*reduce))],
+        Op::PairLoss { name, reduction: r, has_weight, has_pos_weight } => {
+            // only the bce losses take weights, so only they print the flags
+            let mut v = vec![("reduction", reduction(*r))];
+            if name.starts_with("bce") {
+                v.push(("has_weight", Bool(*has_weight)));
+            }
+            if *name == "bce_with_logits" {
+                v.push(("has_pos_weight", Bool(*has_pos_weight)));
+            }
+            v
+        }
     };
     a.sort_by_key(|(k, _)| *k);
     a
 }
 
 /// How many operands the op takes, `(min, max)`; optional tensors (bias,
-/// norm weights, loss weights) come after the required ones, in order.
+/// norm weights, loss weights) come after the required ones, in order. Where
+/// more than one is optional the op's `has_*` flags say which are present
+/// (checked by [`Op::infer`]).
 #[rustfmt::skip]
 pub fn arity(op: &Op) -> (usize, usize) {
     match op {
@@ -196,10 +225,10 @@ pub fn arity(op: &Op) -> (usize, usize) {
         // input, weight, then bias
         Op::Linear | Op::Conv { .. } | Op::ConvTranspose2d(_) => (2, 3),
         Op::Cat { .. } => (1, usize::MAX),
-        // x, mask, then a 0-dim fill value
-        Op::MaskedFill => (2, 3),
+        // x, mask, then a 0-dim fill tensor when there is no `value`
+        Op::MaskedFill { .. } => (2, 3),
         // input, target, then class weights
-        Op::CrossEntropy | Op::NllLoss => (2, 3),
+        Op::CrossEntropy { .. } | Op::NllLoss { .. } => (2, 3),
         // input, target, then weight and pos_weight (bce_with_logits)
         Op::PairLoss { .. } => (2, 4),
     }
@@ -221,10 +250,12 @@ mod tests {
         assert_eq!(op_name(&conv(2)), "conv2d");
         let s = Op::BinaryScalar {
             op: BinaryOp::Mul,
-            scalar: Category::Float,
+            value: ScalarValue::Int(2),
             reversed: false,
         };
         assert_eq!(op_name(&s), "mul_scalar");
+        let a: Vec<String> = attrs(&s).iter().map(|(k, v)| format!("{k}={v}")).collect();
+        assert_eq!(a, ["reversed=false", "value=2"]);
         assert_eq!(op_name(&Op::Binary(BinaryOp::Mul)), "mul");
         let a: Vec<String> = attrs(&conv(2))
             .iter()

@@ -2,10 +2,9 @@
 //! attributes. Every attribute the printer writes is required, and an
 //! attribute the op does not have is an error, so a typo never passes silently.
 
-use super::attrs::{category_name, PAIR_LOSSES};
+use super::attrs::PAIR_LOSSES;
 use super::lex::Pos;
-use super::AttrValue;
-use crate::dtype::Category;
+use super::{AttrValue, Reduction, ScalarValue};
 use crate::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use crate::op::pool::Pool2dParams;
 use crate::op::Op;
@@ -99,6 +98,28 @@ impl Attrs {
             }
         }
         self.bad(key, p, "a list of two non-negative integers", &v)
+    }
+    /// `true`, `2` or `2.0` (kind by spelling); `none` too when `optional`.
+    pub fn scalar(&mut self, key: &str, optional: bool) -> Result<Option<ScalarValue>> {
+        match self.take(key)? {
+            (AttrValue::Bool(b), _) => Ok(Some(ScalarValue::Bool(b))),
+            (AttrValue::Int(i), _) => Ok(Some(ScalarValue::Int(i))),
+            (AttrValue::Float(x), _) => Ok(Some(ScalarValue::Float(x))),
+            (AttrValue::None, _) if optional => Ok(None),
+            (v, p) => self.bad(key, p, "a number or true/false", &v),
+        }
+    }
+    pub fn reduction(&mut self, key: &str) -> Result<Reduction> {
+        let (v, p) = self.take(key)?;
+        let w = match &v {
+            AttrValue::None => "none",
+            AttrValue::Word(w) => w.as_str(),
+            _ => "",
+        };
+        match Reduction::ALL.into_iter().find(|r| r.name() == w) {
+            Some(r) => Ok(r),
+            None => self.bad(key, p, "none, mean or sum", &v),
+        }
     }
     pub fn word(&mut self, key: &str) -> Result<(String, Pos)> {
         match self.take(key)? {
@@ -211,19 +232,11 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         }));
     }
     if let Some(b) = name.strip_suffix("_scalar").and_then(binary) {
-        let (w, p) = a.word("scalar")?;
-        let scalar = [Category::Bool, Category::Int, Category::Float]
-            .into_iter()
-            .find(|c| category_name(*c) == w)
-            .ok_or_else(|| {
-                p.error(format!(
-                    "{name}: scalar must be bool, int or float, got {w}"
-                ))
-            })?;
+        let value = a.scalar("value", false)?.expect("not optional");
         let reversed = a.bool("reversed")?;
         return Ok(Some(Op::BinaryScalar {
             op: b,
-            scalar,
+            value,
             reversed,
         }));
     }
@@ -231,9 +244,12 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         .into_iter()
         .find(|(_, printed)| *printed == name)
     {
+        let bce = kind.starts_with("bce");
         return Ok(Some(Op::PairLoss {
             name: kind,
-            reduce: a.bool("reduce")?,
+            reduction: a.reduction("reduction")?,
+            has_weight: bce && a.bool("has_weight")?,
+            has_pos_weight: kind == "bce_with_logits" && a.bool("has_pos_weight")?,
         }));
     }
     let conv_spatial = name
@@ -294,15 +310,22 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         "layer_norm" => Op::LayerNorm {
             eps: a.float("eps")?,
             normalized_shape: a.usizes("normalized_shape")?,
+            has_weight: a.bool("has_weight")?,
+            has_bias: a.bool("has_bias")?,
         },
         "group_norm" => Op::GroupNorm {
             eps: a.float("eps")?,
             groups: a.usize("num_groups")?,
+            has_weight: a.bool("has_weight")?,
+            has_bias: a.bool("has_bias")?,
         },
         "batch_norm" => Op::BatchNorm {
             eps: a.float("eps")?,
             momentum: a.float("momentum")?,
             training: a.bool("training")?,
+            has_running_stats: a.bool("has_running_stats")?,
+            has_weight: a.bool("has_weight")?,
+            has_bias: a.bool("has_bias")?,
         },
         "matmul" => Op::Matmul,
         "linear" => Op::Linear,
@@ -337,9 +360,20 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         "cat" => Op::Cat { dim: a.int("dim")? },
         "index_select" => Op::IndexSelect { dim: a.int("dim")? },
         "gather" => Op::Gather { dim: a.int("dim")? },
-        "masked_fill" => Op::MaskedFill,
-        "cross_entropy" => Op::CrossEntropy,
-        "nll_loss" => Op::NllLoss,
+        "masked_fill" => Op::MaskedFill {
+            value: a.scalar("value", true)?,
+        },
+        "cross_entropy" => Op::CrossEntropy {
+            reduction: a.reduction("reduction")?,
+            ignore_index: a.int("ignore_index")?,
+            label_smoothing: a.float("label_smoothing")?,
+            has_weight: a.bool("has_weight")?,
+        },
+        "nll_loss" => Op::NllLoss {
+            reduction: a.reduction("reduction")?,
+            ignore_index: a.int("ignore_index")?,
+            has_weight: a.bool("has_weight")?,
+        },
         _ => return Ok(None),
     }))
 }

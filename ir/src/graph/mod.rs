@@ -36,6 +36,7 @@ use crate::op::{Meta, Op};
 use crate::{bail, Result};
 use smallvec::SmallVec;
 
+pub use crate::op::{Reduction, ScalarValue};
 pub use attrs::{arity, attrs, op_name, AttrValue};
 pub use constant::Constant;
 

@@ -6,10 +6,12 @@ pub mod infer;
 pub mod matmul;
 mod pointwise;
 pub mod pool;
+mod values;
 pub mod view;
 mod vocab;
 
 pub use infer::Meta;
 pub use pointwise::{BinaryOp, Float, ReduceKind, UnaryOp};
+pub use values::{Reduction, ScalarValue};
 pub use view::Layout;
 pub use vocab::Op;

@@ -6,7 +6,7 @@ use super::conv::{self, ConvParams, ConvTransposeParams};
 use super::infer::{self, Arg, Meta};
 use super::pool::{self, Pool2dParams};
 use super::{embedding, matmul, view, BinaryOp, Float, Layout, ReduceKind, UnaryOp};
-use crate::dtype::Category;
+use crate::graph::{Reduction, ScalarValue};
 use crate::shape::{fmt_dims, Dims};
 use crate::{bail, DType, Result};
 
@@ -16,10 +16,10 @@ pub enum Op {
     // pointwise
     Unary(UnaryOp),
     Binary(BinaryOp),
-    /// `x op s` (or `s op x` when `reversed`) with a Python number.
+    /// `x op s` (or `s op x` when `reversed`) with the Python number `value`.
     BinaryScalar {
         op: BinaryOp,
-        scalar: Category,
+        value: ScalarValue,
         reversed: bool,
     },
     Where,
@@ -54,19 +54,30 @@ pub enum Op {
     LogSoftmax {
         dim: i64,
     },
-    // normalisation (inputs: x, then the optional tensors present)
+    // normalisation (inputs: x, then the optional tensors the `has_*` flags
+    // say are present, in the order the fields are listed)
+    /// Inputs: x, [weight], [bias].
     LayerNorm {
         normalized_shape: Vec<usize>,
         eps: Float,
+        has_weight: bool,
+        has_bias: bool,
     },
+    /// Inputs: x, [weight], [bias].
     GroupNorm {
         groups: usize,
         eps: Float,
+        has_weight: bool,
+        has_bias: bool,
     },
+    /// Inputs: x, [running_mean, running_var], [weight], [bias].
     BatchNorm {
         training: bool,
         momentum: Float,
         eps: Float,
+        has_running_stats: bool,
+        has_weight: bool,
+        has_bias: bool,
     },
     // extern kernels
     Matmul,
@@ -107,14 +118,33 @@ pub enum Op {
     Gather {
         dim: i64,
     },
-    MaskedFill,
-    // losses (inputs: input, target, then weights)
-    CrossEntropy,
-    NllLoss,
-    /// mse, l1, smooth_l1, huber, bce, bce_with_logits: elementwise then reduced
+    /// Inputs: x, mask, then (when `value` is `None`) a 0-dim fill tensor.
+    MaskedFill {
+        value: Option<ScalarValue>,
+    },
+    // losses (inputs: input, target, then the weights the flags say are present)
+    /// Inputs: input (N, C, d...) or (C), target (class indices, or class
+    /// probabilities shaped like input), [weight (C)].
+    CrossEntropy {
+        reduction: Reduction,
+        ignore_index: i64,
+        label_smoothing: Float,
+        has_weight: bool,
+    },
+    /// Inputs: input (N, C, d...) or (C), target (class indices), [weight (C)].
+    NllLoss {
+        reduction: Reduction,
+        ignore_index: i64,
+        has_weight: bool,
+    },
+    /// mse, l1, smooth_l1, huber, bce, bce_with_logits: elementwise then reduced.
+    /// Inputs: input, target, [weight] (bce, bce_with_logits), [pos_weight]
+    /// (bce_with_logits).
     PairLoss {
         name: &'static str,
-        reduce: bool,
+        reduction: Reduction,
+        has_weight: bool,
+        has_pos_weight: bool,
     },
 }
 
@@ -127,6 +157,90 @@ fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
         bail!(op, "expected at least {n} tensor inputs, got {}", ins.len());
     }
     Ok(())
+}
+
+/// Exactly `n` operands: the required ones plus the optional ones the op's
+/// presence flags declare.
+fn exactly(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+    if ins.len() != n {
+        bail!(
+            op,
+            "expected {n} tensor inputs (as its has_* flags declare), got {}",
+            ins.len()
+        );
+    }
+    Ok(())
+}
+
+fn check_shape(op: &str, what: &str, m: &Meta, want: &[usize]) -> Result<()> {
+    if m.dims.as_slice() != want {
+        bail!(
+            op,
+            "{what} has shape {} but {} was expected",
+            fmt_dims(&m.dims),
+            fmt_dims(want)
+        );
+    }
+    Ok(())
+}
+
+/// The result of a class loss (cross_entropy, nll_loss) on `input` (N, C, d...)
+/// or (C) and `target`: per sample for `reduction=none`, else 0-dim.
+fn class_loss(
+    name: &str,
+    ins: &[Meta],
+    reduction: Reduction,
+    has_weight: bool,
+    allow_probs: bool,
+) -> Result<Vec<Meta>> {
+    exactly(name, ins, 2 + has_weight as usize)?;
+    let (x, t) = (&ins[0], &ins[1]);
+    infer::require_float(name, x)?;
+    if x.dims.is_empty() {
+        bail!(
+            name,
+            "expected an input of shape (N, C, *) or (C), got a 0-dim tensor"
+        );
+    }
+    let cdim = usize::from(x.dims.len() >= 2);
+    let c = x.dims[cdim];
+    let mut per_sample = x.dims.clone();
+    per_sample.remove(cdim);
+    let probs = allow_probs && t.dims == x.dims && t.dtype.is_float();
+    if !probs {
+        if t.dims != per_sample {
+            bail!(
+                name,
+                "target has shape {} but the input {} needs class indices of shape {}{}",
+                fmt_dims(&t.dims),
+                fmt_dims(&x.dims),
+                fmt_dims(&per_sample),
+                if allow_probs {
+                    " or class probabilities of the input's shape"
+                } else {
+                    ""
+                }
+            );
+        }
+        if t.dtype.is_float() || t.dtype == DType::Bool {
+            bail!(
+                name,
+                "class-index target must be an integer tensor, got {}",
+                t.dtype.name()
+            );
+        }
+    }
+    if has_weight {
+        check_shape(name, "weight", &ins[2], &[c])?;
+    }
+    one(Meta {
+        dtype: x.dtype,
+        dims: if reduction == Reduction::None {
+            per_sample
+        } else {
+            Dims::new()
+        },
+    })
 }
 
 impl Op {
@@ -177,11 +291,11 @@ impl Op {
             }
             Op::BinaryScalar {
                 op,
-                scalar,
+                value,
                 reversed,
             } => {
                 need(&name, ins, 1)?;
-                let (t, s) = (Arg::Tensor(&ins[0]), Arg::Scalar(*scalar));
+                let (t, s) = (Arg::Tensor(&ins[0]), Arg::Scalar(value.category()));
                 pw(if *reversed {
                     infer::binary(*op, s, t)?
                 } else {
@@ -231,9 +345,12 @@ impl Op {
                 one(ins[0].clone())
             }
             Op::LayerNorm {
-                normalized_shape, ..
+                normalized_shape,
+                has_weight,
+                has_bias,
+                ..
             } => {
-                need(&name, ins, 1)?;
+                exactly(&name, ins, 1 + *has_weight as usize + *has_bias as usize)?;
                 let d = &ins[0].dims;
                 let k = normalized_shape.len();
                 if k == 0 || k > d.len() || d[d.len() - k..] != normalized_shape[..] {
@@ -244,29 +361,31 @@ impl Op {
                         fmt_dims(d)
                     );
                 }
+                for m in &ins[1..] {
+                    check_shape(&name, "weight/bias", m, normalized_shape)?;
+                }
                 one(ins[0].clone())
             }
-            Op::GroupNorm { .. } | Op::BatchNorm { .. } => {
-                need(&name, ins, 1)?;
-                if ins[0].dims.len() < 2 {
+            Op::GroupNorm {
+                has_weight,
+                has_bias,
+                ..
+            } => self.channel_norm(&name, ins, 1 + *has_weight as usize + *has_bias as usize),
+            Op::BatchNorm {
+                training,
+                has_running_stats,
+                has_weight,
+                has_bias,
+                ..
+            } => {
+                if !training && !has_running_stats {
                     bail!(
                         name,
-                        "expected an input of shape (N, C, *), got {}",
-                        fmt_dims(&ins[0].dims)
+                        "running_mean and running_var are needed when training=false"
                     );
                 }
-                let c = ins[0].dims[1];
-                for m in &ins[1..] {
-                    if m.dims.as_slice() != [c] {
-                        bail!(
-                            name,
-                            "per-channel tensor has shape {} but the input {} has {c} channels",
-                            fmt_dims(&m.dims),
-                            fmt_dims(&ins[0].dims)
-                        );
-                    }
-                }
-                one(ins[0].clone())
+                let n = 1 + 2 * *has_running_stats as usize;
+                self.channel_norm(&name, ins, n + *has_weight as usize + *has_bias as usize)
             }
             Op::Matmul => {
                 need(&name, ins, 2)?;
@@ -394,22 +513,83 @@ impl Op {
                     dims: ins[1].dims.clone(),
                 })
             }
-            Op::MaskedFill => {
-                need(&name, ins, 2)?;
+            Op::MaskedFill { value } => {
+                exactly(&name, ins, 2 + value.is_none() as usize)?;
+                if ins[1].dtype != DType::Bool {
+                    bail!(
+                        name,
+                        "mask must be a bool tensor, got {}",
+                        ins[1].dtype.name()
+                    );
+                }
+                crate::shape::broadcast_shapes(&name, &ins[1].dims, &ins[0].dims)?;
+                if let Some(fill) = ins.get(2) {
+                    check_shape(&name, "fill value", fill, &[])?;
+                }
                 one(ins[0].clone())
             }
-            Op::CrossEntropy | Op::NllLoss | Op::PairLoss { reduce: true, .. } => {
-                need(&name, ins, 2)?;
+            Op::CrossEntropy {
+                reduction,
+                has_weight,
+                ..
+            } => class_loss(&name, ins, *reduction, *has_weight, true),
+            Op::NllLoss {
+                reduction,
+                has_weight,
+                ..
+            } => class_loss(&name, ins, *reduction, *has_weight, false),
+            Op::PairLoss {
+                name: kind,
+                reduction,
+                has_weight,
+                has_pos_weight,
+            } => {
+                if *has_weight && !kind.starts_with("bce") {
+                    bail!(name, "takes no weight");
+                }
+                if *has_pos_weight && *kind != "bce_with_logits" {
+                    bail!(name, "takes no pos_weight");
+                }
+                exactly(
+                    &name,
+                    ins,
+                    2 + *has_weight as usize + *has_pos_weight as usize,
+                )?;
+                let dims = crate::shape::broadcast_shapes(&name, &ins[0].dims, &ins[1].dims)?;
                 one(Meta {
                     dtype: x.map(|m| m.dtype).unwrap_or(DType::F32),
-                    dims: Dims::new(),
+                    dims: if *reduction == Reduction::None {
+                        dims
+                    } else {
+                        Dims::new()
+                    },
                 })
             }
-            Op::PairLoss { reduce: false, .. } => {
-                need(&name, ins, 2)?;
-                one(ins[0].clone())
+        }
+    }
+
+    /// group_norm / batch_norm: x (N, C, *), then `n - 1` per-channel tensors.
+    fn channel_norm(&self, name: &str, ins: &[Meta], n: usize) -> Result<Vec<Meta>> {
+        exactly(name, ins, n)?;
+        if ins[0].dims.len() < 2 {
+            bail!(
+                name,
+                "expected an input of shape (N, C, *), got {}",
+                fmt_dims(&ins[0].dims)
+            );
+        }
+        let c = ins[0].dims[1];
+        for m in &ins[1..] {
+            if m.dims.as_slice() != [c] {
+                bail!(
+                    name,
+                    "per-channel tensor has shape {} but the input {} has {c} channels",
+                    fmt_dims(&m.dims),
+                    fmt_dims(&ins[0].dims)
+                );
             }
         }
+        one(ins[0].clone())
     }
 }
 
