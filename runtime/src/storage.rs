@@ -163,19 +163,27 @@ impl Storage {
         unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 }
     }
 
-    /// The raw bytes. Safety: no kernel may be writing the storage meanwhile.
+    /// The raw bytes.
+    ///
+    /// # Safety
+    /// No kernel may be writing the storage meanwhile.
     pub unsafe fn bytes(&self) -> &[u8] {
         std::slice::from_raw_parts(self.ptr(), self.nbytes())
     }
 
     /// Typed view of the elements. Panics when `T` does not match the dtype's size.
-    /// Safety: no kernel may be writing the storage meanwhile.
+    ///
+    /// # Safety
+    /// No kernel may be writing the storage meanwhile.
     pub unsafe fn as_slice<T: Copy>(&self) -> &[T] {
         assert_eq!(std::mem::size_of::<T>(), self.dtype.size());
         std::slice::from_raw_parts(self.ptr() as *const T, self.len)
     }
 
-    /// Mutable typed view. Safety: the caller has exclusive access to the region it writes.
+    /// Mutable typed view.
+    ///
+    /// # Safety
+    /// The caller has exclusive access to the region it writes.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice<T: Copy>(&self) -> &mut [T] {
         assert_eq!(std::mem::size_of::<T>(), self.dtype.size());

@@ -19,7 +19,7 @@ pub(crate) fn sum_to(g: &Tensor, dims: &[usize]) -> Result<Tensor> {
     if g.dims() == dims {
         return Ok(g.clone());
     }
-    let lead = g.rank().checked_sub(dims.len()).unwrap_or(0);
+    let lead = g.rank().saturating_sub(dims.len());
     let mut red: Vec<i64> = (0..lead as i64).collect();
     for (i, &d) in dims.iter().enumerate() {
         if d == 1 && g.dims().get(lead + i).is_some_and(|&x| x != 1) {

@@ -201,8 +201,10 @@ impl Fuser {
             _ => out.dtype.compute(),
         };
         let leaves = x.leaves();
-        let mut e = Emitter::default();
-        e.leaves = leaves.clone();
+        let mut e = Emitter {
+            leaves: leaves.clone(),
+            ..Emitter::default()
+        };
         let body = |k: &mut KernelCall, loaded: &[usize]| {
             e.leaf_vals = loaded.to_vec();
             let v = e.emit(k, x);

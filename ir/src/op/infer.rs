@@ -136,7 +136,7 @@ pub fn where_(cond: &Meta, a: Arg, b: Arg) -> Result<PointwiseSig> {
 pub fn reduce_dims(op: &str, rank: usize, dims: Option<&[i64]>) -> Result<Vec<usize>> {
     let mut out = match dims {
         None => (0..rank).collect::<Vec<_>>(),
-        Some(ds) if ds.is_empty() => (0..rank).collect(),
+        Some([]) => (0..rank).collect(),
         Some(ds) => ds
             .iter()
             .map(|&d| norm_dim(op, d, rank))

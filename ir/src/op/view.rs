@@ -49,7 +49,7 @@ pub fn infer_size(op: &str, shape: &[i64], numel: usize, from: &[usize]) -> Resu
     }
     let mut out: Dims = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
-        Some(i) if known != 0 && numel % known == 0 => out[i] = numel / known,
+        Some(i) if known != 0 && numel.is_multiple_of(known) => out[i] = numel / known,
         None if known == numel => {}
         _ => bail!(
             op,
