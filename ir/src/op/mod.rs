@@ -9,6 +9,7 @@ pub mod pool;
 mod values;
 pub mod view;
 mod vocab;
+mod vocab_infer;
 
 pub use infer::Meta;
 pub use pointwise::{BinaryOp, Float, ReduceKind, UnaryOp};

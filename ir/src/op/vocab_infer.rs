@@ -1,0 +1,470 @@
+//! [`Op::infer`]: output types and shapes of every op, dispatching to the
+//! same inference and argument checks the eager path calls directly.
+
+use super::conv;
+use super::infer::{self, Arg, Meta};
+use super::pool;
+use super::{embedding, matmul, view, Layout, Op};
+use crate::graph::Reduction;
+use crate::shape::{fmt_dims, Dims};
+use crate::{bail, DType, Result};
+
+fn one(m: Meta) -> Result<Vec<Meta>> {
+    Ok(vec![m])
+}
+
+fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+    if ins.len() < n {
+        bail!(op, "expected at least {n} tensor inputs, got {}", ins.len());
+    }
+    Ok(())
+}
+
+/// Exactly `n` operands: the required ones plus the optional ones the op's
+/// presence flags declare.
+fn exactly(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+    if ins.len() != n {
+        bail!(
+            op,
+            "expected {n} tensor inputs (as its has_* flags declare), got {}",
+            ins.len()
+        );
+    }
+    Ok(())
+}
+
+fn check_shape(op: &str, what: &str, m: &Meta, want: &[usize]) -> Result<()> {
+    if m.dims.as_slice() != want {
+        bail!(
+            op,
+            "{what} has shape {} but {} was expected",
+            fmt_dims(&m.dims),
+            fmt_dims(want)
+        );
+    }
+    Ok(())
+}
+
+/// The result of a class loss (cross_entropy, nll_loss) on `input` (N, C, d...)
+/// or (C) and `target`: per sample for `reduction=none`, else 0-dim.
+fn class_loss(
+    name: &str,
+    ins: &[Meta],
+    reduction: Reduction,
+    has_weight: bool,
+    allow_probs: bool,
+) -> Result<Vec<Meta>> {
+    exactly(name, ins, 2 + has_weight as usize)?;
+    let (x, t) = (&ins[0], &ins[1]);
+    infer::require_float(name, x)?;
+    if x.dims.is_empty() {
+        bail!(
+            name,
+            "expected an input of shape (N, C, *) or (C), got a 0-dim tensor"
+        );
+    }
+    let cdim = usize::from(x.dims.len() >= 2);
+    let c = x.dims[cdim];
+    let mut per_sample = x.dims.clone();
+    per_sample.remove(cdim);
+    let probs = allow_probs && t.dims == x.dims && t.dtype.is_float();
+    if !probs {
+        if t.dims != per_sample {
+            bail!(
+                name,
+                "target has shape {} but the input {} needs class indices of shape {}{}",
+                fmt_dims(&t.dims),
+                fmt_dims(&x.dims),
+                fmt_dims(&per_sample),
+                if allow_probs {
+                    " or class probabilities of the input's shape"
+                } else {
+                    ""
+                }
+            );
+        }
+        if t.dtype.is_float() || t.dtype == DType::Bool {
+            bail!(
+                name,
+                "class-index target must be an integer tensor, got {}",
+                t.dtype.name()
+            );
+        }
+    }
+    if has_weight {
+        check_shape(name, "weight", &ins[2], &[c])?;
+    }
+    one(Meta {
+        dtype: x.dtype,
+        dims: if reduction == Reduction::None {
+            per_sample
+        } else {
+            Dims::new()
+        },
+    })
+}
+
+impl Op {
+    /// Output types and shapes for `ins`, with the op's argument checks.
+    pub fn infer(&self, ins: &[Meta]) -> Result<Vec<Meta>> {
+        let name = self.name();
+        let pw = |s: infer::PointwiseSig| {
+            one(Meta {
+                dtype: s.out,
+                dims: s.dims,
+            })
+        };
+        let x = ins.first();
+        match self {
+            Op::Unary(u) => {
+                need(&name, ins, 1)?;
+                pw(infer::unary(*u, &ins[0])?)
+            }
+            Op::Binary(b) => {
+                need(&name, ins, 2)?;
+                pw(infer::binary(
+                    *b,
+                    Arg::Tensor(&ins[0]),
+                    Arg::Tensor(&ins[1]),
+                )?)
+            }
+            Op::BinaryScalar {
+                op,
+                value,
+                reversed,
+            } => {
+                need(&name, ins, 1)?;
+                let (t, s) = (Arg::Tensor(&ins[0]), Arg::Scalar(value.category()));
+                pw(if *reversed {
+                    infer::binary(*op, s, t)?
+                } else {
+                    infer::binary(*op, t, s)?
+                })
+            }
+            Op::Where => {
+                need(&name, ins, 3)?;
+                pw(infer::where_(
+                    &ins[0],
+                    Arg::Tensor(&ins[1]),
+                    Arg::Tensor(&ins[2]),
+                )?)
+            }
+            Op::Cast(d) => {
+                need(&name, ins, 1)?;
+                one(Meta {
+                    dtype: *d,
+                    dims: ins[0].dims.clone(),
+                })
+            }
+            Op::Reduce {
+                kind,
+                dims,
+                keepdim,
+            } => {
+                need(&name, ins, 1)?;
+                let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
+                one(infer::reduce(*kind, &ins[0], &rd, *keepdim)?)
+            }
+            Op::Mean { dims, keepdim }
+            | Op::Var { dims, keepdim, .. }
+            | Op::Std { dims, keepdim, .. }
+            | Op::LogSumExp { dims, keepdim } => {
+                need(&name, ins, 1)?;
+                infer::require_float(&name, &ins[0])?;
+                let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: infer::reduced_shape(&ins[0].dims, &rd, *keepdim),
+                })
+            }
+            Op::Softmax { dim } | Op::LogSoftmax { dim } => {
+                need(&name, ins, 1)?;
+                infer::require_float(&name, &ins[0])?;
+                crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
+                one(ins[0].clone())
+            }
+            Op::LayerNorm {
+                normalized_shape,
+                has_weight,
+                has_bias,
+                ..
+            } => {
+                exactly(&name, ins, 1 + *has_weight as usize + *has_bias as usize)?;
+                let d = &ins[0].dims;
+                let k = normalized_shape.len();
+                if k == 0 || k > d.len() || d[d.len() - k..] != normalized_shape[..] {
+                    bail!(
+                        name,
+                        "normalized_shape {} does not match the trailing dims of input {}",
+                        fmt_dims(normalized_shape),
+                        fmt_dims(d)
+                    );
+                }
+                for m in &ins[1..] {
+                    check_shape(&name, "weight/bias", m, normalized_shape)?;
+                }
+                one(ins[0].clone())
+            }
+            Op::GroupNorm {
+                has_weight,
+                has_bias,
+                ..
+            } => self.channel_norm(&name, ins, 1 + *has_weight as usize + *has_bias as usize),
+            Op::BatchNorm {
+                training,
+                has_running_stats,
+                has_weight,
+                has_bias,
+                ..
+            } => {
+                if !training && !has_running_stats {
+                    bail!(
+                        name,
+                        "running_mean and running_var are needed when training=false"
+                    );
+                }
+                let n = 1 + 2 * *has_running_stats as usize;
+                self.channel_norm(&name, ins, n + *has_weight as usize + *has_bias as usize)
+            }
+            Op::Matmul => {
+                need(&name, ins, 2)?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: matmul::matmul_shape(&ins[0].dims, &ins[1].dims)?,
+                })
+            }
+            Op::Linear => {
+                need(&name, ins, 2)?;
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)?,
+                })
+            }
+            Op::Conv { params, spatial } => {
+                need(&name, ins, 2)?;
+                let op = if *spatial == 1 { "conv1d" } else { "conv2d" };
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: conv::conv_shape(op, &ins[0].dims, &ins[1].dims, bias, params)?,
+                })
+            }
+            Op::ConvTranspose2d(p) => {
+                need(&name, ins, 2)?;
+                let bias = ins.get(2).map(|b| b.dims.as_slice());
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)?,
+                })
+            }
+            Op::MaxPool2d(p) => {
+                need(&name, ins, 1)?;
+                let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
+                Ok(vec![
+                    Meta {
+                        dtype: ins[0].dtype,
+                        dims: d.clone(),
+                    },
+                    Meta {
+                        dtype: DType::I64,
+                        dims: d,
+                    },
+                ])
+            }
+            Op::AvgPool2d { params, .. } => {
+                need(&name, ins, 1)?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)?,
+                })
+            }
+            Op::AdaptiveAvgPool2d(o) | Op::AdaptiveMaxPool2d(o) => {
+                need(&name, ins, 1)?;
+                let d = pool::adaptive_pool2d_shape(&name, &ins[0].dims, *o)?;
+                let mut out = vec![Meta {
+                    dtype: ins[0].dtype,
+                    dims: d.clone(),
+                }];
+                if matches!(self, Op::AdaptiveMaxPool2d(_)) {
+                    out.push(Meta {
+                        dtype: DType::I64,
+                        dims: d,
+                    });
+                }
+                Ok(out)
+            }
+            Op::Embedding => {
+                need(&name, ins, 2)?;
+                one(Meta {
+                    dtype: ins[1].dtype,
+                    dims: embedding::embedding_shape(&ins[1].dims, &ins[0].dims, ins[0].dtype)?,
+                })
+            }
+            Op::View(shape) => {
+                need(&name, ins, 1)?;
+                let dims =
+                    view::infer_size("view", shape, ins[0].dims.iter().product(), &ins[0].dims)?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims,
+                })
+            }
+            Op::Permute(p) => layout_op(ins, |l| view::permute(l, p)),
+            Op::Expand(s) => layout_op(ins, |l| view::expand(l, s)),
+            Op::Slice {
+                dim,
+                start,
+                stop,
+                step,
+            } => layout_op(ins, |l| view::slice(l, *dim, *start, *stop, *step)),
+            Op::Select { dim, index } => layout_op(ins, |l| view::select(l, *dim, *index)),
+            Op::Cat { dim } => {
+                need(&name, ins, 1)?;
+                let d = crate::shape::norm_dim("cat", *dim, ins[0].dims.len())?;
+                let mut dims: Dims = ins[0].dims.clone();
+                let mut dtype = ins[0].dtype;
+                for (i, m) in ins.iter().enumerate().skip(1) {
+                    if m.dims.len() != dims.len()
+                        || (0..dims.len()).any(|k| k != d && m.dims[k] != dims[k])
+                    {
+                        bail!("cat", "tensor {i} has shape {} but tensor 0 has shape {}: sizes must match except in dim {d}", fmt_dims(&m.dims), fmt_dims(&ins[0].dims));
+                    }
+                    dims[d] += m.dims[d];
+                    dtype = crate::promote_types(dtype, m.dtype);
+                }
+                one(Meta { dtype, dims })
+            }
+            Op::IndexSelect { dim } => {
+                need(&name, ins, 2)?;
+                let d = crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
+                let mut dims = ins[0].dims.clone();
+                dims[d] = ins[1].dims.iter().product();
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims,
+                })
+            }
+            Op::Gather { .. } => {
+                need(&name, ins, 2)?;
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: ins[1].dims.clone(),
+                })
+            }
+            Op::MaskedFill { value } => {
+                exactly(&name, ins, 2 + value.is_none() as usize)?;
+                if ins[1].dtype != DType::Bool {
+                    bail!(
+                        name,
+                        "mask must be a bool tensor, got {}",
+                        ins[1].dtype.name()
+                    );
+                }
+                crate::shape::broadcast_shapes(&name, &ins[1].dims, &ins[0].dims)?;
+                if let Some(fill) = ins.get(2) {
+                    check_shape(&name, "fill value", fill, &[])?;
+                }
+                one(ins[0].clone())
+            }
+            Op::CrossEntropy {
+                reduction,
+                has_weight,
+                ..
+            } => class_loss(&name, ins, *reduction, *has_weight, true),
+            Op::NllLoss {
+                reduction,
+                has_weight,
+                ..
+            } => class_loss(&name, ins, *reduction, *has_weight, false),
+            Op::PairLoss {
+                name: kind,
+                reduction,
+                has_weight,
+                has_pos_weight,
+            } => {
+                if *has_weight && !kind.starts_with("bce") {
+                    bail!(name, "takes no weight");
+                }
+                if *has_pos_weight && *kind != "bce_with_logits" {
+                    bail!(name, "takes no pos_weight");
+                }
+                exactly(
+                    &name,
+                    ins,
+                    2 + *has_weight as usize + *has_pos_weight as usize,
+                )?;
+                let dims = crate::shape::broadcast_shapes(&name, &ins[0].dims, &ins[1].dims)?;
+                one(Meta {
+                    dtype: x.map(|m| m.dtype).unwrap_or(DType::F32),
+                    dims: if *reduction == Reduction::None {
+                        dims
+                    } else {
+                        Dims::new()
+                    },
+                })
+            }
+        }
+    }
+
+    /// group_norm / batch_norm: x (N, C, *), then `n - 1` per-channel tensors.
+    fn channel_norm(&self, name: &str, ins: &[Meta], n: usize) -> Result<Vec<Meta>> {
+        exactly(name, ins, n)?;
+        if ins[0].dims.len() < 2 {
+            bail!(
+                name,
+                "expected an input of shape (N, C, *), got {}",
+                fmt_dims(&ins[0].dims)
+            );
+        }
+        let c = ins[0].dims[1];
+        for m in &ins[1..] {
+            if m.dims.as_slice() != [c] {
+                bail!(
+                    name,
+                    "per-channel tensor has shape {} but the input {} has {c} channels",
+                    fmt_dims(&m.dims),
+                    fmt_dims(&ins[0].dims)
+                );
+            }
+        }
+        one(ins[0].clone())
+    }
+}
+
+fn layout_op(ins: &[Meta], f: impl FnOnce(&Layout) -> Result<Layout>) -> Result<Vec<Meta>> {
+    need("view", ins, 1)?;
+    let l = f(&Layout::contiguous(&ins[0].dims))?;
+    one(Meta {
+        dtype: ins[0].dtype,
+        dims: l.dims,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BinaryOp;
+
+    #[test]
+    fn infer_dispatches_to_the_shared_checks() {
+        let a = Meta::new(DType::F32, &[32, 2]);
+        let b = Meta::new(DType::F32, &[3]);
+        let e = Op::Binary(BinaryOp::Add)
+            .infer(&[a.clone(), b])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "add: shapes [32,2] and [3] cannot broadcast at dim 1 (2 vs 3)"
+        );
+        let m = Op::Matmul
+            .infer(&[
+                Meta::new(DType::F32, &[2, 5, 3]),
+                Meta::new(DType::F32, &[3, 4]),
+            ])
+            .unwrap();
+        assert_eq!(m[0].dims.as_slice(), &[2, 5, 4]);
+        assert_eq!(Op::Softmax { dim: -1 }.name(), "softmax");
+        assert!(Op::Softmax { dim: 2 }.infer(&[a]).is_err());
+    }
+}
