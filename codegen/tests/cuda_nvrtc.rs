@@ -10,7 +10,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use kiln_codegen::cuda::cuda_source;
 use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction};
-use kiln_ir::{BinaryOp, DType, Float, ReduceKind, UnaryOp};
+use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 use std::io::Write;
 use DType::*;
 
@@ -32,44 +32,11 @@ fn pointwise(name: &str, rank: usize, ops: Vec<Operand>, b: KernelBuilder, out: 
 }
 
 fn unary_ops() -> Vec<UnaryOp> {
-    use UnaryOp::*;
-    vec![
-        Neg,
-        Abs,
-        Exp,
-        Log,
-        Log1p,
-        Expm1,
-        Sqrt,
-        Rsqrt,
-        Reciprocal,
-        Square,
-        Sin,
-        Cos,
-        Tanh,
-        Erf,
-        Floor,
-        Not,
-        Sigmoid,
-        Relu,
-        Gelu,
-        GeluTanh,
-        Silu,
-        Softplus {
-            beta: Float(1.0),
-            threshold: Float(20.0),
-        },
-        LeakyRelu { slope: Float(0.01) },
-        Elu { alpha: Float(1.0) },
-    ]
+    UnaryOp::EXAMPLES.to_vec()
 }
 
 fn binary_ops() -> Vec<BinaryOp> {
-    use BinaryOp::*;
-    vec![
-        Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Fmod, FloorDiv, Eq, Ne, Lt, Le, Gt,
-        Ge, And, Or,
-    ]
+    BinaryOp::ALL.to_vec()
 }
 
 const DTYPES: [DType; 8] = [Bool, U8, I8, I16, I32, I64, F32, F64];

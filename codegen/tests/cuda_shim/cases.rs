@@ -87,44 +87,11 @@ impl CloneBuilder for KernelBuilder {
 }
 
 fn unary_ops() -> Vec<UnaryOp> {
-    use UnaryOp::*;
-    vec![
-        Neg,
-        Abs,
-        Exp,
-        Log,
-        Log1p,
-        Expm1,
-        Sqrt,
-        Rsqrt,
-        Reciprocal,
-        Square,
-        Sin,
-        Cos,
-        Tanh,
-        Erf,
-        Floor,
-        Not,
-        Sigmoid,
-        Relu,
-        Gelu,
-        GeluTanh,
-        Silu,
-        Softplus {
-            beta: Float(1.0),
-            threshold: Float(20.0),
-        },
-        LeakyRelu { slope: Float(0.01) },
-        Elu { alpha: Float(1.0) },
-    ]
+    UnaryOp::EXAMPLES.to_vec()
 }
 
 fn binary_ops() -> Vec<BinaryOp> {
-    use BinaryOp::*;
-    vec![
-        Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Fmod, FloorDiv, Eq, Ne, Lt, Le, Gt,
-        Ge, And, Or,
-    ]
+    BinaryOp::ALL.to_vec()
 }
 
 /// reduce(kind) of `x * 2` along the last dim; epilogue `acc (+ load in2)`.

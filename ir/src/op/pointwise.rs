@@ -54,6 +54,41 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// One of each unary op, parameterised ones with PyTorch's defaults: the
+    /// corpus tests iterate over (a new variant belongs here too).
+    pub const EXAMPLES: [UnaryOp; 24] = {
+        use UnaryOp::*;
+        [
+            Neg,
+            Abs,
+            Exp,
+            Log,
+            Log1p,
+            Expm1,
+            Sqrt,
+            Rsqrt,
+            Reciprocal,
+            Square,
+            Sin,
+            Cos,
+            Tanh,
+            Erf,
+            Floor,
+            Not,
+            Sigmoid,
+            Relu,
+            Gelu,
+            GeluTanh,
+            Silu,
+            Softplus {
+                beta: Float(1.0),
+                threshold: Float(20.0),
+            },
+            LeakyRelu { slope: Float(0.01) },
+            Elu { alpha: Float(1.0) },
+        ]
+    };
+
     pub fn name(&self) -> &'static str {
         use UnaryOp::*;
         match self {
@@ -132,6 +167,15 @@ pub enum BinaryOp {
 }
 
 impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 18] = {
+        use BinaryOp::*;
+        [
+            Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Fmod, FloorDiv, Eq, Ne, Lt, Le,
+            Gt, Ge, And, Or,
+        ]
+    };
+
     pub fn name(&self) -> &'static str {
         use BinaryOp::*;
         match self {
