@@ -2,6 +2,7 @@
 
 pub mod amp;
 pub mod autograd;
+pub mod compile;
 pub mod data;
 pub mod functional;
 pub mod nn;

@@ -1,0 +1,347 @@
+//! Tracing: how `compile()` turns a run of eager code into an `ir::Graph`.
+//!
+//! kiln traces by recording while computing (as `torch.jit.trace` does): the
+//! first call runs the user's code eagerly and every public op records one
+//! graph node through [`record`]. A tensor is known to the tracer by its
+//! storage and layout; a tensor the tracer has not seen (a parameter, a buffer,
+//! a tensor captured by a closure) becomes a graph input bound to that tensor,
+//! so later calls read its current contents.
+//!
+//! Ops nest (softmax runs several kernels, `linear` calls `matmul`): only the
+//! outermost op records; what runs inside it is its implementation. Anything
+//! that would make the graph silently wrong is refused: reading a value
+//! (`item()`), random numbers, in-place writes to traced values, or a kernel
+//! launched on a traced value by code that recorded no op ([`check_launch`]).
+//! Each refusal is a [`GraphBreak`] naming the op; `compile` reports it and
+//! runs that function eagerly.
+//!
+//! ```ignore
+//! // inside an eager op:
+//! pub fn relu(&self) -> Result<Tensor> {
+//!     trace::record(|| Op::Unary(UnaryOp::Relu), &[self], || self.unary(UnaryOp::Relu))
+//! }
+//! ```
+
+use crate::Tensor;
+use kiln_ir::graph::{Graph, NodeId};
+use kiln_ir::op::{Layout, Op};
+use kiln_ir::{Error, Result};
+use smallvec::SmallVec;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// Why tracing stopped: the op and what it needed that a graph cannot express.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphBreak {
+    pub op: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for GraphBreak {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "graph break at `{}`: {}", self.op, self.reason)
+    }
+}
+
+/// What a graph input is bound to.
+#[derive(Clone)]
+pub enum Binding {
+    /// The `i`-th argument of the compiled function.
+    Arg(usize),
+    /// A tensor the traced code used but did not compute (parameter, buffer,
+    /// captured tensor), read afresh on every call.
+    Captured(Tensor),
+}
+
+/// A finished trace: the graph and what each of its inputs is bound to.
+pub struct Trace {
+    pub graph: Graph,
+    /// One per `graph.inputs()`, in order.
+    pub bindings: Vec<Binding>,
+}
+
+type Key = (usize, Layout);
+
+fn key(t: &Tensor) -> Key {
+    (std::sync::Arc::as_ptr(&t.storage) as usize, t.layout.clone())
+}
+
+struct Tracer {
+    graph: Graph,
+    values: HashMap<Key, NodeId>,
+    bindings: Vec<Binding>,
+    /// Names for captured tensors (a module's parameter and buffer names), by storage.
+    names: HashMap<usize, String>,
+    /// Every tensor seen, kept alive so a storage address is never reused mid-trace.
+    keep: Vec<Tensor>,
+    /// How many recording ops are running (only the outermost records).
+    depth: usize,
+    broken: Option<GraphBreak>,
+}
+
+thread_local! {
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+    static TRACER: RefCell<Option<Tracer>> = const { RefCell::new(None) };
+}
+
+/// True while this thread is tracing (one load of a thread-local flag).
+pub fn is_tracing() -> bool {
+    TRACING.with(|t| t.get())
+}
+
+fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
+    TRACER.with(|t| t.borrow_mut().as_mut().map(f))
+}
+
+/// Traces `f(args)`: `args` become graph inputs `x0, x1, ...` and the tensors
+/// `f` returns the graph outputs. `names` gives captured tensors (by storage)
+/// readable input names, e.g. a module's `conv1.weight`.
+///
+/// Returns the trace and `f`'s (eagerly computed) results, or the graph break
+/// that stopped it.
+pub fn trace(
+    name: &str,
+    args: &[Tensor],
+    names: &[(String, Tensor)],
+    f: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>>,
+) -> Result<std::result::Result<(Trace, Vec<Tensor>), GraphBreak>> {
+    if is_tracing() {
+        return Err(Error::op("compile", "cannot trace while already tracing"));
+    }
+    let mut tr = Tracer {
+        graph: Graph::new(name),
+        values: HashMap::new(),
+        bindings: vec![],
+        names: names
+            .iter()
+            .map(|(n, t)| (std::sync::Arc::as_ptr(&t.storage) as usize, n.clone()))
+            .collect(),
+        keep: vec![],
+        depth: 0,
+        broken: None,
+    };
+    for (i, a) in args.iter().enumerate() {
+        let id = tr.graph.input(format!("x{i}"), a.meta());
+        tr.bindings.push(Binding::Arg(i));
+        tr.values.insert(key(a), id);
+        tr.keep.push(a.clone());
+    }
+    TRACER.with(|t| *t.borrow_mut() = Some(tr));
+    TRACING.with(|t| t.set(true));
+    let result = f(args);
+    TRACING.with(|t| t.set(false));
+    let mut tr = TRACER.with(|t| t.borrow_mut().take()).expect("tracer installed");
+    if let Some(b) = tr.broken.take() {
+        return Ok(Err(b));
+    }
+    let outs = result?;
+    let mut ids = vec![];
+    for o in &outs {
+        ids.push(tr.value_of(o));
+    }
+    for id in ids {
+        tr.graph.output(id)?;
+    }
+    Ok(Ok((
+        Trace {
+            graph: tr.graph,
+            bindings: tr.bindings,
+        },
+        outs,
+    )))
+}
+
+impl Tracer {
+    fn is_traced(&self, t: &Tensor) -> bool {
+        self.values.contains_key(&key(t))
+    }
+
+    /// The node holding `t`'s value; an unseen tensor becomes a captured input.
+    fn value_of(&mut self, t: &Tensor) -> NodeId {
+        if let Some(&id) = self.values.get(&key(t)) {
+            return id;
+        }
+        let storage = std::sync::Arc::as_ptr(&t.storage) as usize;
+        let name = match self.names.get(&storage) {
+            // a view of a named tensor keeps the name with a suffix
+            Some(n) if self.values.keys().any(|(s, _)| *s == storage) => {
+                format!("{n}.view{}", self.bindings.len())
+            }
+            Some(n) => n.clone(),
+            None => format!("c{}", self.bindings.len()),
+        };
+        let id = self.graph.input(name, t.meta());
+        self.bindings.push(Binding::Captured(t.clone()));
+        self.values.insert(key(t), id);
+        self.keep.push(t.clone());
+        id
+    }
+
+    fn stop(&mut self, op: &str, reason: String) {
+        if self.broken.is_none() {
+            self.broken = Some(GraphBreak {
+                op: op.into(),
+                reason,
+            });
+        }
+    }
+}
+
+fn break_error(b: &GraphBreak) -> Error {
+    Error::op("compile", b.to_string())
+}
+
+/// Runs `f`, an op's eager implementation; while tracing (outermost op only),
+/// records `op(inputs)` as the node that produced its result.
+pub fn record(
+    op: impl FnOnce() -> Op,
+    inputs: &[&Tensor],
+    f: impl FnOnce() -> Result<Tensor>,
+) -> Result<Tensor> {
+    if !is_tracing() {
+        return f();
+    }
+    let mut out = record_multi(op, inputs, || f().map(|t| vec![t]))?;
+    Ok(out.pop().expect("one output"))
+}
+
+/// [`record`] for ops with several results (`max_pool2d` with indices, `chunk`):
+/// one node whose value is a tuple, then one `getitem` per result.
+pub fn record_multi(
+    op: impl FnOnce() -> Op,
+    inputs: &[&Tensor],
+    f: impl FnOnce() -> Result<Vec<Tensor>>,
+) -> Result<Vec<Tensor>> {
+    if !is_tracing() || with(|t| t.depth > 0).unwrap_or(true) {
+        return f();
+    }
+    with(|t| t.depth += 1);
+    let outs = f();
+    with(|t| t.depth -= 1);
+    let outs = outs?;
+    let op = op();
+    let r = with(|t| -> Result<()> {
+        if t.broken.is_some() {
+            return Ok(());
+        }
+        let operands: SmallVec<[NodeId; 4]> = inputs.iter().map(|x| t.value_of(x)).collect();
+        let name = op.name();
+        let id = t.graph.op(op, &operands)?;
+        let metas = t.graph.node(id).metas.clone();
+        if metas.len() != outs.len() {
+            return Err(Error::op(
+                "compile",
+                format!(
+                    "tracer: `{name}` gave {} results but its graph node has {}",
+                    outs.len(),
+                    metas.len()
+                ),
+            ));
+        }
+        for (i, (o, m)) in outs.iter().zip(&metas).enumerate() {
+            if o.meta() != *m {
+                return Err(Error::op(
+                    "compile",
+                    format!(
+                        "tracer: `{name}` result {i} is {} {:?} but inference says {} {:?}",
+                        o.dtype(),
+                        o.dims(),
+                        m.dtype,
+                        m.dims
+                    ),
+                ));
+            }
+            let v = if metas.len() == 1 {
+                id
+            } else {
+                t.graph.project(id, i)?
+            };
+            t.values.insert(key(o), v);
+            t.keep.push(o.clone());
+        }
+        Ok(())
+    });
+    r.unwrap_or(Ok(()))?;
+    Ok(outs)
+}
+
+/// Records that `output` holds the same value as `input` (`contiguous`,
+/// `clone`, `detach`): no node, the output maps to the input's node.
+pub fn same_value(input: &Tensor, output: &Tensor) {
+    if !is_tracing() {
+        return;
+    }
+    with(|t| {
+        if t.depth == 0 {
+            let id = t.value_of(input);
+            t.values.insert(key(output), id);
+            t.keep.push(output.clone());
+        }
+    });
+}
+
+/// Called where code reads a tensor's values on the host (`item`, `to_vec`):
+/// while tracing, reading a traced value stops the trace (the graph cannot
+/// depend on data).
+pub fn read_value(op: &str, t: &Tensor) -> Result<()> {
+    if !is_tracing() {
+        return Ok(());
+    }
+    let b = with(|tr| {
+        if tr.depth == 0 && tr.is_traced(t) {
+            tr.stop(
+                op,
+                "reads a traced tensor's value on the host (data-dependent control flow \
+                 cannot be captured in a graph)"
+                    .into(),
+            );
+            tr.broken.clone()
+        } else {
+            None
+        }
+    })
+    .flatten();
+    match b {
+        Some(b) => Err(break_error(&b)),
+        None => Ok(()),
+    }
+}
+
+/// Called by ops a graph cannot express yet (random numbers, in-place writes
+/// to traced values): stops the trace with `reason`.
+pub fn unsupported(op: &str, reason: &str) -> Result<()> {
+    if !is_tracing() {
+        return Ok(());
+    }
+    let b = with(|tr| {
+        if tr.depth == 0 {
+            tr.stop(op, reason.into());
+            tr.broken.clone()
+        } else {
+            None
+        }
+    })
+    .flatten();
+    match b {
+        Some(b) => Err(break_error(&b)),
+        None => Ok(()),
+    }
+}
+
+/// The safety net, called before every kernel launch: a kernel that reads a
+/// traced value outside any recording op means some op forgot to record, and
+/// its result would be baked into the graph as a constant — so tracing stops.
+pub fn check_launch(kernel: &str, inputs: &[&Tensor]) -> Result<()> {
+    if !is_tracing() {
+        return Ok(());
+    }
+    let hit = with(|tr| tr.depth == 0 && inputs.iter().any(|x| tr.is_traced(x))).unwrap_or(false);
+    if hit {
+        return unsupported(
+            kernel,
+            "this op ran a kernel on a traced value without recording a graph node \
+             (not supported by the tracer yet)",
+        );
+    }
+    Ok(())
+}
