@@ -6,3 +6,5 @@ pub mod decompose_loss;
 
 pub use decompose::Builder;
 pub use decompose_loss::{ClassLossOpts, Reduction};
+pub mod fusion;
+pub mod lower;

@@ -381,7 +381,7 @@ impl Graph {
 
     /// The print-time number of each node: inputs first (in input order), then
     /// every other node in arena order. Errors and dumps both use it.
-    pub(crate) fn numbering(&self) -> Vec<u32> {
+    pub fn numbering(&self) -> Vec<u32> {
         let mut num = vec![u32::MAX; self.nodes.len()];
         let mut next = 0u32;
         for id in &self.inputs {

@@ -13,6 +13,13 @@ pub struct Meta {
     pub dims: Dims,
 }
 
+/// `f32[2,3]`, as the text form prints a value's type.
+impl std::fmt::Display for Meta {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.dtype, crate::shape::fmt_dims(&self.dims))
+    }
+}
+
 impl Meta {
     pub fn new(dtype: DType, dims: &[usize]) -> Meta {
         Meta {

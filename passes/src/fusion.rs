@@ -1,0 +1,278 @@
+//! Fusion groups: which values a compiled graph stores, and which kernels
+//! compute them. Deterministic, one walk over a graph of primitives.
+//!
+//! The rules, in the order they are checked (each has a test below):
+//!
+//! | producer  | consumer              | decision                                   | why |
+//! |-----------|-----------------------|--------------------------------------------|-----|
+//! | pointwise | pointwise             | inline into the consumer's kernel          | a chain is one pass over memory |
+//! | pointwise | reduction             | inline as the reduction's prologue         | the row is read once |
+//! | reduction | pointwise             | stored; the consumer reads it (epilogue)   | a reduced value is small |
+//! | pointwise | view / extern / output| stored                                     | views and extern kernels index memory |
+//! | pointwise | > `MAX_RECOMPUTE` uses| stored                                     | recomputing for many readers costs more than one store |
+//! | extern    | one pointwise chain   | the chain is the extern's epilogue         | applied per output tile while it is in cache |
+//!
+//! A stored pointwise value is the root of one kernel; its inlined producers
+//! are the kernel's body. Views cost nothing: they re-describe stored memory.
+
+use kiln_ir::graph::{Graph, NodeId, NodeOp};
+use kiln_ir::op::Op;
+use std::fmt::Write;
+
+/// A pointwise value read by more kernels than this is stored, not recomputed.
+pub const MAX_RECOMPUTE: usize = 3;
+
+/// How a node executes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// Graph input or constant.
+    Leaf,
+    /// Elementwise with broadcasting (fusable).
+    Pointwise,
+    /// A reduction over some dims (takes a pointwise prologue).
+    Reduction,
+    /// Re-describes its operand's memory (view, permute, expand, slice, select).
+    View,
+    /// Runs as its own kernel on stored operands (matmul, conv, pools, ...).
+    Extern,
+    /// Picks one result of a multi-output node.
+    Project,
+}
+
+/// Classifies a node of a decomposed graph.
+pub fn node_kind(op: &NodeOp) -> NodeKind {
+    match op {
+        NodeOp::Input { .. } | NodeOp::Const(_) => NodeKind::Leaf,
+        NodeOp::Project(_) => NodeKind::Project,
+        NodeOp::Op(op) => match op {
+            Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar { .. } | Op::Where | Op::Cast(_) => {
+                NodeKind::Pointwise
+            }
+            Op::Reduce { .. } | Op::Mean { .. } => NodeKind::Reduction,
+            Op::View(_)
+            | Op::Permute(_)
+            | Op::Expand(_)
+            | Op::Slice { .. }
+            | Op::Select { .. } => NodeKind::View,
+            _ => NodeKind::Extern,
+        },
+    }
+}
+
+/// What a kernel of the plan computes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KernelKind {
+    /// Its body stores one pointwise value.
+    Pointwise,
+    /// One reduction with its inlined prologue.
+    Reduction,
+    /// An extern kernel, optionally with a pointwise epilogue whose result it stores.
+    Extern { epilogue: Option<NodeId> },
+}
+
+/// One kernel launch of the compiled graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// The node whose value the kernel stores (for an extern with an epilogue:
+    /// the extern node; the epilogue's root shares its buffer).
+    pub root: NodeId,
+    /// The pointwise nodes computed inside it (prologue/body/epilogue), in order.
+    pub fused: Vec<NodeId>,
+    /// Stored values it reads.
+    pub reads: Vec<NodeId>,
+}
+
+/// The fusion decisions for one graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusionPlan {
+    /// Per node: its value lives in memory (else it is recomputed inline).
+    pub stored: Vec<bool>,
+    /// Per node: the extern whose epilogue computes it (its value shares that buffer).
+    pub epilogue_of: Vec<Option<NodeId>>,
+    pub kernels: Vec<Kernel>,
+}
+
+impl FusionPlan {
+    /// Kernel launches per call.
+    pub fn launches(&self) -> usize {
+        self.kernels.len()
+    }
+}
+
+/// The pointwise nodes a kernel rooted at `root` inlines, and the stored values they read.
+fn closure(g: &Graph, stored: &[bool], root: NodeId) -> (Vec<NodeId>, Vec<NodeId>) {
+    let mut seen = vec![false; g.len()];
+    let mut fused = vec![];
+    let mut reads = vec![];
+    let mut stack = vec![root];
+    while let Some(id) = stack.pop() {
+        if std::mem::replace(&mut seen[id.index()], true) {
+            continue;
+        }
+        if id != root && stored[id.index()] {
+            reads.push(id);
+            continue;
+        }
+        match node_kind(&g.node(id).op) {
+            NodeKind::Pointwise => fused.push(id),
+            NodeKind::Leaf => {
+                reads.push(id);
+                continue;
+            }
+            _ if id == root => {}
+            _ => {
+                reads.push(id);
+                continue;
+            }
+        }
+        stack.extend(g.node(id).operands.iter().copied());
+    }
+    fused.sort();
+    reads.sort();
+    (fused, reads)
+}
+
+/// Decides what to store and groups the graph into kernels (see the module table).
+pub fn plan_fusion(g: &Graph) -> FusionPlan {
+    let n = g.len();
+    let kinds: Vec<NodeKind> = g.nodes().iter().map(|x| node_kind(&x.op)).collect();
+    let mut uses = vec![0usize; n];
+    let mut needs_memory = vec![false; n];
+    for node in g.nodes() {
+        let consumer = node_kind(&node.op);
+        for o in &node.operands {
+            uses[o.index()] += 1;
+            if !matches!(consumer, NodeKind::Pointwise | NodeKind::Reduction) {
+                needs_memory[o.index()] = true;
+            }
+        }
+    }
+    for o in g.outputs() {
+        needs_memory[o.index()] = true;
+    }
+    let splat_const = |i: usize| matches!(&g.nodes()[i].op, NodeOp::Const(c) if c.is_splat());
+    let stored: Vec<bool> = (0..n)
+        .map(|i| match kinds[i] {
+            NodeKind::Pointwise => needs_memory[i] || uses[i] > MAX_RECOMPUTE,
+            NodeKind::Leaf => !splat_const(i) || needs_memory[i],
+            _ => true,
+        })
+        .collect();
+
+    // extern + pointwise epilogue: the extern's only reader is inside one stored
+    // pointwise root of the same type that no view or other kernel reads first
+    let mut epilogue_of = vec![None; n];
+    let mut epilogue = vec![None; n];
+    let outputs = g.outputs();
+    for (id, node) in g.iter() {
+        if kinds[id.index()] != NodeKind::Pointwise || !stored[id.index()] {
+            continue;
+        }
+        let (fused, reads) = closure(g, &stored, id);
+        let fusable = reads.iter().copied().filter(|r| {
+            kinds[r.index()] == NodeKind::Extern
+                && matches!(
+                    &g.node(*r).op,
+                    NodeOp::Op(Op::Conv { .. } | Op::Matmul | Op::Linear)
+                )
+                && uses[r.index()] == 1
+                && !outputs.contains(r)
+                && epilogue[r.index()].is_none()
+                && g.node(*r).metas == node.metas
+                && fused.iter().all(|f| uses[f.index()] == 1 || *f == id)
+        });
+        if let Some(e) = fusable.min() {
+            epilogue[e.index()] = Some(id);
+            epilogue_of[id.index()] = Some(e);
+        }
+    }
+
+    let mut kernels = vec![];
+    for (id, _) in g.iter() {
+        let i = id.index();
+        if !stored[i] || epilogue_of[i].is_some() {
+            continue;
+        }
+        let kind = match kinds[i] {
+            NodeKind::Pointwise => KernelKind::Pointwise,
+            NodeKind::Reduction => KernelKind::Reduction,
+            NodeKind::Extern => KernelKind::Extern {
+                epilogue: epilogue[i],
+            },
+            _ => continue,
+        };
+        let (mut fused, mut reads) = closure(g, &stored, id);
+        if let KernelKind::Extern { epilogue: Some(e) } = kind {
+            let (f2, r2) = closure(g, &stored, e);
+            fused = f2;
+            reads.extend(r2.into_iter().filter(|r| *r != id));
+            reads.sort();
+            reads.dedup();
+        }
+        kernels.push(Kernel {
+            kind,
+            root: id,
+            fused,
+            reads,
+        });
+    }
+    FusionPlan {
+        stored,
+        epilogue_of,
+        kernels,
+    }
+}
+
+/// `fused[mul+add+gelu]`-style name of a kernel, as profiles and dumps show it.
+pub fn kernel_name(g: &Graph, k: &Kernel) -> String {
+    let op = |id: NodeId| g.node(id).op_name();
+    let body: Vec<String> = k.fused.iter().map(|&f| op(f)).collect();
+    match &k.kind {
+        KernelKind::Pointwise if body.len() == 1 => body[0].clone(),
+        KernelKind::Pointwise => format!("fused[{}]", body.join("+")),
+        KernelKind::Reduction if body.is_empty() => op(k.root),
+        KernelKind::Reduction => format!("{}[{}]", op(k.root), body.join("+")),
+        KernelKind::Extern { epilogue: None } => op(k.root),
+        KernelKind::Extern { epilogue: Some(_) } => {
+            format!("{}+epilogue[{}]", op(k.root), body.join("+"))
+        }
+    }
+}
+
+/// The `fused` stage dump: one line per kernel, with the graph's numbering.
+pub fn dump(g: &Graph, plan: &FusionPlan) -> String {
+    let num = g.numbering();
+    let id = |n: NodeId| format!("%{}", num[n.index()]);
+    let mut s = String::new();
+    for (i, k) in plan.kernels.iter().enumerate() {
+        let m = g.node(k.root).meta();
+        let ty = m.map(|m| m.to_string()).unwrap_or_else(|| "tuple".into());
+        let reads: Vec<String> = k.reads.iter().map(|&r| id(r)).collect();
+        let fused: Vec<String> = k.fused.iter().map(|&r| id(r)).collect();
+        let _ = write!(
+            s,
+            "kernel {i} {}: {} = {} ({})",
+            kind_name(&k.kind),
+            id(k.root),
+            kernel_name(g, k),
+            reads.join(", ")
+        );
+        if !fused.is_empty() {
+            let _ = write!(s, " fuses [{}]", fused.join(", "));
+        }
+        let _ = writeln!(s, " : {ty}");
+    }
+    s
+}
+
+fn kind_name(k: &KernelKind) -> &'static str {
+    match k {
+        KernelKind::Pointwise => "pointwise",
+        KernelKind::Reduction => "reduction",
+        KernelKind::Extern { .. } => "extern",
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,116 @@
+//! One test per row of the fusion table (fires where it should, not where it must not).
+
+use super::*;
+use crate::lower::decompose_composites;
+
+fn plan(text: &str) -> (Graph, FusionPlan) {
+    let g = decompose_composites(&Graph::parse(text).unwrap()).unwrap();
+    let p = plan_fusion(&g);
+    (g, p)
+}
+
+fn names(g: &Graph, p: &FusionPlan) -> Vec<String> {
+    p.kernels.iter().map(|k| kernel_name(g, k)).collect()
+}
+
+const W1: &str = "graph w1(%0 x: f32[64], %1 a: f32[64], %2 b: f32[64]) {
+  %3 = mul(%0, %1) : f32[64]
+  %4 = add(%3, %2) : f32[64]
+  %5 = gelu(%4) : f32[64]
+  %6 = mul_scalar(%5) {reversed=false, value=0.5} : f32[64]
+  %7 = add(%6, %0) : f32[64]
+  return %7
+}
+";
+
+#[test]
+fn pointwise_chain_is_one_kernel() {
+    let (g, p) = plan(W1);
+    assert_eq!(names(&g, &p), ["fused[mul+add+gelu+mul_scalar+add]"]);
+    assert_eq!(p.kernels[0].reads.len(), 3);
+}
+
+#[test]
+fn pointwise_prologue_fuses_into_reduction_and_result_is_read_by_epilogue() {
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8]) {
+  %1 = exp(%0) : f32[4,8]
+  %2 = sum(%1) {dims=[1], keepdim=true} : f32[4,1]
+  %3 = div(%1, %2) : f32[4,8]
+  return %3
+}
+",
+    );
+    // exp is recomputed in the division rather than stored: 2 passes, not 3
+    assert_eq!(names(&g, &p), ["sum[exp]", "fused[exp+div]"]);
+}
+
+#[test]
+fn softmax_needs_at_most_three_kernels_without_online_lse() {
+    let (_, p) = plan(
+        "graph s(%0 x: f32[4,8]) {\n  %1 = softmax(%0) {dim=1} : f32[4,8]\n  return %1\n}\n",
+    );
+    assert!(p.launches() <= 3, "{}", p.launches());
+}
+
+#[test]
+fn pointwise_feeding_a_view_or_extern_is_stored() {
+    let (g, p) = plan(
+        "graph v(%0 x: f32[4,8], %1 w: f32[8,2]) {
+  %2 = relu(%0) : f32[4,8]
+  %3 = permute(%2) {dims=[1,0]} : f32[8,4]
+  %4 = exp(%0) : f32[4,8]
+  %5 = matmul(%4, %1) : f32[4,2]
+  return %3, %5
+}
+",
+    );
+    assert_eq!(names(&g, &p), ["relu", "exp", "matmul"]);
+}
+
+#[test]
+fn values_read_by_many_kernels_are_stored_not_recomputed() {
+    let mut t = String::from("graph m(%0 x: f32[8]) {\n  %1 = exp(%0) : f32[8]\n");
+    let k = MAX_RECOMPUTE + 1;
+    for i in 0..k {
+        t += &format!("  %{} = sum(%1) {{dims=[0], keepdim=false}} : f32[]\n", 2 + i);
+    }
+    let outs: Vec<String> = (0..k).map(|i| format!("%{}", 2 + i)).collect();
+    t += &format!("  return {}\n}}\n", outs.join(", "));
+    let (g, p) = plan(&t);
+    assert!(p.stored[1], "{}", dump(&g, &p));
+    // at the limit, it is recomputed
+    let t2 = "graph m(%0 x: f32[8]) {\n  %1 = exp(%0) : f32[8]\n  %2 = sum(%1) {dims=[0], keepdim=false} : f32[]\n  return %2\n}\n";
+    let (_, p2) = plan(t2);
+    assert!(!p2.stored[1]);
+}
+
+const CONV_RELU: &str = "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
+  %4 = conv2d(%0, %1, %2) {dilation=[1], groups=1, padding=[0], stride=[1]} : f32[2,4,6,6]
+  %5 = add(%4, %3) : f32[2,4,6,6]
+  %6 = relu(%5) : f32[2,4,6,6]
+  return %6
+}
+";
+
+#[test]
+fn conv_takes_a_pointwise_epilogue() {
+    let (g, p) = plan(CONV_RELU);
+    assert_eq!(names(&g, &p), ["conv2d+epilogue[add+relu]"], "{}", dump(&g, &p));
+}
+
+#[test]
+fn conv_read_twice_takes_no_epilogue() {
+    let t = CONV_RELU.replace("return %6", "return %6, %4");
+    let (g, p) = plan(&t);
+    assert_eq!(names(&g, &p), ["conv2d", "fused[add+relu]"]);
+}
+
+#[test]
+fn fused_dump_names_kernels_reads_and_types() {
+    let (g, p) = plan(CONV_RELU);
+    assert_eq!(
+        dump(&g, &p),
+        "kernel 0 extern: %4 = conv2d+epilogue[add+relu] (%0, %1, %2, %3) fuses [%5, %6] : f32[2,4,6,6]\n"
+    );
+}
