@@ -8,3 +8,4 @@ pub use decompose::Builder;
 pub use decompose_loss::{ClassLossOpts, Reduction};
 pub mod fusion;
 pub mod lower;
+pub mod memory_plan;

@@ -1,0 +1,212 @@
+//! The memory plan: when each stored value of a fused graph dies, and which
+//! buffer it can reuse. Values are allocated in schedule order; a buffer whose
+//! last reader has run returns to a pool and the next value that fits takes it
+//! (best fit). Views keep their base alive; graph outputs live to the end.
+
+use crate::fusion::{FusionPlan, KernelKind};
+use kiln_ir::graph::{Graph, NodeId, NodeOp};
+
+/// Where each stored value lives and when it can be freed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryPlan {
+    /// Buffer sizes in bytes.
+    pub buffers: Vec<usize>,
+    /// Per node: the buffer holding its value (kernel results only).
+    pub buffer_of: Vec<Option<usize>>,
+    /// Per node: values whose last reader is this node (free them after it runs).
+    pub free_after: Vec<Vec<NodeId>>,
+    /// Bytes of all buffers (the most the plan ever holds).
+    pub planned_peak: usize,
+    /// Bytes if every kernel result got a fresh buffer and none were freed.
+    pub unplanned: usize,
+}
+
+fn bytes(g: &Graph, id: NodeId) -> usize {
+    g.node(id)
+        .metas
+        .iter()
+        .map(|m| m.dims.iter().product::<usize>() * m.dtype.size())
+        .sum()
+}
+
+/// Plans buffers for the kernels of `plan` (see the module docs).
+pub fn plan_memory(g: &Graph, plan: &FusionPlan) -> MemoryPlan {
+    let n = g.len();
+    // when each kernel runs: at its root, or (extern + epilogue) at the epilogue's root
+    let mut runs_at: Vec<Option<usize>> = vec![None; n];
+    let mut value_of = vec![None; n]; // the kernel root owning a node's memory
+    for k in &plan.kernels {
+        let at = match k.kind {
+            KernelKind::Extern { epilogue: Some(e) } => {
+                value_of[e.index()] = Some(k.root);
+                e.index()
+            }
+            _ => k.root.index(),
+        };
+        runs_at[k.root.index()] = Some(at);
+        value_of[k.root.index()] = Some(k.root);
+    }
+    // views and projections alias their operand's memory
+    for (id, node) in g.iter() {
+        let aliases = matches!(node.op, NodeOp::Project(_))
+            || crate::fusion::node_kind(&node.op) == crate::fusion::NodeKind::View;
+        if aliases {
+            value_of[id.index()] = value_of[node.operands[0].index()];
+        }
+    }
+    let mut last_use = vec![0usize; n];
+    for k in &plan.kernels {
+        let at = runs_at[k.root.index()].unwrap_or(0);
+        for r in &k.reads {
+            if let Some(owner) = value_of[r.index()] {
+                last_use[owner.index()] = last_use[owner.index()].max(at);
+            }
+        }
+    }
+    for o in g.outputs() {
+        if let Some(owner) = value_of[o.index()] {
+            last_use[owner.index()] = usize::MAX;
+        }
+    }
+    let mut order: Vec<NodeId> = plan.kernels.iter().map(|k| k.root).collect();
+    order.sort_by_key(|r| runs_at[r.index()]);
+
+    let mut buffers: Vec<usize> = vec![];
+    let mut buffer_of = vec![None; n];
+    let mut free_after = vec![vec![]; n];
+    let mut live: Vec<NodeId> = vec![];
+    let mut pool: Vec<usize> = vec![];
+    let mut unplanned = 0;
+    for root in order {
+        let at = runs_at[root.index()].unwrap_or(0);
+        live.retain(|v| {
+            let dead = last_use[v.index()] < at;
+            if dead {
+                pool.push(buffer_of[v.index()].expect("live values have buffers"));
+            }
+            !dead
+        });
+        let need = bytes(g, root);
+        unplanned += need;
+        let fit = pool
+            .iter()
+            .enumerate()
+            .filter(|(_, &b)| buffers[b] >= need)
+            .min_by_key(|(_, &b)| (buffers[b], b))
+            .map(|(i, _)| i);
+        let b = match fit {
+            Some(i) => pool.swap_remove(i),
+            None => {
+                buffers.push(need);
+                buffers.len() - 1
+            }
+        };
+        buffer_of[root.index()] = Some(b);
+        live.push(root);
+        if last_use[root.index()] != usize::MAX {
+            free_after[last_use[root.index()].max(at)].push(root);
+        }
+    }
+    MemoryPlan {
+        planned_peak: buffers.iter().sum(),
+        buffers,
+        buffer_of,
+        free_after,
+        unplanned,
+    }
+}
+
+/// Peak bytes of intermediates when every op runs as its own kernel and each
+/// result is freed after its last reader (what eager execution holds).
+pub fn eager_peak(g: &Graph) -> usize {
+    let all = crate::fusion::FusionPlan {
+        stored: vec![true; g.len()],
+        epilogue_of: vec![None; g.len()],
+        kernels: g
+            .iter()
+            .filter(|(_, n)| {
+                matches!(
+                    crate::fusion::node_kind(&n.op),
+                    crate::fusion::NodeKind::Pointwise
+                        | crate::fusion::NodeKind::Reduction
+                        | crate::fusion::NodeKind::Extern
+                )
+            })
+            .map(|(id, n)| crate::fusion::Kernel {
+                kind: KernelKind::Pointwise,
+                root: id,
+                fused: vec![],
+                reads: n.operands.to_vec(),
+            })
+            .collect(),
+    };
+    let m = plan_memory(g, &all);
+    peak_live(g, &all, &m)
+}
+
+/// The most bytes live at once under `m` (values allocated at their kernel,
+/// freed after their last reader).
+pub fn peak_live(g: &Graph, plan: &FusionPlan, m: &MemoryPlan) -> usize {
+    let mut events: Vec<(usize, i64)> = vec![];
+    for k in &plan.kernels {
+        let b = bytes(g, k.root) as i64;
+        events.push((k.root.index() * 2, b));
+    }
+    for (at, vals) in m.free_after.iter().enumerate() {
+        for v in vals {
+            events.push((at * 2 + 1, -(bytes(g, *v) as i64)));
+        }
+    }
+    events.sort();
+    let (mut cur, mut peak) = (0i64, 0i64);
+    for (_, d) in events {
+        cur += d;
+        peak = peak.max(cur);
+    }
+    peak as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fusion::plan_fusion;
+
+    #[test]
+    fn a_chain_of_stored_values_reuses_two_buffers() {
+        // relu -> exp -> neg, each stored because a permute (a view) reads it
+        let g = Graph::parse(
+            "graph m(%0 x: f32[4,4]) {
+  %1 = relu(%0) : f32[4,4]
+  %2 = permute(%1) {dims=[1,0]} : f32[4,4]
+  %3 = exp(%2) : f32[4,4]
+  %4 = permute(%3) {dims=[1,0]} : f32[4,4]
+  %5 = neg(%4) : f32[4,4]
+  %6 = permute(%5) {dims=[1,0]} : f32[4,4]
+  %7 = sin(%6) : f32[4,4]
+  return %7
+}
+",
+        )
+        .unwrap();
+        let p = plan_fusion(&g);
+        let m = plan_memory(&g, &p);
+        assert_eq!(p.kernels.len(), 4);
+        assert_eq!(m.unplanned, 4 * 64);
+        // relu's buffer is free once exp has run, so neg takes it
+        assert_eq!(m.buffers.len(), 2, "{m:?}");
+        assert_eq!(m.planned_peak, 2 * 64);
+        assert_eq!(m.buffer_of[1], m.buffer_of[5]);
+    }
+
+    #[test]
+    fn outputs_are_never_reused() {
+        let g = Graph::parse(
+            "graph m(%0 x: f32[8]) {\n  %1 = relu(%0) : f32[8]\n  %2 = sum(%1) {dims=[0], keepdim=false} : f32[]\n  %3 = exp(%0) : f32[8]\n  return %1, %3\n}\n",
+        )
+        .unwrap();
+        let p = plan_fusion(&g);
+        let m = plan_memory(&g, &p);
+        assert_ne!(m.buffer_of[1], m.buffer_of[3]);
+        assert!(m.free_after.iter().all(|v| !v.contains(&NodeId(1))));
+    }
+}
