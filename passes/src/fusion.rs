@@ -49,11 +49,9 @@ pub fn node_kind(op: &NodeOp) -> NodeKind {
                 NodeKind::Pointwise
             }
             Op::Reduce { .. } | Op::Mean { .. } => NodeKind::Reduction,
-            Op::View(_)
-            | Op::Permute(_)
-            | Op::Expand(_)
-            | Op::Slice { .. }
-            | Op::Select { .. } => NodeKind::View,
+            Op::View(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } => {
+                NodeKind::View
+            }
             _ => NodeKind::Extern,
         },
     }

@@ -9,8 +9,8 @@
 use crate::decompose::{self, Builder};
 use crate::decompose_loss::{self as loss, ClassLossOpts};
 use kiln_ir::graph::{Constant, Graph, Node, NodeId, NodeOp, ScalarValue};
-use kiln_ir::shape::Dims;
 use kiln_ir::op::Op;
+use kiln_ir::shape::Dims;
 use kiln_ir::{BinaryOp, DType, Float, ReduceKind, Result, UnaryOp};
 
 /// Appends primitive nodes to a graph.
@@ -62,9 +62,22 @@ impl Builder for GraphBuilder<'_> {
         let k = self.0.constant(Constant::scalar(s, self.dtype(a)))?;
         self.0.op(Op::Where, &[*c, *a, k])
     }
-    fn reduce(&mut self, kind: ReduceKind, x: &NodeId, dims: &[i64], keepdim: bool) -> Result<NodeId> {
+    fn reduce(
+        &mut self,
+        kind: ReduceKind,
+        x: &NodeId,
+        dims: &[i64],
+        keepdim: bool,
+    ) -> Result<NodeId> {
         let dims = dims.to_vec();
-        self.0.op(Op::Reduce { kind, dims, keepdim }, &[*x])
+        self.0.op(
+            Op::Reduce {
+                kind,
+                dims,
+                keepdim,
+            },
+            &[*x],
+        )
     }
     fn mean(&mut self, x: &NodeId, dims: &[i64], keepdim: bool) -> Result<NodeId> {
         let dims = dims.to_vec();
@@ -105,7 +118,9 @@ pub fn decompose_composites(g: &Graph) -> Result<Graph> {
         let y = match op {
             Op::Softmax { dim } => decompose::softmax(b, &x.unwrap(), *dim)?,
             Op::LogSoftmax { dim } => decompose::log_softmax(b, &x.unwrap(), *dim)?,
-            Op::LogSumExp { dims, keepdim } => decompose::logsumexp(b, &x.unwrap(), dims, *keepdim)?,
+            Op::LogSumExp { dims, keepdim } => {
+                decompose::logsumexp(b, &x.unwrap(), dims, *keepdim)?
+            }
             Op::Var {
                 dims,
                 correction,

@@ -93,7 +93,8 @@ pub fn record_kernels<R>(f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
     (out, got)
 }
 
-fn log_enabled(what: &str) -> bool {
+/// Whether `KILN_LOG` (comma-separated stages, as `TORCH_LOGS`) names `what`.
+pub fn log_enabled(what: &str) -> bool {
     static LOG: OnceLock<String> = OnceLock::new();
     LOG.get_or_init(|| std::env::var("KILN_LOG").unwrap_or_default())
         .split(',')

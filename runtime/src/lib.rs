@@ -9,7 +9,7 @@ pub mod profiler;
 pub mod storage;
 pub mod strided;
 
-pub use launch::{cache_stats, convert, launch, record_kernels, CacheStats, View};
+pub use launch::{cache_stats, convert, launch, log_enabled, record_kernels, CacheStats, View};
 pub use memory::{
     max_memory_allocated, memory_allocated, memory_cached, memory_reserved, memory_stats,
     memory_summary, reset_peak_memory_stats, Device, MemoryStats,

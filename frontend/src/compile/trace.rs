@@ -63,7 +63,10 @@ pub struct Trace {
 type Key = (usize, Layout);
 
 fn key(t: &Tensor) -> Key {
-    (std::sync::Arc::as_ptr(&t.storage) as usize, t.layout.clone())
+    (
+        std::sync::Arc::as_ptr(&t.storage) as usize,
+        t.layout.clone(),
+    )
 }
 
 struct Tracer {
@@ -130,7 +133,9 @@ pub fn trace(
     TRACING.with(|t| t.set(true));
     let result = f(args);
     TRACING.with(|t| t.set(false));
-    let mut tr = TRACER.with(|t| t.borrow_mut().take()).expect("tracer installed");
+    let mut tr = TRACER
+        .with(|t| t.borrow_mut().take())
+        .expect("tracer installed");
     if let Some(b) = tr.broken.take() {
         return Ok(Err(b));
     }

@@ -72,6 +72,36 @@ impl Lazy {
         k.finish(&e.name(), v, &self.0.meta.dims, self.0.meta.dtype)
     }
 
+    /// Runs the pending expression as one kernel writing into `dst` (same
+    /// shape; a compiled extern's epilogue writes over the extern's output).
+    pub fn materialize_into(&self, dst: &Tensor) -> Result<()> {
+        let mut e = Emitter::default();
+        let leaves = self.leaves();
+        let mut k = KernelCall::new();
+        for l in &leaves {
+            let v = k.load(l);
+            e.leaf_vals.push(v);
+        }
+        e.leaves = leaves;
+        let v = e.emit(&mut k, self);
+        k.store_into(&e.name(), v, dst)
+    }
+
+    /// A 0-dim constant of dtype `dt` (a kernel scalar argument, not a tensor).
+    pub fn constant(v: f64, dt: DType) -> Lazy {
+        Lazy::new(
+            Meta {
+                dtype: dt,
+                dims: Dims::new(),
+            },
+            Kind::Scalar(v, dt),
+        )
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.0.meta
+    }
+
     /// Distinct leaf tensors, in first-use order.
     fn leaves(&self) -> Vec<Tensor> {
         fn walk(n: &Lazy, out: &mut Vec<Tensor>) {
@@ -184,6 +214,29 @@ pub(crate) fn scalar_for(dt: DType, s: f64) -> Scalar {
 pub struct Fuser;
 
 impl Fuser {
+    /// `a op s` (or `s op a` when `reversed`) with the Python number `s`.
+    pub fn binary_scalar(&self, op: BinaryOp, a: &Lazy, s: Scalar, reversed: bool) -> Result<Lazy> {
+        let (ta, ts) = (Arg::Tensor(&a.0.meta), Arg::Scalar(s.category()));
+        let sig = if reversed {
+            infer::binary(op, ts, ta)?
+        } else {
+            infer::binary(op, ta, ts)?
+        };
+        let c = Lazy::constant(s.value(), sig.compute);
+        let (l, r) = if reversed {
+            (c, a.clone())
+        } else {
+            (a.clone(), c)
+        };
+        Ok(Lazy::new(
+            Meta {
+                dtype: sig.out,
+                dims: sig.dims,
+            },
+            Kind::Binary(op, sig.compute, l, r),
+        ))
+    }
+
     fn reduce_lazy(
         &self,
         name: &str,
@@ -260,22 +313,7 @@ impl Builder for Fuser {
         ))
     }
     fn scalar(&mut self, op: BinaryOp, a: &Lazy, v: f64) -> Result<Lazy> {
-        let sc = scalar_for(a.0.meta.dtype, v);
-        let s = infer::binary(op, Arg::Tensor(&a.0.meta), Arg::Scalar(sc.category()))?;
-        let c = Lazy::new(
-            Meta {
-                dtype: s.compute,
-                dims: Dims::new(),
-            },
-            Kind::Scalar(sc.value(), s.compute),
-        );
-        Ok(Lazy::new(
-            Meta {
-                dtype: s.out,
-                dims: s.dims,
-            },
-            Kind::Binary(op, s.compute, a.clone(), c),
-        ))
+        self.binary_scalar(op, a, scalar_for(a.0.meta.dtype, v), false)
     }
     fn select(&mut self, c: &Lazy, a: &Lazy, b: &Lazy) -> Result<Lazy> {
         let s = infer::where_(&c.0.meta, Arg::Tensor(&a.0.meta), Arg::Tensor(&b.0.meta))?;

@@ -47,9 +47,8 @@ fn pointwise_prologue_fuses_into_reduction_and_result_is_read_by_epilogue() {
 
 #[test]
 fn softmax_needs_at_most_three_kernels_without_online_lse() {
-    let (_, p) = plan(
-        "graph s(%0 x: f32[4,8]) {\n  %1 = softmax(%0) {dim=1} : f32[4,8]\n  return %1\n}\n",
-    );
+    let (_, p) =
+        plan("graph s(%0 x: f32[4,8]) {\n  %1 = softmax(%0) {dim=1} : f32[4,8]\n  return %1\n}\n");
     assert!(p.launches() <= 3, "{}", p.launches());
 }
 
@@ -73,7 +72,10 @@ fn values_read_by_many_kernels_are_stored_not_recomputed() {
     let mut t = String::from("graph m(%0 x: f32[8]) {\n  %1 = exp(%0) : f32[8]\n");
     let k = MAX_RECOMPUTE + 1;
     for i in 0..k {
-        t += &format!("  %{} = sum(%1) {{dims=[0], keepdim=false}} : f32[]\n", 2 + i);
+        t += &format!(
+            "  %{} = sum(%1) {{dims=[0], keepdim=false}} : f32[]\n",
+            2 + i
+        );
     }
     let outs: Vec<String> = (0..k).map(|i| format!("%{}", 2 + i)).collect();
     t += &format!("  return {}\n}}\n", outs.join(", "));
@@ -85,7 +87,8 @@ fn values_read_by_many_kernels_are_stored_not_recomputed() {
     assert!(!p2.stored[1]);
 }
 
-const CONV_RELU: &str = "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
+const CONV_RELU: &str =
+    "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
   %4 = conv2d(%0, %1, %2) {dilation=[1], groups=1, padding=[0], stride=[1]} : f32[2,4,6,6]
   %5 = add(%4, %3) : f32[2,4,6,6]
   %6 = relu(%5) : f32[2,4,6,6]
@@ -96,7 +99,12 @@ const CONV_RELU: &str = "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f
 #[test]
 fn conv_takes_a_pointwise_epilogue() {
     let (g, p) = plan(CONV_RELU);
-    assert_eq!(names(&g, &p), ["conv2d+epilogue[add+relu]"], "{}", dump(&g, &p));
+    assert_eq!(
+        names(&g, &p),
+        ["conv2d+epilogue[add+relu]"],
+        "{}",
+        dump(&g, &p)
+    );
 }
 
 #[test]

@@ -1,0 +1,265 @@
+//! The compiled executable: a planned graph run node by node, where pointwise
+//! values are pending expressions ([`Lazy`]) that become one Cranelift kernel
+//! each time the fusion plan says a value is stored. A reduction compiles its
+//! pending prologue into its loop; an extern (matmul, conv) runs on stored
+//! operands and its epilogue writes over its output in place.
+//!
+//! Values computed only from parameters and constants (BatchNorm folded into a
+//! conv's weight, a transposed weight) are hoisted: computed on the first call
+//! and reused while no parameter's version counter has moved.
+
+use super::dispatch::run_op;
+use crate::ops::fuse::{Fuser, Lazy};
+use crate::{Scalar, Tensor};
+use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
+use kiln_ir::op::Op;
+use kiln_ir::{bail, Result};
+use kiln_passes::decompose::Builder;
+use kiln_passes::fusion::{self, FusionPlan, NodeKind};
+use kiln_passes::memory_plan::{self, MemoryPlan};
+use std::collections::HashMap;
+
+/// A graph ready to run: its fusion plan, memory plan and value lifetimes.
+pub struct Executable {
+    pub graph: Graph,
+    pub plan: FusionPlan,
+    pub memory: MemoryPlan,
+    /// Per node: computed only from captured tensors and constants.
+    hoisted: Vec<bool>,
+    /// Per node: hoisted and read by a node that is not (its value is cached).
+    frontier: Vec<bool>,
+    /// Per node: the position after which no node reads it.
+    last_use: Vec<usize>,
+    /// Per node: its index among the graph inputs.
+    input_index: Vec<Option<usize>>,
+}
+
+/// Hoisted values and the parameter versions they were computed at.
+#[derive(Default)]
+pub struct HoistCache {
+    versions: Vec<u64>,
+    values: HashMap<usize, Tensor>,
+}
+
+enum Val {
+    One(Lazy),
+    Many(Vec<Tensor>),
+}
+
+impl Val {
+    fn lazy(&self) -> Result<&Lazy> {
+        match self {
+            Val::One(l) => Ok(l),
+            Val::Many(_) => bail!("compile", "a tuple value used as a tensor"),
+        }
+    }
+}
+
+fn scalar(v: ScalarValue) -> Scalar {
+    match v {
+        ScalarValue::Bool(b) => Scalar::Bool(b),
+        ScalarValue::Int(i) => Scalar::Int(i),
+        ScalarValue::Float(f) => Scalar::Float(f.0),
+    }
+}
+
+impl Executable {
+    /// Plans `graph`; `captured[i]` says graph input `i` is a parameter or
+    /// buffer (fixed between calls unless its version moves).
+    pub fn new(graph: Graph, captured: &[bool]) -> Executable {
+        let plan = fusion::plan_fusion(&graph);
+        let memory = memory_plan::plan_memory(&graph, &plan);
+        let n = graph.len();
+        let mut input_index = vec![None; n];
+        for (k, id) in graph.inputs().iter().enumerate() {
+            input_index[id.index()] = Some(k);
+        }
+        let mut hoisted = vec![false; n];
+        let mut last_use = vec![0; n];
+        for (id, node) in graph.iter() {
+            let i = id.index();
+            hoisted[i] = match &node.op {
+                NodeOp::Input { .. } => {
+                    captured.get(input_index[i].unwrap_or(usize::MAX)) == Some(&true)
+                }
+                NodeOp::Const(_) => true,
+                _ => node.operands.iter().all(|o| hoisted[o.index()]),
+            };
+            for o in &node.operands {
+                last_use[o.index()] = i;
+            }
+        }
+        for o in graph.outputs() {
+            last_use[o.index()] = usize::MAX;
+        }
+        // an extern's output lives until its epilogue writes over it
+        for (r, e) in plan.epilogue_of.iter().enumerate() {
+            if let Some(e) = e {
+                last_use[e.index()] = last_use[e.index()].max(r);
+            }
+        }
+        let mut frontier = vec![false; n];
+        for node in graph.nodes() {
+            for o in &node.operands {
+                let reader_hoisted = node.operands.iter().all(|x| hoisted[x.index()]);
+                if hoisted[o.index()] && !reader_hoisted {
+                    frontier[o.index()] = true;
+                }
+            }
+        }
+        // an input is cheap to rebind; only computed values are worth caching
+        for (i, f) in frontier.iter_mut().enumerate() {
+            if input_index[i].is_some() || matches!(graph.nodes()[i].op, NodeOp::Const(_)) {
+                *f = false;
+            }
+        }
+        Executable {
+            graph,
+            plan,
+            memory,
+            hoisted,
+            frontier,
+            last_use,
+            input_index,
+        }
+    }
+
+    /// Runs the graph on its inputs (arguments and captured tensors, in graph
+    /// input order). `versions` are the captured tensors' version counters.
+    pub fn run(
+        &self,
+        inputs: &[Tensor],
+        versions: &[u64],
+        cache: &mut HoistCache,
+    ) -> Result<Vec<Tensor>> {
+        let _ng = crate::autograd::no_grad();
+        let valid = !cache.values.is_empty() && cache.versions == versions;
+        if !valid {
+            cache.values.clear();
+            cache.versions = versions.to_vec();
+        }
+        let n = self.graph.len();
+        let mut vals: Vec<Option<Val>> = (0..n).map(|_| None).collect();
+        for (id, node) in self.graph.iter() {
+            let i = id.index();
+            let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
+            let v = if valid && self.hoisted[i] && cached {
+                match cache.values.get(&i) {
+                    Some(t) => Some(Val::One(Lazy::tensor(t))),
+                    None => None, // consumed only inside the hoisted part
+                }
+            } else {
+                Some(self.eval(id, inputs, &vals)?)
+            };
+            let v = match v {
+                Some(Val::One(l)) if self.frontier[i] && !valid => {
+                    let t = l.materialize()?;
+                    cache.values.insert(i, t.clone());
+                    Some(Val::One(Lazy::tensor(&t)))
+                }
+                v => v,
+            };
+            vals[i] = v;
+            for o in &node.operands {
+                if self.last_use[o.index()] == i {
+                    vals[o.index()] = None;
+                }
+            }
+        }
+        self.graph
+            .outputs()
+            .iter()
+            .map(|o| match &vals[o.index()] {
+                Some(Val::One(l)) => l.materialize(),
+                _ => bail!("compile", "graph output {o:?} has no value"),
+            })
+            .collect()
+    }
+
+    fn eval(&self, id: NodeId, inputs: &[Tensor], vals: &[Option<Val>]) -> Result<Val> {
+        let node = self.graph.node(id);
+        let i = id.index();
+        let arg = |k: usize| -> Result<&Lazy> {
+            match &vals[node.operands[k].index()] {
+                Some(v) => v.lazy(),
+                None => bail!("compile", "operand {k} of {} was freed", node.op_name()),
+            }
+        };
+        let f = &mut Fuser;
+        let lazy = match &node.op {
+            NodeOp::Input { .. } => Lazy::tensor(&inputs[self.input_index[i].expect("input")]),
+            NodeOp::Const(c) if c.is_splat() && c.meta.dims.is_empty() => {
+                Lazy::constant(c.value(0), c.meta.dtype)
+            }
+            NodeOp::Const(c) => {
+                let n = c.meta.dims.iter().product::<usize>();
+                let vals: Vec<f64> = (0..n).map(|k| c.value(k)).collect();
+                let t = Tensor::from_vec(vals, &c.meta.dims)?.to_dtype(c.meta.dtype)?;
+                Lazy::tensor(&t)
+            }
+            NodeOp::Project(k) => match &vals[node.operands[0].index()] {
+                Some(Val::Many(ts)) => Lazy::tensor(&ts[*k]),
+                _ => bail!("compile", "getitem of a value that is not a tuple"),
+            },
+            NodeOp::Op(op) => match fusion::node_kind(&node.op) {
+                NodeKind::Pointwise => {
+                    let l = match op {
+                        Op::Unary(u) => f.unary(*u, arg(0)?)?,
+                        Op::Binary(b) => f.binary(*b, arg(0)?, arg(1)?)?,
+                        Op::BinaryScalar {
+                            op,
+                            value,
+                            reversed,
+                        } => f.binary_scalar(*op, arg(0)?, scalar(*value), *reversed)?,
+                        Op::Where => f.select(arg(0)?, arg(1)?, arg(2)?)?,
+                        Op::Cast(dt) => f.cast(arg(0)?, *dt)?,
+                        _ => unreachable!("node_kind says pointwise"),
+                    };
+                    return self.store(id, l, vals);
+                }
+                NodeKind::Reduction => {
+                    let x = arg(0)?;
+                    let all: Vec<i64> = (0..x.meta().dims.len() as i64).collect();
+                    let pick = |d: &Vec<i64>| if d.is_empty() { all.clone() } else { d.clone() };
+                    match op {
+                        Op::Reduce {
+                            kind,
+                            dims,
+                            keepdim,
+                        } => f.reduce(*kind, x, &pick(dims), *keepdim)?,
+                        Op::Mean { dims, keepdim } => f.mean(x, &pick(dims), *keepdim)?,
+                        _ => unreachable!("node_kind says reduction"),
+                    }
+                }
+                _ => {
+                    let ts = (0..node.operands.len())
+                        .map(|k| arg(k)?.materialize())
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut outs = run_op(op, &ts)?;
+                    if node.metas.len() != 1 {
+                        return Ok(Val::Many(outs));
+                    }
+                    Lazy::tensor(&outs.pop().expect("one result"))
+                }
+            },
+        };
+        Ok(Val::One(lazy))
+    }
+
+    /// A pointwise value: stays pending, or runs as one kernel where the plan
+    /// stores it — over the extern's output when it is that extern's epilogue.
+    fn store(&self, id: NodeId, l: Lazy, vals: &[Option<Val>]) -> Result<Val> {
+        let i = id.index();
+        if !self.plan.stored[i] {
+            return Ok(Val::One(l));
+        }
+        if let Some(e) = self.plan.epilogue_of[i] {
+            if let Some(Val::One(ext)) = &vals[e.index()] {
+                let out = ext.materialize()?;
+                l.materialize_into(&out)?;
+                return Ok(Val::One(Lazy::tensor(&out)));
+            }
+        }
+        Ok(Val::One(Lazy::tensor(&l.materialize()?)))
+    }
+}

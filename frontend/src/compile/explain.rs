@@ -1,0 +1,177 @@
+//! `Compiled::explain()`: what compile did, in words a user can act on.
+
+use super::guard::RecompileReason;
+use super::pipeline::{Entry, StageTimes};
+use kiln_ir::graph::{Graph, NodeId};
+use kiln_ir::shape::fmt_dims;
+use kiln_passes::fusion::{self, KernelKind, NodeKind};
+use kiln_passes::memory_plan;
+use std::fmt;
+
+/// The report for every compiled entry of a function.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub name: String,
+    pub entries: Vec<EntryReport>,
+    pub recompiles: Vec<RecompileReason>,
+    /// Why calls now run eagerly, once the recompile limit was hit.
+    pub gave_up: Option<String>,
+}
+
+/// One compiled specialisation.
+#[derive(Debug, Clone, Default)]
+pub struct EntryReport {
+    /// Input shapes and dtypes it was compiled for.
+    pub inputs: String,
+    pub graph_break: Option<String>,
+    /// Kernel names (`fused[mul+add+gelu]`), one per launch.
+    pub kernels: Vec<String>,
+    /// Ops that kept their own kernel, with the reason.
+    pub unfused: Vec<String>,
+    pub nodes_traced: usize,
+    pub planned_peak: usize,
+    pub unplanned: usize,
+    pub eager_peak: usize,
+    pub times: StageTimes,
+}
+
+impl EntryReport {
+    pub fn launches(&self) -> usize {
+        self.kernels.len()
+    }
+}
+
+fn unfused_reason(g: &Graph, id: NodeId, readers: &[Vec<NodeId>]) -> String {
+    let r = &readers[id.index()];
+    if g.outputs().contains(&id) {
+        return "its result is a graph output".into();
+    }
+    if r.len() > 1 {
+        return format!(
+            "its result is read by {} ops, so no single epilogue",
+            r.len()
+        );
+    }
+    match r.first() {
+        Some(c) if fusion::node_kind(&g.node(*c).op) != NodeKind::Pointwise => {
+            format!("its reader `{}` is not pointwise", g.node(*c).op_name())
+        }
+        Some(_) => "its pointwise reader changes the shape or dtype".into(),
+        None => "nothing reads it".into(),
+    }
+}
+
+impl Entry {
+    pub fn report(&self) -> EntryReport {
+        let inputs = self
+            .guards
+            .args
+            .iter()
+            .map(|(d, s, _)| format!("{d}{}", fmt_dims(s)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut r = EntryReport {
+            inputs,
+            graph_break: self.graph_break.as_ref().map(|b| b.to_string()),
+            nodes_traced: self.traced.as_ref().map_or(0, |g| g.len()),
+            times: self.times.clone(),
+            ..EntryReport::default()
+        };
+        let Some(exec) = &self.exec else {
+            return r;
+        };
+        let g = &exec.graph;
+        let mut readers = vec![vec![]; g.len()];
+        for (id, n) in g.iter() {
+            for o in &n.operands {
+                readers[o.index()].push(id);
+            }
+        }
+        for k in &exec.plan.kernels {
+            r.kernels.push(fusion::kernel_name(g, k));
+            if k.kind == (KernelKind::Extern { epilogue: None }) {
+                r.unfused.push(format!(
+                    "{} (extern kernel, no epilogue): {}",
+                    g.node(k.root).op_name(),
+                    unfused_reason(g, k.root, &readers)
+                ));
+            }
+        }
+        r.planned_peak = exec.memory.planned_peak;
+        r.unplanned = exec.memory.unplanned;
+        r.eager_peak = self.traced.as_ref().map_or(0, |t| {
+            memory_plan::eager_peak(
+                &kiln_passes::lower::decompose_composites(t).unwrap_or_else(|_| t.clone()),
+            )
+        });
+        r
+    }
+}
+
+fn kib(b: usize) -> String {
+    format!("{:.1} KiB", b as f64 / 1024.0)
+}
+
+fn ms(d: std::time::Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+impl fmt::Display for EntryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "entry ({})", self.inputs)?;
+        if let Some(b) = &self.graph_break {
+            return writeln!(f, "  {b}; this entry runs eagerly");
+        }
+        writeln!(
+            f,
+            "  {} kernels from {} traced nodes:",
+            self.kernels.len(),
+            self.nodes_traced
+        )?;
+        for (i, k) in self.kernels.iter().enumerate() {
+            writeln!(f, "    {i}: {k}")?;
+        }
+        for u in &self.unfused {
+            writeln!(f, "  unfused: {u}")?;
+        }
+        writeln!(
+            f,
+            "  memory: planned peak {} (unplanned {}, eager {})",
+            kib(self.planned_peak),
+            kib(self.unplanned),
+            kib(self.eager_peak)
+        )?;
+        let t = &self.times;
+        writeln!(
+            f,
+            "  compile time: trace {}, rewrite {}, decompose {}, plan {}, first run {} ({} kernels compiled)",
+            ms(t.trace),
+            ms(t.rewrite),
+            ms(t.decompose),
+            ms(t.plan),
+            ms(t.first_run),
+            t.kernels_compiled
+        )
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "compiled `{}`: {} entries",
+            self.name,
+            self.entries.len()
+        )?;
+        for e in &self.entries {
+            write!(f, "{e}")?;
+        }
+        for r in &self.recompiles {
+            writeln!(f, "recompile: {r}")?;
+        }
+        if let Some(g) = &self.gave_up {
+            writeln!(f, "{g}")?;
+        }
+        Ok(())
+    }
+}

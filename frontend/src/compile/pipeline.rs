@@ -1,0 +1,176 @@
+//! One compiled entry: trace -> rewrite -> decompose -> fuse -> plan, timed
+//! stage by stage, then run under its guards.
+
+use super::exec::{Executable, HoistCache};
+use super::guard::Guards;
+use super::trace::{self, Binding, GraphBreak};
+use crate::Tensor;
+use kiln_ir::graph::Graph;
+use kiln_ir::Result;
+use kiln_passes::lower::decompose_composites;
+use std::time::{Duration, Instant};
+
+/// Knobs of `compile()`.
+#[derive(Debug, Clone)]
+pub struct CompileOptions {
+    /// Guard misses (other than a new batch size) before falling back to eager.
+    pub recompile_limit: usize,
+    /// Shadow mode: compare against eager on every call within this tolerance.
+    pub shadow_tol: Option<f64>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            recompile_limit: 8,
+            shadow_tol: None,
+        }
+    }
+}
+
+/// Compile time by stage.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StageTimes {
+    /// Running the function eagerly while recording the graph.
+    pub trace: Duration,
+    pub rewrite: Duration,
+    pub decompose: Duration,
+    /// Fusion plan, memory plan and value lifetimes.
+    pub plan: Duration,
+    /// The first compiled run: Cranelift compiles every kernel not yet cached.
+    pub first_run: Duration,
+    /// Kernels compiled (cache misses) during the first run.
+    pub kernels_compiled: usize,
+}
+
+/// A compiled specialisation: its guards and executable (or the graph break
+/// that made it eager).
+pub(crate) struct Entry {
+    pub guards: Guards,
+    pub traced: Option<Graph>,
+    pub exec: Option<Executable>,
+    pub bindings: Vec<Binding>,
+    pub hoist: HoistCache,
+    pub graph_break: Option<GraphBreak>,
+    pub times: StageTimes,
+}
+
+fn log(stage: &str, name: &str, text: &str) {
+    if kiln_runtime::log_enabled(stage) {
+        eprintln!("[kiln {stage}] {name}\n{text}");
+    }
+}
+
+impl Entry {
+    /// Traces `f` on `args` and compiles it; returns the entry and the call's results.
+    pub fn build(
+        name: &str,
+        args: &[Tensor],
+        names: &[(String, Tensor)],
+        f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+        guards: Guards,
+        _options: &super::CompileOptions,
+    ) -> Result<(Entry, Vec<Tensor>)> {
+        let mut times = StageTimes::default();
+        let t = Instant::now();
+        let traced = {
+            let _ng = crate::autograd::no_grad();
+            trace::trace(name, args, names, |xs| f(xs))?
+        };
+        times.trace = t.elapsed();
+        let (tr, _eager_outs) = match traced {
+            Ok(x) => x,
+            Err(b) => {
+                log("graph_breaks", name, &b.to_string());
+                let outs = f(args)?;
+                let entry = Entry {
+                    guards,
+                    traced: None,
+                    exec: None,
+                    bindings: vec![],
+                    hoist: HoistCache::default(),
+                    graph_break: Some(b),
+                    times,
+                };
+                return Ok((entry, outs));
+            }
+        };
+        log("graph", name, &tr.graph.to_text());
+
+        let t = Instant::now();
+        let rewritten = tr.graph.clone();
+        times.rewrite = t.elapsed();
+
+        let t = Instant::now();
+        let lowered = decompose_composites(&rewritten)?;
+        times.decompose = t.elapsed();
+
+        let t = Instant::now();
+        let captured: Vec<bool> = tr
+            .bindings
+            .iter()
+            .map(|b| matches!(b, Binding::Captured(_)))
+            .collect();
+        let exec = Executable::new(lowered, &captured);
+        times.plan = t.elapsed();
+        log(
+            "fusion",
+            name,
+            &format!(
+                "{}{}",
+                exec.graph.to_text(),
+                kiln_passes::fusion::dump(&exec.graph, &exec.plan)
+            ),
+        );
+
+        let mut entry = Entry {
+            guards,
+            traced: Some(tr.graph),
+            exec: Some(exec),
+            bindings: tr.bindings,
+            hoist: HoistCache::default(),
+            graph_break: None,
+            times,
+        };
+        let before = kiln_runtime::cache_stats().compiles;
+        let t = Instant::now();
+        let outs = entry.run_compiled(args)?;
+        entry.times.first_run = t.elapsed();
+        entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
+        Ok((entry, outs))
+    }
+
+    fn inputs(&self, args: &[Tensor]) -> (Vec<Tensor>, Vec<u64>) {
+        let mut versions = vec![];
+        let ins = self
+            .bindings
+            .iter()
+            .map(|b| match b {
+                Binding::Arg(i) => args[*i].clone(),
+                Binding::Captured(t) => {
+                    versions.push(t.version.get());
+                    t.clone()
+                }
+            })
+            .collect();
+        (ins, versions)
+    }
+
+    fn run_compiled(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        let exec = self.exec.as_ref().expect("compiled entry");
+        let (ins, versions) = self.inputs(args);
+        exec.run(&ins, &versions, &mut self.hoist)
+    }
+
+    /// Runs the entry: compiled, or eagerly after a graph break.
+    pub fn run(
+        &mut self,
+        args: &[Tensor],
+        f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    ) -> Result<Vec<Tensor>> {
+        if self.exec.is_none() {
+            return f(args);
+        }
+        self.run_compiled(args)
+    }
+}
