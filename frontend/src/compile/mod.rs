@@ -16,12 +16,14 @@
 //! shown by `KILN_LOG=recompiles`. Past the recompile limit, calls run eagerly.
 
 pub mod dispatch;
+mod dump;
 pub mod exec;
 mod explain;
 mod guard;
 mod pipeline;
 pub mod trace;
 
+pub use dump::Stage;
 pub use explain::{EntryReport, Report};
 pub use guard::{Guards, RecompileReason};
 pub use pipeline::{CompileOptions, StageTimes};

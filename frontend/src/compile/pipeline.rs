@@ -48,6 +48,7 @@ pub struct StageTimes {
 pub(crate) struct Entry {
     pub guards: Guards,
     pub traced: Option<Graph>,
+    pub rewritten: Option<Graph>,
     pub exec: Option<Executable>,
     pub bindings: Vec<Binding>,
     pub hoist: HoistCache,
@@ -86,6 +87,7 @@ impl Entry {
                 let entry = Entry {
                     guards,
                     traced: None,
+                    rewritten: None,
                     exec: None,
                     bindings: vec![],
                     hoist: HoistCache::default(),
@@ -126,6 +128,7 @@ impl Entry {
         let mut entry = Entry {
             guards,
             traced: Some(tr.graph),
+            rewritten: Some(rewritten),
             exec: Some(exec),
             bindings: tr.bindings,
             hoist: HoistCache::default(),
