@@ -144,10 +144,11 @@ impl fmt::Display for EntryReport {
         let t = &self.times;
         writeln!(
             f,
-            "  compile time: trace {}, rewrite {}, decompose {}, plan {}, first run {} ({} kernels compiled)",
+            "  compile time: trace {}, rewrite {}, decompose {}{}, plan {}, first run {} ({} kernels compiled)",
             ms(t.trace),
             ms(t.rewrite),
             ms(t.decompose),
+            if t.from_disk_cache { " (passes skipped: disk cache)" } else { "" },
             ms(t.plan),
             ms(t.first_run),
             t.kernels_compiled

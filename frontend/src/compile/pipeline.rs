@@ -1,6 +1,7 @@
 //! One compiled entry: trace -> rewrite -> decompose -> fuse -> plan, timed
 //! stage by stage, then run under its guards.
 
+use super::disk_cache;
 use super::exec::{Executable, HoistCache};
 use super::guard::Guards;
 use super::trace::{self, Binding, GraphBreak};
@@ -41,6 +42,8 @@ pub struct StageTimes {
     pub first_run: Duration,
     /// Kernels compiled (cache misses) during the first run.
     pub kernels_compiled: usize,
+    /// The passes were skipped: the planned graph came from the disk cache.
+    pub from_disk_cache: bool,
 }
 
 /// A compiled specialisation: its guards and executable (or the graph break
@@ -99,13 +102,22 @@ impl Entry {
         };
         log("graph", name, &tr.graph.to_text());
 
-        let t = Instant::now();
-        let rewritten = tr.graph.clone();
-        times.rewrite = t.elapsed();
-
-        let t = Instant::now();
-        let lowered = decompose_composites(&rewritten)?;
-        times.decompose = t.elapsed();
+        let (rewritten, lowered) = match disk_cache::load(&tr.graph) {
+            Some(planned) => {
+                times.from_disk_cache = true;
+                (None, planned)
+            }
+            None => {
+                let t = Instant::now();
+                let rewritten = tr.graph.clone();
+                times.rewrite = t.elapsed();
+                let t = Instant::now();
+                let lowered = decompose_composites(&rewritten)?;
+                times.decompose = t.elapsed();
+                disk_cache::store(&tr.graph, &lowered);
+                (Some(rewritten), lowered)
+            }
+        };
 
         let t = Instant::now();
         let captured: Vec<bool> = tr
@@ -128,7 +140,7 @@ impl Entry {
         let mut entry = Entry {
             guards,
             traced: Some(tr.graph),
-            rewritten: Some(rewritten),
+            rewritten,
             exec: Some(exec),
             bindings: tr.bindings,
             hoist: HoistCache::default(),
