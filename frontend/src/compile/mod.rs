@@ -22,6 +22,7 @@ pub mod exec;
 mod explain;
 mod guard;
 mod pipeline;
+mod shadow;
 pub mod trace;
 
 pub use dump::Stage;
@@ -114,7 +115,7 @@ impl<'a> Compiled<'a> {
             return (self.f)(args);
         }
         if let Some(e) = st.entries.iter_mut().find(|e| e.guards == guards) {
-            return e.run(args, &*self.f);
+            return e.run(&self.name, args, &*self.f, &self.options);
         }
         let reason = st.entries.last().map(|e| e.guards.miss_reason(&guards));
         if let Some(r) = &reason {

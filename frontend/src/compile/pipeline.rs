@@ -7,8 +7,9 @@ use super::guard::Guards;
 use super::trace::{self, Binding, GraphBreak};
 use crate::Tensor;
 use kiln_ir::graph::Graph;
+use kiln_ir::graph::NodeId;
 use kiln_ir::Result;
-use kiln_passes::lower::decompose_composites;
+use kiln_passes::lower::decompose_with_map;
 use std::time::{Duration, Instant};
 
 /// Knobs of `compile()`.
@@ -52,6 +53,8 @@ pub(crate) struct Entry {
     pub guards: Guards,
     pub traced: Option<Graph>,
     pub rewritten: Option<Graph>,
+    /// Per planned node: the traced node it computes, if any (for shadow mode).
+    pub origin: Vec<Option<NodeId>>,
     pub exec: Option<Executable>,
     pub bindings: Vec<Binding>,
     pub hoist: HoistCache,
@@ -73,7 +76,7 @@ impl Entry {
         names: &[(String, Tensor)],
         f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
         guards: Guards,
-        _options: &super::CompileOptions,
+        options: &super::CompileOptions,
     ) -> Result<(Entry, Vec<Tensor>)> {
         let mut times = StageTimes::default();
         let t = Instant::now();
@@ -82,7 +85,7 @@ impl Entry {
             trace::trace(name, args, names, |xs| f(xs))?
         };
         times.trace = t.elapsed();
-        let (tr, _eager_outs) = match traced {
+        let (tr, eager_outs) = match traced {
             Ok(x) => x,
             Err(b) => {
                 log("graph_breaks", name, &b.to_string());
@@ -91,6 +94,7 @@ impl Entry {
                     guards,
                     traced: None,
                     rewritten: None,
+                    origin: vec![],
                     exec: None,
                     bindings: vec![],
                     hoist: HoistCache::default(),
@@ -102,20 +106,36 @@ impl Entry {
         };
         log("graph", name, &tr.graph.to_text());
 
-        let (rewritten, lowered) = match disk_cache::load(&tr.graph) {
+        // shadow mode needs to know where planned nodes came from, which a
+        // cached plan does not record
+        let cached = match options.shadow_tol {
+            None => disk_cache::load(&tr.graph),
+            Some(_) => None,
+        };
+        let (rewritten, lowered, origin) = match cached {
             Some(planned) => {
                 times.from_disk_cache = true;
-                (None, planned)
+                (None, planned, vec![])
             }
             None => {
                 let t = Instant::now();
                 let rewritten = tr.graph.clone();
+                let rewrite_origin: Vec<Option<NodeId>> = (0..rewritten.len())
+                    .map(|i| Some(NodeId(i as u32)))
+                    .collect();
                 times.rewrite = t.elapsed();
                 let t = Instant::now();
-                let lowered = decompose_composites(&rewritten)?;
+                let (lowered, map) = decompose_with_map(&rewritten)?;
                 times.decompose = t.elapsed();
                 disk_cache::store(&tr.graph, &lowered);
-                (Some(rewritten), lowered)
+                let mut origin = vec![None; lowered.len()];
+                for (old, new) in map.iter().enumerate() {
+                    let o = &mut origin[new.index()];
+                    if o.is_none() {
+                        *o = rewrite_origin[old];
+                    }
+                }
+                (Some(rewritten), lowered, origin)
             }
         };
 
@@ -141,6 +161,7 @@ impl Entry {
             guards,
             traced: Some(tr.graph),
             rewritten,
+            origin,
             exec: Some(exec),
             bindings: tr.bindings,
             hoist: HoistCache::default(),
@@ -152,6 +173,7 @@ impl Entry {
         let outs = entry.run_compiled(args)?;
         entry.times.first_run = t.elapsed();
         entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
+        entry.shadow(name, args, &outs, &eager_outs, options)?;
         Ok((entry, outs))
     }
 
@@ -180,12 +202,38 @@ impl Entry {
     /// Runs the entry: compiled, or eagerly after a graph break.
     pub fn run(
         &mut self,
+        name: &str,
         args: &[Tensor],
         f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+        options: &super::CompileOptions,
     ) -> Result<Vec<Tensor>> {
         if self.exec.is_none() {
             return f(args);
         }
-        self.run_compiled(args)
+        let outs = self.run_compiled(args)?;
+        if options.shadow_tol.is_some() {
+            let eager = {
+                let _ng = crate::autograd::no_grad();
+                f(args)?
+            };
+            self.shadow(name, args, &outs, &eager, options)?;
+        }
+        Ok(outs)
+    }
+
+    fn shadow(
+        &self,
+        name: &str,
+        args: &[Tensor],
+        compiled: &[Tensor],
+        eager: &[Tensor],
+        options: &super::CompileOptions,
+    ) -> Result<()> {
+        let (Some(tol), Some(traced), Some(exec)) = (options.shadow_tol, &self.traced, &self.exec)
+        else {
+            return Ok(());
+        };
+        let (ins, _) = self.inputs(args);
+        super::shadow::check(name, traced, exec, &self.origin, &ins, compiled, eager, tol)
     }
 }
