@@ -104,6 +104,9 @@ impl Entry {
                 return Ok((entry, outs));
             }
         };
+        if cfg!(debug_assertions) {
+            tr.graph.verify()?;
+        }
         log("graph", name, &tr.graph.to_text());
 
         // shadow mode needs to know where planned nodes came from, which a
@@ -127,6 +130,11 @@ impl Entry {
                 let t = Instant::now();
                 let (lowered, map) = decompose_with_map(&rewritten)?;
                 times.decompose = t.elapsed();
+                if cfg!(debug_assertions) {
+                    // the verifier runs after every pass in debug builds
+                    rewritten.verify()?;
+                    lowered.verify()?;
+                }
                 disk_cache::store(&tr.graph, &lowered);
                 let mut origin = vec![None; lowered.len()];
                 for (old, new) in map.iter().enumerate() {
