@@ -129,6 +129,18 @@ pub fn w2() -> Workload {
     }
 }
 
+/// W2F: softmax(x * 0.125 + mask): a softmax fed by pointwise ops (attention scores).
+pub fn w2f() -> Workload {
+    Workload {
+        name: "W2F",
+        what: "softmax(x*0.125+mask, dim=-1), 4096x1024",
+        unit: "gbps",
+        amount: 3.0 * 16.0 * MIB,
+        inputs: vec![randn(&[4096, 1024], 4), randn(&[4096, 1024], 18)],
+        f: Box::new(|t: &[Tensor]| Ok(vec![(&(&t[0] * 0.125) + &t[1]).softmax(-1)?])),
+    }
+}
+
 /// W3: layer_norm over the last dim of (4096, 1024) with weight and bias.
 pub fn w3() -> Workload {
     let (w, b) = (randn(&[1024], 6), randn(&[1024], 7));
@@ -230,6 +242,42 @@ pub fn dump(name: &str, stage: &str) -> Result<String> {
     let w = workload(name)?;
     let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
     c.dump(stage, &w.inputs)
+}
+
+/// Compile latency of a digits model (first call of a fresh `compile`, which
+/// traces, runs the passes, compiles kernels and runs): `cold` in a process
+/// that has compiled nothing (run it first; the plan disk cache is bypassed),
+/// `warm` for a second `compile` of the same model (kernels in the in-memory
+/// cache, plan from the disk cache). `median_ms` is the steady-state call.
+pub fn compile_latency(kind: crate::train::ModelKind) -> Result<Vec<Row>> {
+    let w = model(kind)?;
+    let _ng = crate::autograd::no_grad();
+    let mut rows = vec![];
+    for mode in ["compile-cold", "compile-warm"] {
+        let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t)).with_options(
+            crate::compile::CompileOptions {
+                disk_cache: mode == "compile-warm",
+                ..Default::default()
+            },
+        );
+        let s = Instant::now();
+        c.call(&w.inputs)?;
+        let first = s.elapsed().as_secs_f64() * 1e3;
+        let ms = time_ms(20, 1, || {
+            std::hint::black_box(c.call(&w.inputs)?);
+            Ok(())
+        })?;
+        let mut r = row(w.name, "", ms, "", 0.0);
+        r.mode = mode.into();
+        r.compile_ms = Some(first);
+        let report = c.explain();
+        r.what = format!(
+            "first call {first:.2} ms: {}",
+            report.entries[0].times_line()
+        );
+        rows.push(r);
+    }
+    Ok(rows)
 }
 
 /// Times `w` eagerly, or compiled (the first call, which traces and compiles,
@@ -338,7 +386,8 @@ pub fn run_profiled(
     if want("W8") && mode != Mode::Compiled {
         rows.extend(traced(profile_dir, "W8", || w8(iters))?);
     }
-    let table: [(&str, fn() -> Workload); 4] = [("W1", w1), ("W2", w2), ("W3", w3), ("W4", w4)];
+    let table: [(&str, fn() -> Workload); 5] =
+        [("W1", w1), ("W2", w2), ("W2F", w2f), ("W3", w3), ("W4", w4)];
     for (name, make) in table {
         if want(name) {
             let w = make();

@@ -19,6 +19,8 @@ pub struct CompileOptions {
     pub recompile_limit: usize,
     /// Shadow mode: compare against eager on every call within this tolerance.
     pub shadow_tol: Option<f64>,
+    /// Read and write planned graphs in the disk cache (see `disk_cache`).
+    pub disk_cache: bool,
 }
 
 impl Default for CompileOptions {
@@ -26,6 +28,7 @@ impl Default for CompileOptions {
         CompileOptions {
             recompile_limit: 8,
             shadow_tol: None,
+            disk_cache: true,
         }
     }
 }
@@ -111,10 +114,8 @@ impl Entry {
 
         // shadow mode needs to know where planned nodes came from, which a
         // cached plan does not record
-        let cached = match options.shadow_tol {
-            None => disk_cache::load(&tr.graph),
-            Some(_) => None,
-        };
+        let use_disk = options.disk_cache && options.shadow_tol.is_none();
+        let cached = use_disk.then(|| disk_cache::load(&tr.graph)).flatten();
         let (rewritten, lowered, origin) = match cached {
             Some(planned) => {
                 times.from_disk_cache = true;
@@ -135,7 +136,9 @@ impl Entry {
                     rewritten.verify()?;
                     lowered.verify()?;
                 }
-                disk_cache::store(&tr.graph, &lowered);
+                if use_disk {
+                    disk_cache::store(&tr.graph, &lowered);
+                }
                 let mut origin = vec![None; lowered.len()];
                 for (old, new) in map.iter().enumerate() {
                     let o = &mut origin[new.index()];
