@@ -91,8 +91,8 @@ impl fmt::Display for RewriteReport {
         for (rule, n) in &self.fired {
             writeln!(f, "fired {rule}: {n}")?;
         }
-        writeln!(f, "cost before: {}", self.cost_before)?;
-        writeln!(f, "cost after: {}", self.cost_after)?;
+        writeln!(f, "cost before: {:.0}", self.cost_before)?;
+        writeln!(f, "cost after: {:.0}", self.cost_after)?;
         writeln!(f, "time: {:.3}ms", self.time.as_secs_f64() * 1e3)
     }
 }
