@@ -142,3 +142,19 @@ fn wildcards_match_any_attributes_of_one_op() {
     assert!(node("permute<dims=[1,0]>") < node("relu"));
     assert!(node("exp") < node("permute<dims=[1,0]>"));
 }
+
+#[test]
+fn every_op_survives_every_rule() {
+    let g = every_op();
+    let params = g.inputs()[1..].iter().copied().collect();
+    let cfg = RewriteConfig {
+        params,
+        ..RewriteConfig::default()
+    };
+    let out = crate::rewrite::rewrite(&g, &cfg).unwrap();
+    assert_eq!(out.report.stop_reason, "Saturated", "{}", out.report);
+    out.graph.verify().unwrap();
+    assert_eq!(Signature::of(&out.graph), Signature::of(&g));
+    let again = crate::rewrite::rewrite(&g, &cfg).unwrap();
+    assert_eq!(again.graph.to_text(), out.graph.to_text());
+}

@@ -128,12 +128,14 @@ fn to_f64(v: Val) -> f64 {
     v.as_f64()
 }
 
+/// Computes one result element from the operand elements (read with broadcasting).
+type ElementFn = Box<dyn Fn(&[f64]) -> f64>;
+
 /// The folded constant of type `out`, or `None` if too large or not pointwise.
 fn fold(op: &Op, lits: &[Lit], out: &Meta) -> Option<Constant> {
     let cs: Vec<&Constant> = lits.iter().map(|l| &*l.0).collect();
     let ms: Vec<&Meta> = cs.iter().map(|c| &c.meta).collect();
-    // one element: operand values (already read with broadcasting) -> result
-    let eval: Box<dyn Fn(&[f64]) -> f64> = match op {
+    let eval: ElementFn = match op {
         Op::Unary(u) => {
             let u = *u;
             let sig = infer::unary(u, ms[0]).ok()?;
