@@ -39,6 +39,7 @@ use smallvec::SmallVec;
 pub use crate::op::{Reduction, ScalarValue};
 pub use attrs::{arity, attrs, op_name, AttrValue};
 pub use constant::Constant;
+pub use parse::parse_op;
 
 /// Index of a node in its [`Graph`]'s arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
