@@ -13,6 +13,7 @@ pub mod train;
 
 pub use kiln_frontend::amp;
 pub use kiln_frontend::autograd;
+pub use kiln_frontend::compile;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;
