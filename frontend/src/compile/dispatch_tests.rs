@@ -81,7 +81,7 @@ fn run_op_runs_every_kind_of_node() {
         dilation: [1, 1],
         ceil_mode: false,
     };
-    let r = run_op(&Op::MaxPool2d(p), &[x4.clone()]).unwrap();
+    let r = run_op(&Op::MaxPool2d(p), std::slice::from_ref(&x4)).unwrap();
     assert_eq!(r.len(), 2);
     assert_eq!(r[1].dtype(), DType::I64);
     assert_eq!(
@@ -89,8 +89,8 @@ fn run_op_runs_every_kind_of_node() {
         2
     );
     // arguments are checked by the op's inference, not by a panic
-    assert!(run_op(&Op::Binary(BinaryOp::Add), &[x.clone()]).is_err());
-    assert!(run_op(&Op::View(vec![4, 2]), &[x.clone()]).is_err());
+    assert!(run_op(&Op::Binary(BinaryOp::Add), std::slice::from_ref(&x)).is_err());
+    assert!(run_op(&Op::View(vec![4, 2]), std::slice::from_ref(&x)).is_err());
     let s = run_op(
         &Op::BinaryScalar {
             op: BinaryOp::Sub,
