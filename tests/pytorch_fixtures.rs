@@ -23,13 +23,30 @@ const FORWARD_SUITES: [&str; 11] = [
     "half",
 ];
 
-/// Runs one case; Ok(()) when every output matches.
-fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+/// Runs one case eagerly, or through `compile` (whose first call traces and
+/// runs the compiled graph; a second call reruns the cached entry, which must
+/// agree); Ok(()) when every output matches.
+fn run_case(fx: &Fixtures, c: &Case, compiled: bool) -> Result<(), String> {
     if c.expect_error {
         return fixture_support::ops::expect_error(c);
     }
     let inputs = fx.inputs(c)?;
-    let outs = fixture_support::ops::run(c, &inputs).map_err(|e| format!("kiln error: {e}"))?;
+    let compiled_fn = compiled.then(|| {
+        kiln::compile::compile_fn(&c.op, |xs: &[Tensor]| fixture_support::ops::run(c, xs))
+    });
+    let outs = match &compiled_fn {
+        Some(f) => {
+            let outs = f
+                .call(&inputs)
+                .map_err(|e| format!("kiln compile error: {e}"))?;
+            let entries = f.explain().entries;
+            if let Some(b) = entries.first().and_then(|e| e.graph_break.clone()) {
+                return Err(format!("did not compile: {b}"));
+            }
+            outs
+        }
+        None => fixture_support::ops::run(c, &inputs).map_err(|e| format!("kiln error: {e}"))?,
+    };
     if outs.len() != c.outputs.len() {
         return Err(format!(
             "{} outputs, expected {}",
@@ -44,24 +61,52 @@ fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
             fixture_support::check_view(got, v, &inputs).map_err(|e| format!("out{k}: {e}"))?;
         }
     }
+    if let Some(f) = compiled_fn {
+        // the cached entry must repeat the first call exactly, except outputs
+        // aliasing an input (BatchNorm's running stats: state updated again)
+        let first = outs
+            .iter()
+            .map(|o| o.copy())
+            .collect::<kiln::Result<Vec<_>>>()
+            .map_err(|e| e.to_string())?;
+        let again = f
+            .call(&inputs)
+            .map_err(|e| format!("kiln compile error (2nd call): {e}"))?;
+        for (k, (a, b)) in first.iter().zip(&again).enumerate() {
+            if !inputs.iter().any(|i| i.shares_storage(b)) {
+                compare(b, a, 0.0, 0.0).map_err(|e| format!("2nd call out{k}: {e}"))?;
+            }
+        }
+    }
     Ok(())
 }
 
 #[test]
 fn pytorch_forward_fixtures() {
+    forward_suites(false);
+}
+
+/// Every forward case again through `kiln::compile`: `compiled SUITE: P/T`.
+#[test]
+fn pytorch_forward_fixtures_compiled() {
+    forward_suites(true);
+}
+
+fn forward_suites(compiled: bool) {
     let fx = Fixtures::load();
     let mut failed = vec![];
     let mut summary = vec![];
+    let label = if compiled { "compiled" } else { "forward" };
     for suite in FORWARD_SUITES {
         let cases = load_suite(&fx, suite);
         let mut pass = 0;
         for c in &cases {
-            match run_case(&fx, c) {
+            match run_case(&fx, c, compiled) {
                 Ok(()) => pass += 1,
-                Err(e) => failed.push(format!("{suite}/{}: {e}", c.case)),
+                Err(e) => failed.push(format!("{label} {suite}/{}: {e}", c.case)),
             }
         }
-        summary.push(format!("forward {suite}: {pass}/{}", cases.len()));
+        summary.push(format!("{label} {suite}: {pass}/{}", cases.len()));
     }
     // Written to stderr directly (not eprintln!) so the summary shows even when the test passes.
     let mut err = std::io::stderr();
@@ -183,6 +228,24 @@ fn pytorch_modules_fixtures() {
     let _ = writeln!(
         std::io::stderr(),
         "modules: {}/{}",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The `modules` suite's eval outputs through `kiln::compile`.
+#[test]
+fn pytorch_modules_fixtures_compiled() {
+    let fx = Fixtures::load();
+    let cases = load_suite(&fx, "modules");
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| fixture_support::modules::compiled_eval_case(&fx, c).err())
+        .collect();
+    let _ = writeln!(
+        std::io::stderr(),
+        "compiled modules: {}/{}",
         cases.len() - failures.len(),
         cases.len()
     );

@@ -132,3 +132,26 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     opt.step().map_err(|e| e.to_string())?;
     check_state("after_step2")
 }
+
+/// The eval output of the fixture's initial state, through `kiln::compile`
+/// (run twice: tracing call and cached entry).
+pub fn compiled_eval_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    let model = if c.case == "mlp" { mlp() } else { cnn() };
+    model
+        .load_state_dict(&group(fx, c, "state"), true)
+        .map_err(|e| e.to_string())?;
+    model.eval();
+    let x = fx.tensor(c, &format!("{}/input", c.case))?;
+    let want = fx.tensor(c, &format!("{}/out_eval_initial", c.case))?;
+    let _g = kiln::autograd::no_grad();
+    let m = kiln::compile::compile(&model);
+    for call in ["first", "second"] {
+        let y = m.forward(&x).map_err(|e| format!("{}: {e}", c.case))?;
+        compare(&y, &want, 1e-4, 1e-5).map_err(|e| format!("{} ({call} call): {e}", c.case))?;
+    }
+    let r = m.explain();
+    if r.entries.len() != 1 || r.entries[0].graph_break.is_some() {
+        return Err(format!("{}: did not compile to one entry:\n{r}", c.case));
+    }
+    Ok(())
+}

@@ -415,6 +415,8 @@ impl ScalarOps for Emitter<'_, '_> {
             _ => {}
         }
         match op {
+            // bool + bool is logical or (true + true stays 1, as in PyTorch)
+            Prim2::Add if dt == DType::Bool => self.b.ins().bor(a, b),
             Prim2::Add => self.b.ins().iadd(a, b),
             Prim2::Sub => self.b.ins().isub(a, b),
             Prim2::Mul => self.b.ins().imul(a, b),

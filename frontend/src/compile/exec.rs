@@ -254,7 +254,16 @@ impl Executable {
                     return self.store(id, l, vals);
                 }
                 NodeKind::Reduction => {
-                    let x = arg(0)?;
+                    // a reduction loops over its input's tensors: give a
+                    // constants-only input one
+                    let owned;
+                    let x = match arg(0)? {
+                        x if x.is_constant() => {
+                            owned = Lazy::tensor(&x.materialize()?);
+                            &owned
+                        }
+                        x => x,
+                    };
                     let all: Vec<i64> = (0..x.meta().dims.len() as i64).collect();
                     let pick = |d: &Vec<i64>| if d.is_empty() { all.clone() } else { d.clone() };
                     match op {

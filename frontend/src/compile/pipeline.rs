@@ -63,6 +63,8 @@ pub(crate) struct Entry {
     pub guards: Guards,
     pub traced: Option<Graph>,
     pub rewritten: Option<Graph>,
+    /// Per output: eager returned it contiguous (a compiled view is then copied, as eager's was).
+    pub contiguous_outputs: Vec<bool>,
     /// How often each rewrite rule fired.
     pub rewrites: Vec<(String, usize)>,
     /// Per planned node: the traced node it computes, if any (for shadow mode).
@@ -97,7 +99,7 @@ impl Entry {
             trace::trace(name, args, names, |xs| f(xs))?
         };
         times.trace = t.elapsed();
-        let (tr, eager_outs) = match traced {
+        let (mut tr, eager_outs) = match traced {
             Ok(x) => x,
             Err(b) => {
                 log("graph_breaks", name, &b.to_string());
@@ -106,6 +108,7 @@ impl Entry {
                     guards,
                     traced: None,
                     rewritten: None,
+                    contiguous_outputs: vec![],
                     rewrites: vec![],
                     origin: vec![],
                     exec: None,
@@ -117,6 +120,7 @@ impl Entry {
                 return Ok((entry, outs));
             }
         };
+        tr.undo_side_effects()?;
         if cfg!(debug_assertions) {
             tr.graph.verify()?;
         }
@@ -200,6 +204,7 @@ impl Entry {
             guards,
             traced: Some(tr.graph),
             rewritten,
+            contiguous_outputs: eager_outs.iter().map(|t| t.is_contiguous()).collect(),
             rewrites,
             origin,
             exec: Some(exec),
@@ -236,7 +241,13 @@ impl Entry {
     fn run_compiled(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
         let exec = self.exec.as_ref().expect("compiled entry");
         let (ins, versions) = self.inputs(args);
-        exec.run(&ins, &versions, &mut self.hoist)
+        let mut outs = exec.run(&ins, &versions, &mut self.hoist)?;
+        for (o, want) in outs.iter_mut().zip(&self.contiguous_outputs) {
+            if *want && !o.is_contiguous() {
+                *o = o.contiguous()?;
+            }
+        }
+        Ok(outs)
     }
 
     /// Runs the entry: compiled, or eagerly after a graph break.

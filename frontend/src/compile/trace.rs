@@ -58,6 +58,33 @@ pub struct Trace {
     pub graph: Graph,
     /// One per `graph.inputs()`, in order.
     pub bindings: Vec<Binding>,
+    /// Tensors the traced run updated in place, with their values before it:
+    /// [`Trace::undo_side_effects`] puts them back.
+    restore: Vec<(Tensor, Tensor)>,
+}
+
+impl Trace {
+    /// Undoes the in-place updates of the traced run (BatchNorm's running
+    /// stats), so a compiled run of the same call applies them exactly once.
+    pub fn undo_side_effects(&mut self) -> Result<()> {
+        let _ng = crate::autograd::no_grad();
+        for (t, old) in self.restore.drain(..).rev() {
+            t.copy_(&old)?;
+        }
+        Ok(())
+    }
+}
+
+/// Operands an op writes in place.
+fn mutated_operands(op: &Op) -> &'static [usize] {
+    match op {
+        Op::BatchNorm {
+            training: true,
+            has_running_stats: true,
+            ..
+        } => &[1, 2],
+        _ => &[],
+    }
 }
 
 type Key = (usize, Layout);
@@ -84,6 +111,9 @@ struct Tracer {
     /// How many recording ops are running (only the outermost records).
     depth: usize,
     broken: Option<GraphBreak>,
+    restore: Vec<(Tensor, Tensor)>,
+    /// Copies (`clone`, a copying `contiguous`) that share their source's node.
+    copies: std::collections::HashSet<Key>,
 }
 
 thread_local! {
@@ -133,6 +163,8 @@ pub fn trace(
         graph_storages: HashSet::new(),
         depth: 0,
         broken: None,
+        restore: vec![],
+        copies: Default::default(),
     };
     for (i, a) in args.iter().enumerate() {
         let id = tr.graph.input(format!("x{i}"), a.meta());
@@ -148,15 +180,32 @@ pub fn trace(
     let mut tr = TRACER
         .with(|t| t.borrow_mut().take())
         .expect("tracer installed");
+    // a failed trace leaves no side effects: the caller reruns eagerly
+    let undo = |restore: Vec<(Tensor, Tensor)>| {
+        Trace {
+            graph: Graph::new(""),
+            bindings: vec![],
+            restore,
+        }
+        .undo_side_effects()
+    };
     if let Some(b) = tr.broken.take() {
+        undo(tr.restore)?;
         return Ok(Err(b));
     }
-    let outs = result?;
+    let outs = match result {
+        Ok(o) => o,
+        Err(e) => {
+            undo(tr.restore)?;
+            return Err(e);
+        }
+    };
     let mut ids = vec![];
     for o in &outs {
         ids.push(tr.value_of(o));
     }
     if let Some(b) = tr.broken.take() {
+        undo(tr.restore)?;
         return Ok(Err(b));
     }
     for id in ids {
@@ -166,6 +215,7 @@ pub fn trace(
         Trace {
             graph: tr.graph,
             bindings: tr.bindings,
+            restore: tr.restore,
         },
         outs,
     )))
@@ -244,15 +294,34 @@ pub fn record_multi(
         return f();
     }
     with(|t| t.depth += 1);
-    let outs = f();
+    let op = op();
+    // an op that updates operands in place (BatchNorm's running stats) runs
+    // again in the compiled first call: keep their old values to put back
+    let saved: Result<Vec<(Tensor, Tensor)>> = mutated_operands(&op)
+        .iter()
+        .filter_map(|&i| inputs.get(i))
+        .map(|t| Ok(((*t).clone(), t.copy()?)))
+        .collect();
+    let outs = saved.and_then(|saved| {
+        with(|t| t.restore.extend(saved));
+        f()
+    });
     with(|t| t.depth -= 1);
     let outs = outs?;
-    let op = op();
     let r = with(|t| -> Result<()> {
         if t.broken.is_some() {
             return Ok(());
         }
-        let operands: SmallVec<[NodeId; 4]> = inputs.iter().map(|x| t.value_of(x)).collect();
+        let mut operands: SmallVec<[NodeId; 4]> = inputs.iter().map(|x| t.value_of(x)).collect();
+        // a copy that the op updates in place must not share its source's
+        // node (the update would reach the source): make the copy explicit
+        for &i in mutated_operands(&op) {
+            if let Some(x) = inputs.get(i).filter(|x| t.copies.contains(&key(x))) {
+                let c = t.graph.op(Op::Cat { dim: 0 }, &[operands[i]])?;
+                t.values.insert(key(x), c);
+                operands[i] = c;
+            }
+        }
         let name = op.name();
         let id = t.graph.op(op, &operands)?;
         let metas = t.graph.node(id).metas.clone();
@@ -308,6 +377,7 @@ pub fn same_value(input: &Tensor, output: &Tensor) {
             t.values.insert(key(output), id);
             if !input.shares_storage(output) {
                 t.graph_storages.insert(storage_of(output));
+                t.copies.insert(key(output));
             }
             t.keep.push(output.clone());
         }

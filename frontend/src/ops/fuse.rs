@@ -102,6 +102,11 @@ impl Lazy {
         &self.0.meta
     }
 
+    /// Whether the expression reads no tensor (constants only).
+    pub fn is_constant(&self) -> bool {
+        self.leaves().is_empty()
+    }
+
     /// Distinct leaf tensors, in first-use order.
     fn leaves(&self) -> Vec<Tensor> {
         fn walk(n: &Lazy, out: &mut Vec<Tensor>) {
