@@ -4,10 +4,9 @@
 
 use super::{bcast_index, cast_val, for_each_index, mul0, too_close, unit_roundoff};
 use super::{Bounded, HostTensor};
-use crate::interp::{round_to, wrap, Interp, Val};
+use crate::interp::{round_to, wrap};
 use crate::op::conv::{ConvParams, Padding};
 use crate::op::Meta;
-use crate::scalar::ScalarOps;
 use crate::shape::{fmt_dims, Dims};
 use crate::{bail, DType, ReduceKind, Result};
 
@@ -556,5 +555,7 @@ pub(super) fn conv(
 /// Used by the tests: one value of dtype `dt` as the interpreter stores it.
 #[cfg(test)]
 pub(super) fn stored(v: f64, dt: DType) -> f64 {
+    use crate::interp::{Interp, Val};
+    use crate::scalar::ScalarOps;
     Interp.cast(Val::F(v), DType::F64, dt).as_f64()
 }
