@@ -18,6 +18,8 @@ pub struct Row {
     /// "gbps", "gflops" or "" (the unit of `rate`).
     pub unit: &'static str,
     pub rate: f64,
+    /// Compiled rows: the first call (trace, passes, codegen, run).
+    pub compile_ms: Option<f64>,
 }
 
 impl Row {
@@ -29,6 +31,9 @@ impl Row {
         );
         if !self.unit.is_empty() {
             s += &format!(",\"{}\":{:.3}", self.unit, self.rate);
+        }
+        if let Some(c) = self.compile_ms {
+            s += &format!(",\"compile_ms\":{c:.3}");
         }
         s + "}"
     }
@@ -81,94 +86,227 @@ fn row(w: &str, what: &str, ms: f64, unit: &'static str, amount: f64) -> Row {
         median_ms: ms,
         unit,
         rate,
+        compile_ms: None,
     }
 }
 
+/// A workload: its inputs and the computation, shared by eager and compiled runs.
+pub struct Workload {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub unit: &'static str,
+    /// Bytes (gbps) or flops (gflops) per run.
+    pub amount: f64,
+    pub inputs: Vec<Tensor>,
+    pub f: Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync>,
+}
+
 /// W1: y = gelu(x*a + b) * 0.5 + x over 4M f32.
-pub fn w1(iters: usize) -> Result<Row> {
+pub fn w1() -> Workload {
     let n = 4 * 1024 * 1024;
-    let (x, a, b) = (randn(&[n], 1), randn(&[n], 2), randn(&[n], 3));
-    let ms = time_ms(iters, 3, || {
-        let y = x.mul(&a)?.add(&b)?.gelu(false)?;
-        let y = &(&y * 0.5) + &x;
-        std::hint::black_box(y);
-        Ok(())
-    })?;
-    Ok(row(
-        "W1",
-        "gelu(x*a+b)*0.5+x, 4M f32",
-        ms,
-        "gbps",
-        4.0 * 16.0 * MIB,
-    ))
+    Workload {
+        name: "W1",
+        what: "gelu(x*a+b)*0.5+x, 4M f32",
+        unit: "gbps",
+        amount: 4.0 * 16.0 * MIB,
+        inputs: vec![randn(&[n], 1), randn(&[n], 2), randn(&[n], 3)],
+        f: Box::new(|t: &[Tensor]| {
+            let y = t[0].mul(&t[1])?.add(&t[2])?.gelu(false)?;
+            Ok(vec![&(&y * 0.5) + &t[0]])
+        }),
+    }
 }
 
 /// W2: softmax over the last dim of (4096, 1024).
-pub fn w2(iters: usize) -> Result<Row> {
-    let x = randn(&[4096, 1024], 4);
-    let ms = time_ms(iters, 3, || {
-        std::hint::black_box(x.softmax(-1)?);
-        Ok(())
-    })?;
-    Ok(row(
-        "W2",
-        "softmax(4096x1024, dim=-1)",
-        ms,
-        "gbps",
-        2.0 * 16.0 * MIB,
-    ))
+pub fn w2() -> Workload {
+    Workload {
+        name: "W2",
+        what: "softmax(4096x1024, dim=-1)",
+        unit: "gbps",
+        amount: 2.0 * 16.0 * MIB,
+        inputs: vec![randn(&[4096, 1024], 4)],
+        f: Box::new(|t: &[Tensor]| Ok(vec![t[0].softmax(-1)?])),
+    }
+}
+
+/// W2F: softmax(x * 0.125 + mask): a softmax fed by pointwise ops (attention scores).
+pub fn w2f() -> Workload {
+    Workload {
+        name: "W2F",
+        what: "softmax(x*0.125+mask, dim=-1), 4096x1024",
+        unit: "gbps",
+        amount: 3.0 * 16.0 * MIB,
+        inputs: vec![randn(&[4096, 1024], 4), randn(&[4096, 1024], 18)],
+        f: Box::new(|t: &[Tensor]| Ok(vec![(&(&t[0] * 0.125) + &t[1]).softmax(-1)?])),
+    }
 }
 
 /// W3: layer_norm over the last dim of (4096, 1024) with weight and bias.
-pub fn w3(iters: usize) -> Result<Row> {
-    let x = randn(&[4096, 1024], 5);
+pub fn w3() -> Workload {
     let (w, b) = (randn(&[1024], 6), randn(&[1024], 7));
-    let ms = time_ms(iters, 3, || {
-        std::hint::black_box(F::layer_norm(&x, &[1024], Some(&w), Some(&b), 1e-5)?);
-        Ok(())
-    })?;
-    Ok(row(
-        "W3",
-        "layer_norm(4096x1024) affine",
-        ms,
-        "gbps",
-        2.0 * 16.0 * MIB,
-    ))
+    Workload {
+        name: "W3",
+        what: "layer_norm(4096x1024) affine",
+        unit: "gbps",
+        amount: 2.0 * 16.0 * MIB,
+        inputs: vec![randn(&[4096, 1024], 5)],
+        f: Box::new(move |t: &[Tensor]| {
+            Ok(vec![F::layer_norm(
+                &t[0],
+                &[1024],
+                Some(&w),
+                Some(&b),
+                1e-5,
+            )?])
+        }),
+    }
 }
 
-/// W4: Conv2d(64,64,3,p1) + BatchNorm2d(eval) + ReLU on (8,64,56,56), eager.
-pub fn w4(iters: usize) -> Result<Row> {
-    let x = randn(&[8, 64, 56, 56], 8);
+/// W4: Conv2d(64,64,3,p1) + BatchNorm2d(eval) + ReLU on (8,64,56,56).
+pub fn w4() -> Workload {
     let w = &randn(&[64, 64, 3, 3], 9) * 0.05;
     let bias = randn(&[64], 10);
-    let (rm, rv) = (randn(&[64], 11), &randn(&[64], 12).abs()? + 0.5);
+    let (rm, rv) = (
+        randn(&[64], 11),
+        &randn(&[64], 12).abs().expect("abs") + 0.5,
+    );
     let (g, beta) = (randn(&[64], 13), randn(&[64], 14));
     let p = ConvParams {
         padding: Padding::Explicit(vec![1]),
         ..ConvParams::default()
     };
-    let ms = time_ms(iters, 2, || {
-        let y = F::conv2d(&x, &w, Some(&bias), &p)?;
-        let y = F::batch_norm(
-            &y,
-            Some(&rm),
-            Some(&rv),
-            Some(&g),
-            Some(&beta),
-            false,
-            0.1,
-            1e-5,
-        )?;
-        std::hint::black_box(y.relu()?);
-        Ok(())
-    })?;
-    Ok(row(
-        "W4",
-        "Conv2d(64,64,3,p1)+BN(eval)+ReLU, 8x64x56x56",
-        ms,
-        "gflops",
-        2.0 * 8.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
-    ))
+    Workload {
+        name: "W4",
+        what: "Conv2d(64,64,3,p1)+BN(eval)+ReLU, 8x64x56x56",
+        unit: "gflops",
+        amount: 2.0 * 8.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
+        inputs: vec![randn(&[8, 64, 56, 56], 8)],
+        f: Box::new(move |t: &[Tensor]| {
+            let y = F::conv2d(&t[0], &w, Some(&bias), &p)?;
+            let y = F::batch_norm(
+                &y,
+                Some(&rm),
+                Some(&rv),
+                Some(&g),
+                Some(&beta),
+                false,
+                0.1,
+                1e-5,
+            )?;
+            Ok(vec![y.relu()?])
+        }),
+    }
+}
+
+/// The digits CNN or MLP (`kiln train`'s models) in eval mode on a batch of 256.
+pub fn model(kind: crate::train::ModelKind) -> Result<Workload> {
+    use crate::nn::{Module, ModuleExt};
+    crate::manual_seed(0);
+    let m = kind.build()?;
+    m.eval();
+    let name = match kind {
+        crate::train::ModelKind::Cnn => "CNN",
+        crate::train::ModelKind::Mlp => "MLP",
+    };
+    Ok(Workload {
+        name,
+        what: "digits model inference, batch 256",
+        unit: "",
+        amount: 0.0,
+        inputs: vec![randn(&[256, 1, 8, 8], 17)],
+        f: Box::new(move |t: &[Tensor]| Ok(vec![m.forward(&t[0])?])),
+    })
+}
+
+/// The workload or model `name` (W1-W4, cnn, mlp).
+pub fn workload(name: &str) -> Result<Workload> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "w1" => w1(),
+        "w2" => w2(),
+        "w3" => w3(),
+        "w4" => w4(),
+        "cnn" => model(crate::train::ModelKind::Cnn)?,
+        "mlp" => model(crate::train::ModelKind::Mlp)?,
+        other => {
+            return Err(crate::Error::op(
+                "dump",
+                format!("unknown model `{other}`: expected cnn, mlp, W1, W2, W3 or W4"),
+            ))
+        }
+    })
+}
+
+/// `kiln dump`: the text of compile `stage` for `name` (see [`workload`]).
+pub fn dump(name: &str, stage: &str) -> Result<String> {
+    let stage = crate::compile::Stage::parse(stage)?;
+    let w = workload(name)?;
+    let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
+    c.dump(stage, &w.inputs)
+}
+
+/// Compile latency of a digits model (first call of a fresh `compile`, which
+/// traces, runs the passes, compiles kernels and runs): `cold` in a process
+/// that has compiled nothing (run it first; the plan disk cache is bypassed),
+/// `warm` for a second `compile` of the same model (kernels in the in-memory
+/// cache, plan from the disk cache). `median_ms` is the steady-state call.
+pub fn compile_latency(kind: crate::train::ModelKind) -> Result<Vec<Row>> {
+    let w = model(kind)?;
+    let _ng = crate::autograd::no_grad();
+    let mut rows = vec![];
+    for mode in ["compile-cold", "compile-warm"] {
+        let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t)).with_options(
+            crate::compile::CompileOptions {
+                disk_cache: mode == "compile-warm",
+                ..Default::default()
+            },
+        );
+        let s = Instant::now();
+        c.call(&w.inputs)?;
+        let first = s.elapsed().as_secs_f64() * 1e3;
+        let ms = time_ms(20, 1, || {
+            std::hint::black_box(c.call(&w.inputs)?);
+            Ok(())
+        })?;
+        let mut r = row(w.name, "", ms, "", 0.0);
+        r.mode = mode.into();
+        r.compile_ms = Some(first);
+        let report = c.explain();
+        r.what = format!(
+            "first call {first:.2} ms: {}",
+            report.entries[0].times_line()
+        );
+        rows.push(r);
+    }
+    Ok(rows)
+}
+
+/// Times `w` eagerly, or compiled (the first call, which traces and compiles,
+/// is reported as `compile_ms`).
+pub fn measure(w: &Workload, compiled: bool, iters: usize) -> Result<Row> {
+    let _ng = crate::autograd::no_grad();
+    let (ms, compile_ms) = if compiled {
+        let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
+        let s = Instant::now();
+        c.call(&w.inputs)?;
+        let compile_ms = s.elapsed().as_secs_f64() * 1e3;
+        let ms = time_ms(iters, 2, || {
+            std::hint::black_box(c.call(&w.inputs)?);
+            Ok(())
+        })?;
+        (ms, Some(compile_ms))
+    } else {
+        let ms = time_ms(iters, 2, || {
+            std::hint::black_box((w.f)(&w.inputs)?);
+            Ok(())
+        })?;
+        (ms, None)
+    };
+    let mut r = row(w.name, w.what, ms, w.unit, w.amount);
+    if compiled {
+        r.mode = "compiled".into();
+    }
+    r.compile_ms = compile_ms;
+    Ok(r)
 }
 
 /// W7: (1024,1024) @ (1024,1024).
@@ -209,13 +347,34 @@ pub fn w8(iters: usize) -> Result<Vec<Row>> {
 
 /// Runs the selected workloads (`only` empty = all) with `iters` timed runs each.
 pub fn run(only: &[String], iters: usize) -> Result<Vec<Row>> {
-    run_profiled(only, iters, None)
+    run_profiled(only, iters, Mode::Both, None)
+}
+
+/// Which rows `kiln bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Eager,
+    Compiled,
+    Both,
+}
+
+fn modes(m: Mode) -> Vec<bool> {
+    match m {
+        Mode::Eager => vec![false],
+        Mode::Compiled => vec![true],
+        Mode::Both => vec![false, true],
+    }
 }
 
 /// [`run`], and with `profile_dir` each workload (warm-up and timed runs) is
 /// profiled into `DIR/W1.json`, ... (Chrome traces); the times then include
 /// the profiler's small per-op cost.
-pub fn run_profiled(only: &[String], iters: usize, profile_dir: Option<&Path>) -> Result<Vec<Row>> {
+pub fn run_profiled(
+    only: &[String],
+    iters: usize,
+    mode: Mode,
+    profile_dir: Option<&Path>,
+) -> Result<Vec<Row>> {
     let want = |w: &str| only.is_empty() || only.iter().any(|o| o.eq_ignore_ascii_case(w));
     if let Some(d) = profile_dir {
         std::fs::create_dir_all(d).map_err(|e| crate::Error::Io {
@@ -224,14 +383,33 @@ pub fn run_profiled(only: &[String], iters: usize, profile_dir: Option<&Path>) -
         })?;
     }
     let mut rows = vec![];
-    if want("W8") {
+    if want("W8") && mode != Mode::Compiled {
         rows.extend(traced(profile_dir, "W8", || w8(iters))?);
     }
-    let table: [(&str, fn(usize) -> Result<Row>); 5] =
-        [("W1", w1), ("W2", w2), ("W3", w3), ("W4", w4), ("W7", w7)];
-    for (name, f) in table {
+    let table: [(&str, fn() -> Workload); 5] =
+        [("W1", w1), ("W2", w2), ("W2F", w2f), ("W3", w3), ("W4", w4)];
+    for (name, make) in table {
         if want(name) {
-            rows.extend(traced(profile_dir, name, || Ok(vec![f(iters)?]))?);
+            let w = make();
+            for c in modes(mode) {
+                rows.extend(traced(profile_dir, name, || {
+                    Ok(vec![measure(&w, c, iters)?])
+                })?);
+            }
+        }
+    }
+    if want("W7") && mode != Mode::Compiled {
+        rows.extend(traced(profile_dir, "W7", || Ok(vec![w7(iters)?]))?);
+    }
+    for (name, kind) in [
+        ("CNN", crate::train::ModelKind::Cnn),
+        ("MLP", crate::train::ModelKind::Mlp),
+    ] {
+        if only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
+            let w = model(kind)?;
+            for c in modes(mode) {
+                rows.push(measure(&w, c, iters)?);
+            }
         }
     }
     Ok(rows)
@@ -252,8 +430,8 @@ fn traced(
 /// The human-readable table.
 pub fn table(rows: &[Row]) -> String {
     let mut s = format!(
-        "{:<9} {:<6} {:>10} {:>12}  {}\n",
-        "workload", "mode", "median ms", "rate", "what"
+        "{:<9} {:<8} {:>10} {:>12} {:>11}  {}\n",
+        "workload", "mode", "median ms", "rate", "compile ms", "what"
     );
     for r in rows {
         let rate = match r.unit {
@@ -261,9 +439,10 @@ pub fn table(rows: &[Row]) -> String {
             "gflops" => format!("{:.1} GFLOP/s", r.rate),
             _ => String::new(),
         };
+        let c = r.compile_ms.map(|c| format!("{c:.1}")).unwrap_or_default();
         s += &format!(
-            "{:<9} {:<6} {:>10.3} {:>12}  {}\n",
-            r.workload, r.mode, r.median_ms, rate, r.what
+            "{:<9} {:<8} {:>10.3} {:>12} {:>11}  {}\n",
+            r.workload, r.mode, r.median_ms, rate, c, r.what
         );
     }
     s

@@ -13,6 +13,8 @@ pub mod train;
 
 pub use kiln_frontend::amp;
 pub use kiln_frontend::autograd;
+/// `torch.compile` for kiln: [`compile::compile`] a module, [`compile::compile_fn`] a function.
+pub use kiln_frontend::compile;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;

@@ -15,7 +15,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Time the benchmark workloads (W1-W4, W7, W8 copy bandwidth) eagerly.
+    /// Time the benchmark workloads (W1-W4 eager and compiled, W7, W8 copy bandwidth;
+    /// --only CNN,MLP for the digits models).
     Bench {
         /// One JSON object per line instead of a table.
         #[arg(long)]
@@ -23,12 +24,24 @@ enum Cmd {
         /// Comma-separated workloads to run, e.g. W1,W7 (default: all).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// eager, compiled, or both (compiled rows report compile_ms separately).
+        #[arg(long, value_enum, default_value = "both")]
+        mode: kiln::bench::Mode,
         /// Timed runs per workload (the median is reported).
         #[arg(long, default_value_t = 20)]
         iters: usize,
         /// Profile each workload into a Chrome trace DIR/W1.json, ... (Perfetto, chrome://tracing).
         #[arg(long, value_name = "DIR")]
         profile: Option<std::path::PathBuf>,
+    },
+    /// Print a compile stage of a model or workload (the text snapshot tests pin).
+    Dump {
+        /// cnn, mlp, W1, W2, W3 or W4.
+        #[arg(long)]
+        model: String,
+        /// graph, rewritten, fused, kernels or clif.
+        #[arg(long, default_value = "fused")]
+        stage: String,
     },
     /// Train a CNN or MLP on the shipped digits (8x8, 10 classes); the last
     /// line printed is `test accuracy: 0.xxxx`.
@@ -42,12 +55,20 @@ fn main() {
             json,
             only,
             iters,
+            mode,
             profile,
-        } => match kiln::bench::run_profiled(&only, iters.max(1), profile.as_deref()) {
+        } => match kiln::bench::run_profiled(&only, iters.max(1), mode, profile.as_deref()) {
             Ok(rows) if json => rows.iter().for_each(|r| println!("{}", r.json())),
             Ok(rows) => print!("{}", kiln::bench::table(&rows)),
             Err(e) => {
                 eprintln!("kiln bench: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Dump { model, stage } => match kiln::bench::dump(&model, &stage) {
+            Ok(text) => print!("{text}"),
+            Err(e) => {
+                eprintln!("kiln dump: {e}");
                 std::process::exit(1);
             }
         },

@@ -1,8 +1,10 @@
-//! kiln-passes: graph-level rewrites. For now, the decomposition table that
-//! turns composite ops (softmax, norms, losses, ...) into primitives.
+//! kiln-passes: graph-level rewrites — the decomposition table that turns
+//! composite ops (softmax, norms, losses, ...) into primitives, and the
+//! e-graph rewrite stage of `compile()` ([`rewrite`]).
 
 pub mod decompose;
 pub mod decompose_loss;
+pub mod rewrite;
 
 pub use decompose::Builder;
 pub use decompose_loss::{ClassLossOpts, Reduction};

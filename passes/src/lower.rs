@@ -109,7 +109,13 @@ fn take(ops: &[NodeId], at: &mut usize, present: bool) -> Option<NodeId> {
 
 /// Replaces every composite node by its decomposition (see the module docs).
 pub fn decompose_composites(g: &Graph) -> Result<Graph> {
-    g.rewrite(|out, node: &Node, ops| {
+    Ok(decompose_with_map(g)?.0)
+}
+
+/// [`decompose_composites`], also returning where each node of `g` went (a
+/// composite: the root of its decomposition).
+pub fn decompose_with_map(g: &Graph) -> Result<(Graph, Vec<NodeId>)> {
+    g.rewrite_with_map(|out, node: &Node, ops| {
         let NodeOp::Op(op) = &node.op else {
             return Ok(None);
         };

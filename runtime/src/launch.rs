@@ -139,7 +139,12 @@ pub fn compiled(k: &Kernel) -> Result<Arc<Executable>> {
     });
     COMPILES.fetch_add(1, Ordering::Relaxed);
     if log_enabled("kernels") {
-        eprint!("{}", k.to_text());
+        eprint!("[kiln kernels] {}", k.to_text());
+    }
+    if log_enabled("code") {
+        if let Ok(clif) = kiln_codegen::cpu::CpuJit::clif_text(k) {
+            eprint!("[kiln code] {}\n{clif}", k.name);
+        }
     }
     c.kernels.insert(k.clone(), f.clone());
     Ok(f)

@@ -34,6 +34,13 @@ pub struct Executable {
     input_index: Vec<Option<usize>>,
 }
 
+/// One stored value of a kernel-by-kernel run and the kernels that computed it.
+pub struct KernelRun {
+    pub node: NodeId,
+    pub value: Tensor,
+    pub kernels: Vec<kiln_codegen::Kernel>,
+}
+
 /// Hoisted values and the parameter versions they were computed at.
 #[derive(Default)]
 pub struct HoistCache {
@@ -132,6 +139,24 @@ impl Executable {
         versions: &[u64],
         cache: &mut HoistCache,
     ) -> Result<Vec<Tensor>> {
+        self.run_inner(inputs, versions, cache, None)
+    }
+
+    /// Runs without hoisting and returns every kernel's stored value with the
+    /// KernelIR it launched, in schedule order (shadow mode's kernel-by-kernel rerun).
+    pub fn run_each_kernel(&self, inputs: &[Tensor]) -> Result<Vec<KernelRun>> {
+        let mut runs = vec![];
+        self.run_inner(inputs, &[], &mut HoistCache::default(), Some(&mut runs))?;
+        Ok(runs)
+    }
+
+    fn run_inner(
+        &self,
+        inputs: &[Tensor],
+        versions: &[u64],
+        cache: &mut HoistCache,
+        mut debug: Option<&mut Vec<KernelRun>>,
+    ) -> Result<Vec<Tensor>> {
         let _ng = crate::autograd::no_grad();
         let valid = !cache.values.is_empty() && cache.versions == versions;
         if !valid {
@@ -148,6 +173,17 @@ impl Executable {
                     Some(t) => Some(Val::One(Lazy::tensor(t))),
                     None => None, // consumed only inside the hoisted part
                 }
+            } else if let Some(runs) = debug.as_deref_mut() {
+                let (v, kernels) = kiln_runtime::record_kernels(|| self.eval(id, inputs, &vals));
+                let v = v?;
+                if let (Val::One(l), true) = (&v, self.plan.stored[i]) {
+                    runs.push(KernelRun {
+                        node: id,
+                        value: l.materialize()?,
+                        kernels,
+                    });
+                }
+                Some(v)
             } else {
                 Some(self.eval(id, inputs, &vals)?)
             };

@@ -39,6 +39,25 @@ impl EntryReport {
     pub fn launches(&self) -> usize {
         self.kernels.len()
     }
+
+    /// `trace 1.20 ms, rewrite ..., first run ... (N kernels compiled)`.
+    pub fn times_line(&self) -> String {
+        let t = &self.times;
+        format!(
+            "trace {}, rewrite {}, decompose {}{}, plan {}, first run {} ({} kernels compiled)",
+            ms(t.trace),
+            ms(t.rewrite),
+            ms(t.decompose),
+            if t.from_disk_cache {
+                " (passes skipped: disk cache)"
+            } else {
+                ""
+            },
+            ms(t.plan),
+            ms(t.first_run),
+            t.kernels_compiled
+        )
+    }
 }
 
 fn unfused_reason(g: &Graph, id: NodeId, readers: &[Vec<NodeId>]) -> String {
@@ -141,17 +160,7 @@ impl fmt::Display for EntryReport {
             kib(self.unplanned),
             kib(self.eager_peak)
         )?;
-        let t = &self.times;
-        writeln!(
-            f,
-            "  compile time: trace {}, rewrite {}, decompose {}, plan {}, first run {} ({} kernels compiled)",
-            ms(t.trace),
-            ms(t.rewrite),
-            ms(t.decompose),
-            ms(t.plan),
-            ms(t.first_run),
-            t.kernels_compiled
-        )
+        writeln!(f, "  compile time: {}", self.times_line())
     }
 }
 

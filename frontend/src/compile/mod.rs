@@ -15,13 +15,17 @@
 //! sizes as arguments); any other guard miss recompiles, with the reason
 //! shown by `KILN_LOG=recompiles`. Past the recompile limit, calls run eagerly.
 
+mod disk_cache;
 pub mod dispatch;
+mod dump;
 pub mod exec;
 mod explain;
 mod guard;
 mod pipeline;
+mod shadow;
 pub mod trace;
 
+pub use dump::Stage;
 pub use explain::{EntryReport, Report};
 pub use guard::{Guards, RecompileReason};
 pub use pipeline::{CompileOptions, StageTimes};
@@ -111,7 +115,7 @@ impl<'a> Compiled<'a> {
             return (self.f)(args);
         }
         if let Some(e) = st.entries.iter_mut().find(|e| e.guards == guards) {
-            return e.run(args, &*self.f);
+            return e.run(&self.name, args, &*self.f, &self.options);
         }
         let reason = st.entries.last().map(|e| e.guards.miss_reason(&guards));
         if let Some(r) = &reason {

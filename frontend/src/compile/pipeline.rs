@@ -1,13 +1,15 @@
 //! One compiled entry: trace -> rewrite -> decompose -> fuse -> plan, timed
 //! stage by stage, then run under its guards.
 
+use super::disk_cache;
 use super::exec::{Executable, HoistCache};
 use super::guard::Guards;
 use super::trace::{self, Binding, GraphBreak};
 use crate::Tensor;
 use kiln_ir::graph::Graph;
+use kiln_ir::graph::NodeId;
 use kiln_ir::Result;
-use kiln_passes::lower::decompose_composites;
+use kiln_passes::lower::decompose_with_map;
 use std::time::{Duration, Instant};
 
 /// Knobs of `compile()`.
@@ -17,6 +19,8 @@ pub struct CompileOptions {
     pub recompile_limit: usize,
     /// Shadow mode: compare against eager on every call within this tolerance.
     pub shadow_tol: Option<f64>,
+    /// Read and write planned graphs in the disk cache (see `disk_cache`).
+    pub disk_cache: bool,
 }
 
 impl Default for CompileOptions {
@@ -24,6 +28,7 @@ impl Default for CompileOptions {
         CompileOptions {
             recompile_limit: 8,
             shadow_tol: None,
+            disk_cache: true,
         }
     }
 }
@@ -41,6 +46,8 @@ pub struct StageTimes {
     pub first_run: Duration,
     /// Kernels compiled (cache misses) during the first run.
     pub kernels_compiled: usize,
+    /// The passes were skipped: the planned graph came from the disk cache.
+    pub from_disk_cache: bool,
 }
 
 /// A compiled specialisation: its guards and executable (or the graph break
@@ -48,6 +55,9 @@ pub struct StageTimes {
 pub(crate) struct Entry {
     pub guards: Guards,
     pub traced: Option<Graph>,
+    pub rewritten: Option<Graph>,
+    /// Per planned node: the traced node it computes, if any (for shadow mode).
+    pub origin: Vec<Option<NodeId>>,
     pub exec: Option<Executable>,
     pub bindings: Vec<Binding>,
     pub hoist: HoistCache,
@@ -69,7 +79,7 @@ impl Entry {
         names: &[(String, Tensor)],
         f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
         guards: Guards,
-        _options: &super::CompileOptions,
+        options: &super::CompileOptions,
     ) -> Result<(Entry, Vec<Tensor>)> {
         let mut times = StageTimes::default();
         let t = Instant::now();
@@ -78,7 +88,7 @@ impl Entry {
             trace::trace(name, args, names, |xs| f(xs))?
         };
         times.trace = t.elapsed();
-        let (tr, _eager_outs) = match traced {
+        let (tr, eager_outs) = match traced {
             Ok(x) => x,
             Err(b) => {
                 log("graph_breaks", name, &b.to_string());
@@ -86,6 +96,8 @@ impl Entry {
                 let entry = Entry {
                     guards,
                     traced: None,
+                    rewritten: None,
+                    origin: vec![],
                     exec: None,
                     bindings: vec![],
                     hoist: HoistCache::default(),
@@ -95,15 +107,48 @@ impl Entry {
                 return Ok((entry, outs));
             }
         };
+        if cfg!(debug_assertions) {
+            tr.graph.verify()?;
+        }
         log("graph", name, &tr.graph.to_text());
 
-        let t = Instant::now();
-        let rewritten = tr.graph.clone();
-        times.rewrite = t.elapsed();
-
-        let t = Instant::now();
-        let lowered = decompose_composites(&rewritten)?;
-        times.decompose = t.elapsed();
+        // shadow mode needs to know where planned nodes came from, which a
+        // cached plan does not record
+        let use_disk = options.disk_cache && options.shadow_tol.is_none();
+        let cached = use_disk.then(|| disk_cache::load(&tr.graph)).flatten();
+        let (rewritten, lowered, origin) = match cached {
+            Some(planned) => {
+                times.from_disk_cache = true;
+                (None, planned, vec![])
+            }
+            None => {
+                let t = Instant::now();
+                let rewritten = tr.graph.clone();
+                let rewrite_origin: Vec<Option<NodeId>> = (0..rewritten.len())
+                    .map(|i| Some(NodeId(i as u32)))
+                    .collect();
+                times.rewrite = t.elapsed();
+                let t = Instant::now();
+                let (lowered, map) = decompose_with_map(&rewritten)?;
+                times.decompose = t.elapsed();
+                if cfg!(debug_assertions) {
+                    // the verifier runs after every pass in debug builds
+                    rewritten.verify()?;
+                    lowered.verify()?;
+                }
+                if use_disk {
+                    disk_cache::store(&tr.graph, &lowered);
+                }
+                let mut origin = vec![None; lowered.len()];
+                for (old, new) in map.iter().enumerate() {
+                    let o = &mut origin[new.index()];
+                    if o.is_none() {
+                        *o = rewrite_origin[old];
+                    }
+                }
+                (Some(rewritten), lowered, origin)
+            }
+        };
 
         let t = Instant::now();
         let captured: Vec<bool> = tr
@@ -126,6 +171,8 @@ impl Entry {
         let mut entry = Entry {
             guards,
             traced: Some(tr.graph),
+            rewritten,
+            origin,
             exec: Some(exec),
             bindings: tr.bindings,
             hoist: HoistCache::default(),
@@ -137,6 +184,7 @@ impl Entry {
         let outs = entry.run_compiled(args)?;
         entry.times.first_run = t.elapsed();
         entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
+        entry.shadow(name, args, &outs, &eager_outs, options)?;
         Ok((entry, outs))
     }
 
@@ -165,12 +213,38 @@ impl Entry {
     /// Runs the entry: compiled, or eagerly after a graph break.
     pub fn run(
         &mut self,
+        name: &str,
         args: &[Tensor],
         f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+        options: &super::CompileOptions,
     ) -> Result<Vec<Tensor>> {
         if self.exec.is_none() {
             return f(args);
         }
-        self.run_compiled(args)
+        let outs = self.run_compiled(args)?;
+        if options.shadow_tol.is_some() {
+            let eager = {
+                let _ng = crate::autograd::no_grad();
+                f(args)?
+            };
+            self.shadow(name, args, &outs, &eager, options)?;
+        }
+        Ok(outs)
+    }
+
+    fn shadow(
+        &self,
+        name: &str,
+        args: &[Tensor],
+        compiled: &[Tensor],
+        eager: &[Tensor],
+        options: &super::CompileOptions,
+    ) -> Result<()> {
+        let (Some(tol), Some(traced), Some(exec)) = (options.shadow_tol, &self.traced, &self.exec)
+        else {
+            return Ok(());
+        };
+        let (ins, _) = self.inputs(args);
+        super::shadow::check(name, traced, exec, &self.origin, &ins, compiled, eager, tol)
     }
 }

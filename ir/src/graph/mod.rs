@@ -40,6 +40,7 @@ use smallvec::SmallVec;
 pub use crate::op::{Reduction, ScalarValue};
 pub use attrs::{arity, attrs, op_name, AttrValue};
 pub use constant::Constant;
+pub use parse::parse_op;
 
 /// Index of a node in its [`Graph`]'s arena.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -332,8 +333,16 @@ impl Graph {
     /// copy the node unchanged. Graph outputs follow the mapping.
     pub fn rewrite(
         &self,
-        mut f: impl FnMut(&mut Graph, &Node, &[NodeId]) -> Result<Option<NodeId>>,
+        f: impl FnMut(&mut Graph, &Node, &[NodeId]) -> Result<Option<NodeId>>,
     ) -> Result<Graph> {
+        Ok(self.rewrite_with_map(f)?.0)
+    }
+
+    /// [`Graph::rewrite`], also returning where each old node went (indexed by old id).
+    pub fn rewrite_with_map(
+        &self,
+        mut f: impl FnMut(&mut Graph, &Node, &[NodeId]) -> Result<Option<NodeId>>,
+    ) -> Result<(Graph, Vec<NodeId>)> {
         let mut out = Graph::new(self.name.clone());
         let mut map: Vec<NodeId> = Vec::with_capacity(self.nodes.len());
         for n in &self.nodes {
@@ -361,7 +370,7 @@ impl Graph {
                 .ok_or_else(|| crate::Error::op("graph", format!("output {o:?} does not exist")))?;
             out.output(id)?;
         }
-        Ok(out)
+        Ok((out, map))
     }
 
     /// The stable text form (see the module docs and `DESIGN.md`, "Text dumps").

@@ -17,7 +17,7 @@ use super::from_text::{build_op, Attrs};
 use super::lex::{lex, Pos, Tok, Token};
 use super::print::fmt_metas;
 use super::{AttrValue, Constant, Graph, NodeId};
-use crate::op::Meta;
+use crate::op::{Meta, Op};
 use crate::{DType, Float, Result};
 use std::collections::HashMap;
 
@@ -37,6 +37,29 @@ pub(crate) fn parse(text: &str) -> Result<Graph> {
     };
     p.graph()?;
     Ok(p.g)
+}
+
+/// Parses one op from its text-form name and attribute block, the inverse of
+/// [`super::op_name`] and [`super::attrs`]: `parse_op("permute", "{dims=[1,0]}")`.
+/// `attrs` may be empty for an op without attributes. (The e-graph language of
+/// `kiln-passes` spells ops this way.)
+pub fn parse_op(name: &str, attrs: &str) -> Result<Op> {
+    let mut p = Parser {
+        toks: lex(attrs)?,
+        i: 0,
+        vals: HashMap::new(),
+        g: Graph::default(),
+    };
+    let pos = p.peek().pos;
+    let mut a = p.attrs(name, pos)?;
+    if p.peek().tok != Tok::Eof {
+        return p.unexpected("end of the attributes");
+    }
+    let Some(op) = build_op(name, &mut a)? else {
+        return Err(pos.error(format!("unknown op '{name}'")));
+    };
+    a.finish()?;
+    Ok(op)
 }
 
 impl Parser {

@@ -144,3 +144,16 @@ fn numbering_puts_inputs_first() {
     );
     assert_eq!(Graph::parse(&t).unwrap().to_text(), t);
 }
+
+#[test]
+fn parse_op_reads_name_and_attributes() {
+    let p = parse_op("permute", "{dims=[1,-1]}").unwrap();
+    assert_eq!(p, Op::Permute(vec![1, -1]));
+    assert_eq!(parse_op("relu", "").unwrap(), Op::Unary(UnaryOp::Relu));
+    assert_eq!(
+        parse_op("permute", "").unwrap_err().to_string(),
+        "parse: line 1, column 1: permute: missing attribute 'dims'"
+    );
+    assert!(parse_op("relux", "").is_err());
+    assert!(parse_op("relu", "{x=1} 2").is_err());
+}
