@@ -327,18 +327,40 @@ fn numel(dims: &[usize]) -> usize {
     dims.iter().product()
 }
 
+/// Random numbers have no graph op yet: while tracing they are a graph break.
+fn refuse_while_tracing(op: &str) -> Result<()> {
+    crate::compile::trace::unsupported(
+        op,
+        "draws random numbers, which a traced graph cannot express yet",
+    )
+}
+
 /// `torch.rand(dims)`: f32 uniform in `[0, 1)`.
+/// (It cannot fail: while tracing, the graph break is reported when tracing ends.)
 pub fn rand(dims: &[usize], gen: Option<&mut Generator>) -> Tensor {
-    uniform(dims, 0.0, 1.0, DType::F32, gen).expect("f32 is floating")
+    let _ = refuse_while_tracing("rand");
+    uniform_impl(dims, 0.0, 1.0, DType::F32, gen).expect("f32 is floating")
 }
 
 /// `torch.randn(dims)`: f32 standard normal.
 pub fn randn(dims: &[usize], gen: Option<&mut Generator>) -> Tensor {
-    normal(dims, 0.0, 1.0, DType::F32, gen).expect("f32 is floating")
+    let _ = refuse_while_tracing("randn");
+    normal_impl(dims, 0.0, 1.0, DType::F32, gen).expect("f32 is floating")
 }
 
 /// Uniform in `[low, high)` as a floating `dtype`.
 pub fn uniform(
+    dims: &[usize],
+    low: f64,
+    high: f64,
+    dtype: DType,
+    gen: Option<&mut Generator>,
+) -> Result<Tensor> {
+    refuse_while_tracing("uniform")?;
+    uniform_impl(dims, low, high, dtype, gen)
+}
+
+fn uniform_impl(
     dims: &[usize],
     low: f64,
     high: f64,
@@ -360,6 +382,17 @@ pub fn normal(
     dtype: DType,
     gen: Option<&mut Generator>,
 ) -> Result<Tensor> {
+    refuse_while_tracing("normal")?;
+    normal_impl(dims, mean, std, dtype, gen)
+}
+
+fn normal_impl(
+    dims: &[usize],
+    mean: f64,
+    std: f64,
+    dtype: DType,
+    gen: Option<&mut Generator>,
+) -> Result<Tensor> {
     if !dtype.is_float() {
         bail!("normal", "expected a floating dtype, got {dtype}");
     }
@@ -372,6 +405,7 @@ pub fn normal(
 
 /// `torch.randint(low, high, dims)`: i64 uniform in `[low, high)`.
 pub fn randint(low: i64, high: i64, dims: &[usize], gen: Option<&mut Generator>) -> Result<Tensor> {
+    refuse_while_tracing("randint")?;
     if high <= low {
         bail!("randint", "empty range [{low}, {high})");
     }
@@ -386,6 +420,7 @@ pub fn randint(low: i64, high: i64, dims: &[usize], gen: Option<&mut Generator>)
 
 /// `torch.randperm(n)`: an i64 permutation of `0..n`.
 pub fn randperm(n: usize, gen: Option<&mut Generator>) -> Tensor {
+    let _ = refuse_while_tracing("randperm");
     let p = with_generator(gen, |g| g.permutation(n));
     Tensor::from_vec(p.into_iter().map(|i| i as i64).collect(), &[n]).expect("sized")
 }
@@ -398,6 +433,7 @@ pub fn bernoulli_mask(
     dtype: DType,
     gen: Option<&mut Generator>,
 ) -> Result<Tensor> {
+    refuse_while_tracing("bernoulli")?;
     if !(0.0..=1.0).contains(&p) {
         bail!("bernoulli", "probability must be in [0, 1], got {p}");
     }
@@ -412,6 +448,7 @@ pub fn bernoulli_mask(
 /// `torch.bernoulli(probs)`: each element is 1 with the probability in `probs`
 /// (which must lie in `[0, 1]`); same dtype and shape as `probs`.
 pub fn bernoulli(probs: &Tensor, gen: Option<&mut Generator>) -> Result<Tensor> {
+    refuse_while_tracing("bernoulli")?;
     let ps = probs.to_f64_vec();
     if let Some(bad) = ps.iter().find(|p| !(0.0..=1.0).contains(*p)) {
         bail!("bernoulli", "probabilities must be in [0, 1], got {bad}");
@@ -425,18 +462,21 @@ pub fn bernoulli(probs: &Tensor, gen: Option<&mut Generator>) -> Result<Tensor> 
 impl Tensor {
     /// `tensor.uniform_(low, high)`: fills in place (floating tensors).
     pub fn uniform_(&self, low: f64, high: f64, gen: Option<&mut Generator>) -> Result<&Tensor> {
+        refuse_while_tracing("uniform_")?;
         self.copy_(&uniform(self.dims(), low, high, self.dtype(), gen)?)?;
         Ok(self)
     }
 
     /// `tensor.normal_(mean, std)`: fills in place (floating tensors).
     pub fn normal_(&self, mean: f64, std: f64, gen: Option<&mut Generator>) -> Result<&Tensor> {
+        refuse_while_tracing("normal_")?;
         self.copy_(&normal(self.dims(), mean, std, self.dtype(), gen)?)?;
         Ok(self)
     }
 
     /// `tensor.random_(low, high)` for integer or floating tensors.
     pub fn randint_(&self, low: i64, high: i64, gen: Option<&mut Generator>) -> Result<&Tensor> {
+        refuse_while_tracing("randint_")?;
         self.copy_(&randint(low, high, self.dims(), gen)?.to_dtype(self.dtype())?)?;
         Ok(self)
     }

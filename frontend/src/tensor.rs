@@ -1,5 +1,6 @@
 //! The strided tensor: a shared storage plus a layout (sizes, strides, offset).
 
+use crate::compile::trace;
 use kiln_ir::op::Layout;
 use kiln_ir::shape::{fmt_dims, Dims, Strides};
 use kiln_ir::{bail, DType, Result};
@@ -182,7 +183,9 @@ impl Tensor {
     }
 
     /// Copies the elements out in row-major order as `T` (which must match the dtype).
+    /// While tracing, reading a traced value is a graph break.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        trace::read_value("to_vec", self)?;
         if T::DTYPE != self.dtype() {
             bail!(
                 "to_vec",
@@ -191,16 +194,37 @@ impl Tensor {
                 T::DTYPE
             );
         }
-        let c = self.contiguous()?;
+        // not `contiguous()`: a host read is no op of the traced function
+        let c = if self.is_contiguous() {
+            self.clone()
+        } else {
+            self.copy_eager()?
+        };
         let s = unsafe { c.storage.as_slice::<T>() };
         Ok(s[c.layout.offset..c.layout.offset + c.numel()].to_vec())
     }
 
     /// The elements converted to f64, row-major (handy in tests).
+    ///
+    /// It cannot fail, so while tracing, reading a traced value marks the
+    /// trace broken (the graph break is reported when tracing ends) and the
+    /// values are still returned.
     pub fn to_f64_vec(&self) -> Vec<f64> {
+        if trace::is_tracing() {
+            let _ = trace::read_value("to_f64_vec", self);
+            return self.host_copy(DType::F64).to_vec::<f64>().expect("f64");
+        }
         self.to_dtype(DType::F64)
             .and_then(|t| t.to_vec::<f64>())
             .expect("any dtype converts to f64")
+    }
+
+    /// A contiguous copy converted to `dtype` on the host: no kernel, nothing
+    /// recorded (for reads while tracing).
+    fn host_copy(&self, dtype: DType) -> Tensor {
+        let out = Tensor::empty(self.dims(), dtype);
+        kiln_runtime::convert(self.view(), out.view());
+        out
     }
 
     /// The value of a one-element tensor.
@@ -213,19 +237,36 @@ impl Tensor {
                 fmt_dims(self.dims())
             );
         }
+        trace::read_value("item", self)?;
         Ok(self.to_f64_vec()[0])
     }
 
     /// Raw little-endian bytes of the elements in row-major order.
+    /// While tracing, reading a traced value marks the trace broken (as
+    /// [`Tensor::to_f64_vec`] does).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let c = self.contiguous().expect("contiguous copy");
+        let c = if trace::is_tracing() {
+            let _ = trace::read_value("to_bytes", self);
+            if self.is_contiguous() {
+                self.clone()
+            } else {
+                self.host_copy(self.dtype())
+            }
+        } else {
+            self.contiguous().expect("contiguous copy")
+        };
         let sz = c.dtype().size();
         let b = unsafe { c.storage.bytes() };
         b[c.layout.offset * sz..(c.layout.offset + c.numel()) * sz].to_vec()
     }
 
     /// A contiguous copy in a new storage (always copies).
+    /// Traced as the same value as `self` (no node).
     pub fn copy(&self) -> Result<Tensor> {
+        trace::record_same(self, || self.copy_eager())
+    }
+
+    fn copy_eager(&self) -> Result<Tensor> {
         let out = Tensor::empty(self.dims(), self.dtype());
         crate::ops::pointwise::copy_into(self, &out)?;
         crate::autograd::rules::view::view("clone", self, out, |g, _| Ok(g.clone()))

@@ -163,7 +163,12 @@ impl Tensor {
     /// Checks that an in-place op `op` may write into `self` and bumps its
     /// version. Writing into a leaf that requires grad (outside `no_grad`) is
     /// an error, as is writing into a tensor that is part of a recorded graph.
+    /// While tracing, an in-place write outside any recording op is a graph break.
     pub(crate) fn prepare_inplace(&self, op: &str, src: &[&Tensor]) -> Result<()> {
+        crate::compile::trace::unsupported(
+            op,
+            "writes into a tensor in place while tracing (a graph has no in-place ops yet)",
+        )?;
         if is_grad_enabled() {
             if self.requires_grad() {
                 if self.is_leaf() {

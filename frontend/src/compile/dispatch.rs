@@ -1,29 +1,253 @@
-//! Temporary: the subset of graph ops the executor runs eagerly (replaced by
-//! the full dispatch table).
+//! Running one graph op eagerly: the inverse of what the tracer records.
+//! Each [`Op`] calls the public eager function that records it, so a traced
+//! graph replayed node by node computes what the traced code computed.
 
 use crate::functional as F;
-use crate::Tensor;
+use crate::{Scalar, Tensor};
+use kiln_ir::graph::Reduction;
 use kiln_ir::op::Op;
-use kiln_ir::{bail, Result};
+use kiln_ir::{bail, ReduceKind, Result};
+use kiln_passes::ClassLossOpts;
 
-/// Runs one graph op eagerly on tensors.
-pub fn run_op(op: &Op, x: &[Tensor]) -> Result<Vec<Tensor>> {
-    let one = |t: Result<Tensor>| t.map(|t| vec![t]);
+/// Runs one graph op eagerly on tensors: the inverse of what the tracer records.
+///
+/// `inputs` are the node's operands in order (optional ones as its `has_*`
+/// flags declare). A multi-output op (`max_pool2d`, `adaptive_max_pool2d`)
+/// returns all its results in order; every other op returns one. The inputs
+/// are checked by [`Op::infer`] first, and the results against its types.
+///
+/// A `batch_norm` node with `training` and running stats writes the updated
+/// stats into `inputs[1]` and `inputs[2]` in place, as `F::batch_norm` does.
+pub fn run_op(op: &Op, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+    let metas: Vec<_> = inputs.iter().map(Tensor::meta).collect();
+    let want = op.infer(&metas)?;
+    let outs = run(op, inputs)?;
+    let got: Vec<_> = outs.iter().map(Tensor::meta).collect();
+    if got != want {
+        bail!(
+            op.name(),
+            "ran to {got:?} but the op's inference says {want:?}"
+        );
+    }
+    Ok(outs)
+}
+
+fn one(t: Result<Tensor>) -> Result<Vec<Tensor>> {
+    t.map(|t| vec![t])
+}
+
+fn two(t: Result<(Tensor, Tensor)>) -> Result<Vec<Tensor>> {
+    t.map(|(a, b)| vec![a, b])
+}
+
+/// Takes the optional operands that `present` says follow, in order.
+fn optional<'a>(rest: &mut std::slice::Iter<'a, Tensor>, present: bool) -> Option<&'a Tensor> {
+    if present {
+        rest.next()
+    } else {
+        None
+    }
+}
+
+fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
+    let x = &ins[0];
     match op {
-        Op::View(s) => one(x[0].reshape(s)),
-        Op::Permute(p) => one(x[0].permute(p)),
-        Op::Expand(s) => one(x[0].expand(s)),
+        Op::Unary(u) => one(x.unary(*u)),
+        Op::Binary(b) => one(x.binary(*b, &ins[1])),
+        Op::BinaryScalar {
+            op,
+            value,
+            reversed,
+        } => one(x.binary_scalar(*op, Scalar::from(*value), *reversed)),
+        Op::Where => one(Tensor::where_(x, &ins[1], &ins[2])),
+        Op::Cast(d) => one(x.to_dtype(*d)),
+        Op::Reduce {
+            kind,
+            dims,
+            keepdim,
+        } => one(reduce(x, *kind, dims, *keepdim)),
+        Op::Mean { dims, keepdim } => one(x.mean(Some(dims), *keepdim)),
+        Op::Var {
+            dims,
+            correction,
+            keepdim,
+        } => one(x.var(dims, correction.0, *keepdim)),
+        Op::Std {
+            dims,
+            correction,
+            keepdim,
+        } => one(x.std(dims, correction.0, *keepdim)),
+        Op::LogSumExp { dims, keepdim } => one(x.logsumexp(dims, *keepdim)),
+        Op::Softmax { dim } => one(x.softmax(*dim)),
+        Op::LogSoftmax { dim } => one(x.log_softmax(*dim)),
+        Op::LayerNorm {
+            normalized_shape,
+            eps,
+            has_weight,
+            has_bias,
+        } => {
+            let mut rest = ins[1..].iter();
+            let w = optional(&mut rest, *has_weight);
+            let b = optional(&mut rest, *has_bias);
+            one(F::layer_norm(x, normalized_shape, w, b, eps.0))
+        }
+        Op::GroupNorm {
+            groups,
+            eps,
+            has_weight,
+            has_bias,
+        } => {
+            let mut rest = ins[1..].iter();
+            let w = optional(&mut rest, *has_weight);
+            let b = optional(&mut rest, *has_bias);
+            one(F::group_norm(x, *groups, w, b, eps.0))
+        }
+        Op::BatchNorm {
+            training,
+            momentum,
+            eps,
+            has_running_stats,
+            has_weight,
+            has_bias,
+        } => {
+            let mut rest = ins[1..].iter();
+            let rm = optional(&mut rest, *has_running_stats);
+            let rv = optional(&mut rest, *has_running_stats);
+            let w = optional(&mut rest, *has_weight);
+            let b = optional(&mut rest, *has_bias);
+            one(F::batch_norm(x, rm, rv, w, b, *training, momentum.0, eps.0))
+        }
+        Op::Matmul => one(F::matmul(x, &ins[1])),
+        Op::Linear => one(F::linear(x, &ins[1], ins.get(2))),
+        Op::Conv { params, spatial } => match spatial {
+            1 => one(F::conv1d(x, &ins[1], ins.get(2), params)),
+            2 => one(F::conv2d(x, &ins[1], ins.get(2), params)),
+            s => bail!("conv", "{s}-d convolution is not supported (1 or 2)"),
+        },
+        Op::ConvTranspose2d(p) => one(F::conv_transpose2d(x, &ins[1], ins.get(2), p)),
+        Op::MaxPool2d(p) => two(F::max_pool2d(x, p)),
+        Op::AvgPool2d {
+            params,
+            count_include_pad,
+        } => one(F::avg_pool2d(x, params, *count_include_pad, None)),
+        Op::AdaptiveAvgPool2d(o) => one(F::adaptive_avg_pool2d(x, *o)),
+        Op::AdaptiveMaxPool2d(o) => two(F::adaptive_max_pool2d(x, *o)),
+        Op::Embedding => one(F::embedding(x, &ins[1], None)),
+        // a `view` node has reshape semantics: it copies when strides need it
+        Op::View(shape) => one(x.reshape(shape)),
+        Op::Permute(p) => one(x.permute(p)),
+        Op::Expand(s) => one(x.expand(s)),
         Op::Slice {
             dim,
             start,
             stop,
             step,
-        } => one(x[0].slice(*dim, *start, *stop, *step)),
-        Op::Select { dim, index } => one(x[0].select(*dim, *index)),
-        Op::Matmul => one(F::matmul(&x[0], &x[1])),
-        Op::Linear => one(F::linear(&x[0], &x[1], x.get(2))),
-        Op::Conv { params, spatial: 2 } => one(F::conv2d(&x[0], &x[1], x.get(2), params)),
-        Op::Conv { params, .. } => one(F::conv1d(&x[0], &x[1], x.get(2), params)),
-        other => bail!("compile", "no eager dispatch for `{}` yet", other.name()),
+        } => one(x.slice(*dim, *start, *stop, *step)),
+        Op::Select { dim, index } => one(x.select(*dim, *index)),
+        Op::Cat { dim } => one(Tensor::cat(&ins.iter().collect::<Vec<_>>(), *dim)),
+        Op::IndexSelect { dim } => one(x.index_select(*dim, &ins[1])),
+        Op::Gather { dim } => one(x.gather(*dim, &ins[1])),
+        Op::MaskedFill { value: Some(v) } => one(x.masked_fill(&ins[1], Scalar::from(*v))),
+        Op::MaskedFill { value: None } => one(masked_fill_tensor(x, &ins[1], &ins[2])),
+        Op::CrossEntropy {
+            reduction,
+            ignore_index,
+            label_smoothing,
+            has_weight,
+        } => {
+            let o = ClassLossOpts {
+                reduction: *reduction,
+                ignore_index: *ignore_index,
+                label_smoothing: label_smoothing.0,
+            };
+            let w = if *has_weight { ins.get(2) } else { None };
+            one(F::cross_entropy(x, &ins[1], w, o))
+        }
+        Op::NllLoss {
+            reduction,
+            ignore_index,
+            has_weight,
+        } => {
+            let o = ClassLossOpts {
+                reduction: *reduction,
+                ignore_index: *ignore_index,
+                label_smoothing: 0.0,
+            };
+            let w = if *has_weight { ins.get(2) } else { None };
+            one(F::nll_loss(x, &ins[1], w, o))
+        }
+        Op::PairLoss {
+            name,
+            reduction,
+            has_weight,
+            has_pos_weight,
+        } => {
+            let mut rest = ins[2..].iter();
+            let w = optional(&mut rest, *has_weight);
+            let pw = optional(&mut rest, *has_pos_weight);
+            one(pair_loss(name, x, &ins[1], w, pw, *reduction))
+        }
     }
 }
+
+fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Result<Tensor> {
+    match kind {
+        ReduceKind::Sum => x.sum(Some(dims), keepdim),
+        ReduceKind::Prod => x.prod(Some(dims), keepdim),
+        ReduceKind::Max => x.amax(Some(dims), keepdim),
+        ReduceKind::Min => x.amin(Some(dims), keepdim),
+        ReduceKind::ArgMax | ReduceKind::ArgMin => {
+            if dims.len() > 1 {
+                bail!(
+                    kind.name(),
+                    "reduces one dim or all of them, got dims {dims:?}"
+                );
+            }
+            let d = dims.first().copied();
+            if kind == ReduceKind::ArgMax {
+                x.argmax(d, keepdim)
+            } else {
+                x.argmin(d, keepdim)
+            }
+        }
+    }
+}
+
+/// `masked_fill` with a 0-dim fill tensor: `where(mask, fill, x)` in x's dtype.
+fn masked_fill_tensor(x: &Tensor, mask: &Tensor, fill: &Tensor) -> Result<Tensor> {
+    let dims = kiln_ir::shape::broadcast_shapes("masked_fill", x.dims(), mask.dims())?;
+    if dims.as_slice() != x.dims() {
+        bail!(
+            "masked_fill",
+            "mask of shape {} must broadcast to the input shape {}",
+            kiln_ir::shape::fmt_dims(mask.dims()),
+            kiln_ir::shape::fmt_dims(x.dims())
+        );
+    }
+    Tensor::where_(mask, &fill.to_dtype(x.dtype())?, x)
+}
+
+/// The elementwise losses of `pair_loss`; smooth_l1 and huber with their
+/// default beta / delta of 1 (other values trace as primitive ops).
+fn pair_loss(
+    name: &str,
+    x: &Tensor,
+    y: &Tensor,
+    weight: Option<&Tensor>,
+    pos_weight: Option<&Tensor>,
+    r: Reduction,
+) -> Result<Tensor> {
+    match name {
+        "mse" => F::mse_loss(x, y, r),
+        "l1" => F::l1_loss(x, y, r),
+        "smooth_l1" => F::smooth_l1_loss(x, y, r, 1.0),
+        "huber" => F::huber_loss(x, y, r, 1.0),
+        "bce" => F::binary_cross_entropy(x, y, weight, r),
+        "bce_with_logits" => F::binary_cross_entropy_with_logits(x, y, weight, pos_weight, r),
+        other => bail!("pair_loss", "unknown elementwise loss '{other}'"),
+    }
+}
+
+#[cfg(test)]
+#[path = "dispatch_tests.rs"]
+mod tests;

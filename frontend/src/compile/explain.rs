@@ -24,6 +24,8 @@ pub struct EntryReport {
     /// Input shapes and dtypes it was compiled for.
     pub inputs: String,
     pub graph_break: Option<String>,
+    /// Rewrite rules that fired, with counts.
+    pub rewrites: Vec<(String, usize)>,
     /// Kernel names (`fused[mul+add+gelu]`), one per launch.
     pub kernels: Vec<String>,
     /// Ops that kept their own kernel, with the reason.
@@ -93,6 +95,7 @@ impl Entry {
             inputs,
             graph_break: self.graph_break.as_ref().map(|b| b.to_string()),
             nodes_traced: self.traced.as_ref().map_or(0, |g| g.len()),
+            rewrites: self.rewrites.clone(),
             times: self.times.clone(),
             ..EntryReport::default()
         };
@@ -149,6 +152,14 @@ impl fmt::Display for EntryReport {
         )?;
         for (i, k) in self.kernels.iter().enumerate() {
             writeln!(f, "    {i}: {k}")?;
+        }
+        if !self.rewrites.is_empty() {
+            let r: Vec<String> = self
+                .rewrites
+                .iter()
+                .map(|(k, n)| format!("{k} x{n}"))
+                .collect();
+            writeln!(f, "  rewrites: {}", r.join(", "))?;
         }
         for u in &self.unfused {
             writeln!(f, "  unfused: {u}")?;

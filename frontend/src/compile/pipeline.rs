@@ -10,10 +10,12 @@ use kiln_ir::graph::Graph;
 use kiln_ir::graph::NodeId;
 use kiln_ir::Result;
 use kiln_passes::lower::decompose_with_map;
+use kiln_passes::rewrite::rules::Rw;
+use kiln_passes::rewrite::{rewrite, RewriteConfig};
 use std::time::{Duration, Instant};
 
 /// Knobs of `compile()`.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct CompileOptions {
     /// Guard misses (other than a new batch size) before falling back to eager.
     pub recompile_limit: usize,
@@ -21,6 +23,10 @@ pub struct CompileOptions {
     pub shadow_tol: Option<f64>,
     /// Read and write planned graphs in the disk cache (see `disk_cache`).
     pub disk_cache: bool,
+    /// Rewrite rules added to the built-in ones (tests plant wrong ones to
+    /// check shadow mode). A graph rewritten with extra rules never goes to
+    /// the disk cache.
+    pub extra_rules: Vec<Rw>,
 }
 
 impl Default for CompileOptions {
@@ -29,6 +35,7 @@ impl Default for CompileOptions {
             recompile_limit: 8,
             shadow_tol: None,
             disk_cache: true,
+            extra_rules: vec![],
         }
     }
 }
@@ -56,6 +63,8 @@ pub(crate) struct Entry {
     pub guards: Guards,
     pub traced: Option<Graph>,
     pub rewritten: Option<Graph>,
+    /// How often each rewrite rule fired.
+    pub rewrites: Vec<(String, usize)>,
     /// Per planned node: the traced node it computes, if any (for shadow mode).
     pub origin: Vec<Option<NodeId>>,
     pub exec: Option<Executable>,
@@ -97,6 +106,7 @@ impl Entry {
                     guards,
                     traced: None,
                     rewritten: None,
+                    rewrites: vec![],
                     origin: vec![],
                     exec: None,
                     bindings: vec![],
@@ -114,8 +124,10 @@ impl Entry {
 
         // shadow mode needs to know where planned nodes came from, which a
         // cached plan does not record
-        let use_disk = options.disk_cache && options.shadow_tol.is_none();
+        let use_disk =
+            options.disk_cache && options.shadow_tol.is_none() && options.extra_rules.is_empty();
         let cached = use_disk.then(|| disk_cache::load(&tr.graph)).flatten();
+        let mut rewrites = vec![];
         let (rewritten, lowered, origin) = match cached {
             Some(planned) => {
                 times.from_disk_cache = true;
@@ -123,11 +135,27 @@ impl Entry {
             }
             None => {
                 let t = Instant::now();
-                let rewritten = tr.graph.clone();
-                let rewrite_origin: Vec<Option<NodeId>> = (0..rewritten.len())
-                    .map(|i| Some(NodeId(i as u32)))
-                    .collect();
+                let cfg = RewriteConfig {
+                    params: tr
+                        .graph
+                        .inputs()
+                        .iter()
+                        .zip(&tr.bindings)
+                        .filter(|(_, b)| matches!(b, Binding::Captured(_)))
+                        .map(|(id, _)| *id)
+                        .collect(),
+                    extra_rules: options.extra_rules.clone(),
+                    ..RewriteConfig::default()
+                };
+                let rw = rewrite(&tr.graph, &cfg)?;
                 times.rewrite = t.elapsed();
+                log(
+                    "rewrites",
+                    name,
+                    &format!("{}{}", rw.report, rw.graph.to_text()),
+                );
+                rewrites = rw.report.fired.clone().into_iter().collect();
+                let (rewritten, rewrite_origin) = (rw.graph, rw.origin);
                 let t = Instant::now();
                 let (lowered, map) = decompose_with_map(&rewritten)?;
                 times.decompose = t.elapsed();
@@ -172,6 +200,7 @@ impl Entry {
             guards,
             traced: Some(tr.graph),
             rewritten,
+            rewrites,
             origin,
             exec: Some(exec),
             bindings: tr.bindings,

@@ -28,7 +28,7 @@ use kiln_ir::op::{Layout, Op};
 use kiln_ir::{Error, Result};
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Why tracing stopped: the op and what it needed that a graph cannot express.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,11 +62,12 @@ pub struct Trace {
 
 type Key = (usize, Layout);
 
+fn storage_of(t: &Tensor) -> usize {
+    std::sync::Arc::as_ptr(&t.storage) as usize
+}
+
 fn key(t: &Tensor) -> Key {
-    (
-        std::sync::Arc::as_ptr(&t.storage) as usize,
-        t.layout.clone(),
-    )
+    (storage_of(t), t.layout.clone())
 }
 
 struct Tracer {
@@ -77,6 +78,9 @@ struct Tracer {
     names: HashMap<usize, String>,
     /// Every tensor seen, kept alive so a storage address is never reused mid-trace.
     keep: Vec<Tensor>,
+    /// Storages holding graph values (arguments and fresh op results): an
+    /// unseen view of one was made by an op that recorded nothing.
+    graph_storages: HashSet<usize>,
     /// How many recording ops are running (only the outermost records).
     depth: usize,
     broken: Option<GraphBreak>,
@@ -90,6 +94,12 @@ thread_local! {
 /// True while this thread is tracing (one load of a thread-local flag).
 pub fn is_tracing() -> bool {
     TRACING.with(|t| t.get())
+}
+
+/// True while tracing outside any recording op: an op called now records a
+/// node (ops with no exact graph op use this to compute through ones that do).
+pub fn is_recording() -> bool {
+    is_tracing() && with(|t| t.depth == 0).unwrap_or(false)
 }
 
 fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
@@ -120,6 +130,7 @@ pub fn trace(
             .map(|(n, t)| (std::sync::Arc::as_ptr(&t.storage) as usize, n.clone()))
             .collect(),
         keep: vec![],
+        graph_storages: HashSet::new(),
         depth: 0,
         broken: None,
     };
@@ -127,6 +138,7 @@ pub fn trace(
         let id = tr.graph.input(format!("x{i}"), a.meta());
         tr.bindings.push(Binding::Arg(i));
         tr.values.insert(key(a), id);
+        tr.graph_storages.insert(storage_of(a));
         tr.keep.push(a.clone());
     }
     TRACER.with(|t| *t.borrow_mut() = Some(tr));
@@ -143,6 +155,9 @@ pub fn trace(
     let mut ids = vec![];
     for o in &outs {
         ids.push(tr.value_of(o));
+    }
+    if let Some(b) = tr.broken.take() {
+        return Ok(Err(b));
     }
     for id in ids {
         tr.graph.output(id)?;
@@ -166,7 +181,15 @@ impl Tracer {
         if let Some(&id) = self.values.get(&key(t)) {
             return id;
         }
-        let storage = std::sync::Arc::as_ptr(&t.storage) as usize;
+        let storage = storage_of(t);
+        if self.graph_storages.contains(&storage) {
+            self.stop(
+                "view",
+                "a view of a traced value was made by an op that recorded no graph node \
+                 (not supported by the tracer yet)"
+                    .into(),
+            );
+        }
         let name = match self.names.get(&storage) {
             // a view of a named tensor keeps the name with a suffix
             Some(n) if self.values.keys().any(|(s, _)| *s == storage) => {
@@ -262,6 +285,9 @@ pub fn record_multi(
                 t.graph.project(id, i)?
             };
             t.values.insert(key(o), v);
+            if !inputs.iter().any(|x| x.shares_storage(o)) {
+                t.graph_storages.insert(storage_of(o));
+            }
             t.keep.push(o.clone());
         }
         Ok(())
@@ -280,9 +306,27 @@ pub fn same_value(input: &Tensor, output: &Tensor) {
         if t.depth == 0 {
             let id = t.value_of(input);
             t.values.insert(key(output), id);
+            if !input.shares_storage(output) {
+                t.graph_storages.insert(storage_of(output));
+            }
             t.keep.push(output.clone());
         }
     });
+}
+
+/// [`record`] for ops whose result holds the same value as `input` (`clone`,
+/// a copying `contiguous`): runs `f`, the op's implementation, then
+/// [`same_value`].
+pub fn record_same(input: &Tensor, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
+    if !is_tracing() || with(|t| t.depth > 0).unwrap_or(true) {
+        return f();
+    }
+    with(|t| t.depth += 1);
+    let out = f();
+    with(|t| t.depth -= 1);
+    let out = out?;
+    same_value(input, &out);
+    Ok(out)
 }
 
 /// Called where code reads a tensor's values on the host (`item`, `to_vec`):

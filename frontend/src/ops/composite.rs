@@ -5,9 +5,11 @@
 //! softmax and log_softmax have dedicated backward rules instead.
 
 use super::fuse::{Fuser, Lazy};
+use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::infer::require_float;
-use kiln_ir::Result;
+use kiln_ir::op::Op;
+use kiln_ir::{Float, Result};
 use kiln_passes::decompose;
 use kiln_runtime::profiler::{self, Category};
 
@@ -44,53 +46,85 @@ impl Tensor {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.softmax(dim);
         }
-        let _p = self.op_scope("softmax");
-        require_float("softmax", &self.meta())?;
-        let y = run(&self.detach(), |b, x| decompose::softmax(b, x, dim))?;
-        crate::autograd::rules::reduce::softmax(self, dim, false, y)
+        trace::record(
+            || Op::Softmax { dim },
+            &[self],
+            || {
+                let _p = self.op_scope("softmax");
+                require_float("softmax", &self.meta())?;
+                let y = run(&self.detach(), |b, x| decompose::softmax(b, x, dim))?;
+                crate::autograd::rules::reduce::softmax(self, dim, false, y)
+            },
+        )
     }
     /// `F.log_softmax(x, dim)`.
     pub fn log_softmax(&self, dim: i64) -> Result<Tensor> {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.log_softmax(dim);
         }
-        let _p = self.op_scope("log_softmax");
-        require_float("log_softmax", &self.meta())?;
-        let y = run(&self.detach(), |b, x| decompose::log_softmax(b, x, dim))?;
-        crate::autograd::rules::reduce::softmax(self, dim, true, y)
+        trace::record(
+            || Op::LogSoftmax { dim },
+            &[self],
+            || {
+                let _p = self.op_scope("log_softmax");
+                require_float("log_softmax", &self.meta())?;
+                let y = run(&self.detach(), |b, x| decompose::log_softmax(b, x, dim))?;
+                crate::autograd::rules::reduce::softmax(self, dim, true, y)
+            },
+        )
     }
     /// `torch.logsumexp(x, dims, keepdim)`.
     pub fn logsumexp(&self, dims: &[i64], keepdim: bool) -> Result<Tensor> {
-        let _p = self.op_scope("logsumexp");
-        require_float("logsumexp", &self.meta())?;
-        decomposed!(&[self], |b, cv| decompose::logsumexp(
-            b,
-            &cv(self),
-            dims,
-            keepdim
-        ))
+        let node = || Op::LogSumExp {
+            dims: dims.to_vec(),
+            keepdim,
+        };
+        trace::record(node, &[self], || {
+            let _p = self.op_scope("logsumexp");
+            require_float("logsumexp", &self.meta())?;
+            decomposed!(&[self], |b, cv| decompose::logsumexp(
+                b,
+                &cv(self),
+                dims,
+                keepdim
+            ))
+        })
     }
     /// `torch.var(x, dims, correction=..., keepdim)`; empty `dims` = all.
     pub fn var(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
-        let _p = self.op_scope("var");
-        require_float("var", &self.meta())?;
-        decomposed!(&[self], |b, cv| decompose::var(
-            b,
-            &cv(self),
-            dims,
-            correction,
-            keepdim
-        ))
+        let node = || Op::Var {
+            dims: dims.to_vec(),
+            correction: Float(correction),
+            keepdim,
+        };
+        trace::record(node, &[self], || {
+            let _p = self.op_scope("var");
+            require_float("var", &self.meta())?;
+            decomposed!(&[self], |b, cv| decompose::var(
+                b,
+                &cv(self),
+                dims,
+                correction,
+                keepdim
+            ))
+        })
     }
     pub fn std(&self, dims: &[i64], correction: f64, keepdim: bool) -> Result<Tensor> {
-        let _p = self.op_scope("std");
-        require_float("std", &self.meta())?;
-        decomposed!(&[self], |b, cv| decompose::std(
-            b,
-            &cv(self),
-            dims,
-            correction,
-            keepdim
-        ))
+        let node = || Op::Std {
+            dims: dims.to_vec(),
+            correction: Float(correction),
+            keepdim,
+        };
+        trace::record(node, &[self], || {
+            let _p = self.op_scope("std");
+            require_float("std", &self.meta())?;
+            decomposed!(&[self], |b, cv| decompose::std(
+                b,
+                &cv(self),
+                dims,
+                correction,
+                keepdim
+            ))
+        })
     }
 }

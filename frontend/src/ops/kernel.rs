@@ -72,6 +72,16 @@ impl KernelCall {
         self.b.instrs[v].1
     }
 
+    /// The tracer's safety net: a launch on a traced value outside any
+    /// recording op would bake that value into the graph as a constant.
+    fn check_launch(&self, name: &str) -> Result<()> {
+        if !crate::compile::trace::is_tracing() {
+            return Ok(());
+        }
+        let ins: Vec<&Tensor> = self.inputs.iter().collect();
+        crate::compile::trace::check_launch(name, &ins)
+    }
+
     fn operands(&self, out: DType) -> Vec<Operand> {
         let mut ops = vec![Operand {
             dtype: kernel_dtype(out),
@@ -86,6 +96,7 @@ impl KernelCall {
 
     /// Writes `value` into `out` at every index of `out`'s shape (inputs broadcast to it).
     pub fn store_into(mut self, name: &str, value: ValueId, out: &Tensor) -> Result<()> {
+        self.check_launch(name)?;
         let value = self.b.cast(value, kernel_dtype(out.dtype()));
         let layouts = self
             .inputs
@@ -151,6 +162,7 @@ impl KernelCall {
         let n_body_inputs = self.inputs.len();
         let acc = self.b.push(Instr::Acc, acc_dtype);
         let res = epilogue(&mut self, acc);
+        self.check_launch(name)?;
         let res = self.b.cast(res, kernel_dtype(out_dtype));
         let kept = &loop_dims[..loop_dims.len() - 1];
         let out = Tensor::empty(kept, out_dtype);

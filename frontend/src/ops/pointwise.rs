@@ -3,8 +3,10 @@
 
 use super::kernel::KernelCall;
 use crate::autograd::rules::pointwise as rules;
+use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, Arg};
+use kiln_ir::op::{Op, ScalarValue};
 use kiln_ir::{bail, BinaryOp, Category, DType, Float, Result, UnaryOp};
 
 /// A Python number operand (`x + 2.5`, `x * 3`).
@@ -28,6 +30,26 @@ impl Scalar {
             Scalar::Float(v) => v,
             Scalar::Int(v) => v as f64,
             Scalar::Bool(b) => b as u8 as f64,
+        }
+    }
+}
+
+impl From<Scalar> for ScalarValue {
+    fn from(s: Scalar) -> ScalarValue {
+        match s {
+            Scalar::Float(v) => ScalarValue::Float(Float(v)),
+            Scalar::Int(v) => ScalarValue::Int(v),
+            Scalar::Bool(b) => ScalarValue::Bool(b),
+        }
+    }
+}
+
+impl From<ScalarValue> for Scalar {
+    fn from(s: ScalarValue) -> Scalar {
+        match s {
+            ScalarValue::Float(v) => Scalar::Float(v.0),
+            ScalarValue::Int(v) => Scalar::Int(v),
+            ScalarValue::Bool(b) => Scalar::Bool(b),
         }
     }
 }
@@ -61,6 +83,7 @@ impl From<bool> for Scalar {
 /// Writes `src` (broadcast to `dst`'s shape) into `dst`, converting the dtype.
 pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
     if src.dtype().is_half() || dst.dtype().is_half() {
+        trace::check_launch("copy", &[src])?;
         let l = kiln_ir::op::view::broadcast_to(src.layout(), dst.dims())?;
         kiln_runtime::convert(
             kiln_runtime::View {
@@ -79,24 +102,36 @@ pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
 impl Tensor {
     /// Applies a unary pointwise op (the building block of `exp`, `gelu`, ...).
     pub fn unary(&self, op: UnaryOp) -> Result<Tensor> {
-        let sig = infer::unary(op, &self.meta())?;
-        let mut k = KernelCall::new();
-        let x = k.input(self, sig.compute);
-        let y = k.unary(op, x, sig.compute);
-        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
-        rules::unary(op, self, y)
+        trace::record(
+            || Op::Unary(op),
+            &[self],
+            || {
+                let sig = infer::unary(op, &self.meta())?;
+                let mut k = KernelCall::new();
+                let x = k.input(self, sig.compute);
+                let y = k.unary(op, x, sig.compute);
+                let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+                rules::unary(op, self, y)
+            },
+        )
     }
 
     /// Applies a binary pointwise op with broadcasting and type promotion.
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
-        let (ma, mb) = (self.meta(), other.meta());
-        let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
-        let mut k = KernelCall::new();
-        let a = k.input(self, sig.compute);
-        let b = k.input(other, sig.compute);
-        let y = k.binary(op, a, b, sig.compute);
-        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
-        rules::binary(op, self, other, y)
+        trace::record(
+            || Op::Binary(op),
+            &[self, other],
+            || {
+                let (ma, mb) = (self.meta(), other.meta());
+                let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+                let mut k = KernelCall::new();
+                let a = k.input(self, sig.compute);
+                let b = k.input(other, sig.compute);
+                let y = k.binary(op, a, b, sig.compute);
+                let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+                rules::binary(op, self, other, y)
+            },
+        )
     }
 
     /// `self op s` with a Python number; `reversed` computes `s op self`.
@@ -107,19 +142,26 @@ impl Tensor {
         reversed: bool,
     ) -> Result<Tensor> {
         let s = s.into();
-        let m = self.meta();
-        let sig = if reversed {
-            infer::binary(op, Arg::Scalar(s.category()), Arg::Tensor(&m))?
-        } else {
-            infer::binary(op, Arg::Tensor(&m), Arg::Scalar(s.category()))?
+        let node = || Op::BinaryScalar {
+            op,
+            value: s.into(),
+            reversed,
         };
-        let mut k = KernelCall::new();
-        let a = k.input(self, sig.compute);
-        let b = k.scalar(s.value(), sig.compute);
-        let (l, r) = if reversed { (b, a) } else { (a, b) };
-        let y = k.binary(op, l, r, sig.compute);
-        let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
-        rules::binary_scalar(op, self, s, reversed, y)
+        trace::record(node, &[self], || {
+            let m = self.meta();
+            let sig = if reversed {
+                infer::binary(op, Arg::Scalar(s.category()), Arg::Tensor(&m))?
+            } else {
+                infer::binary(op, Arg::Tensor(&m), Arg::Scalar(s.category()))?
+            };
+            let mut k = KernelCall::new();
+            let a = k.input(self, sig.compute);
+            let b = k.scalar(s.value(), sig.compute);
+            let (l, r) = if reversed { (b, a) } else { (a, b) };
+            let y = k.binary(op, l, r, sig.compute);
+            let y = k.finish(op.name(), y, &sig.dims, sig.out)?;
+            rules::binary_scalar(op, self, s, reversed, y)
+        })
     }
 
     pub fn add(&self, o: &Tensor) -> Result<Tensor> {
@@ -174,6 +216,15 @@ impl Tensor {
         };
         let (ma, mb) = (self.meta(), other.meta());
         let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+        if trace::is_recording() {
+            // no graph op scales an operand: record `other * alpha` and the sum
+            let alpha = match sig.compute {
+                d if d.is_float() => Scalar::Float(alpha),
+                DType::Bool => Scalar::Bool(alpha != 0.0),
+                _ => Scalar::Int(alpha as i64),
+            };
+            return self.binary(op, &other.binary_scalar(BinaryOp::Mul, alpha, false)?);
+        }
         let mut k = KernelCall::new();
         let a = k.input(self, sig.compute);
         let b = k.input(other, sig.compute);
@@ -262,15 +313,21 @@ impl Tensor {
 
     /// `torch.where(cond, self, other)`.
     pub fn where_(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        let (mc, ma, mb) = (cond.meta(), a.meta(), b.meta());
-        let sig = infer::where_(&mc, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
-        let mut k = KernelCall::new();
-        let c = k.input(cond, DType::Bool);
-        let x = k.input(a, sig.compute);
-        let y = k.input(b, sig.compute);
-        let r = k.select(c, x, y, sig.compute);
-        let r = k.finish("where", r, &sig.dims, sig.out)?;
-        rules::where_(cond, a, Some(b), r)
+        trace::record(
+            || Op::Where,
+            &[cond, a, b],
+            || {
+                let (mc, ma, mb) = (cond.meta(), a.meta(), b.meta());
+                let sig = infer::where_(&mc, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+                let mut k = KernelCall::new();
+                let c = k.input(cond, DType::Bool);
+                let x = k.input(a, sig.compute);
+                let y = k.input(b, sig.compute);
+                let r = k.select(c, x, y, sig.compute);
+                let r = k.finish("where", r, &sig.dims, sig.out)?;
+                rules::where_(cond, a, Some(b), r)
+            },
+        )
     }
 
     /// `torch.where(cond, self, scalar)`.
@@ -278,6 +335,11 @@ impl Tensor {
         let s = other.into();
         let (mc, ma) = (cond.meta(), a.meta());
         let sig = infer::where_(&mc, Arg::Tensor(&ma), Arg::Scalar(s.category()))?;
+        if trace::is_recording() {
+            // `where` takes tensors only: the number becomes a captured 0-dim
+            // tensor of the result dtype (0-dim tensors promote like numbers)
+            return Tensor::where_(cond, a, &scalar_tensor(s, sig.compute, sig.out));
+        }
         let mut k = KernelCall::new();
         let c = k.input(cond, DType::Bool);
         let x = k.input(a, sig.compute);
@@ -306,14 +368,20 @@ impl Tensor {
                 kiln_ir::shape::fmt_dims(self.dims())
             );
         }
-        let dt = self.dtype().compute();
-        let mut k = KernelCall::new();
-        let c = k.input(mask, DType::Bool);
-        let x = k.input(self, dt);
-        let v = k.scalar(value.into().value(), dt);
-        let r = k.select(c, v, x, dt);
-        let r = k.finish("masked_fill", r, self.dims(), self.dtype())?;
-        rules::masked_fill(self, mask, r)
+        let value = value.into();
+        let node = || Op::MaskedFill {
+            value: Some(value.into()),
+        };
+        trace::record(node, &[self, mask], || {
+            let dt = self.dtype().compute();
+            let mut k = KernelCall::new();
+            let c = k.input(mask, DType::Bool);
+            let x = k.input(self, dt);
+            let v = k.scalar(value.value(), dt);
+            let r = k.select(c, v, x, dt);
+            let r = k.finish("masked_fill", r, self.dims(), self.dtype())?;
+            rules::masked_fill(self, mask, r)
+        })
     }
 
     /// `to(dtype)`: a converted copy (or `self` when the dtype already matches).
@@ -322,9 +390,15 @@ impl Tensor {
         if dtype == self.dtype() {
             return Ok(self.clone());
         }
-        let out = Tensor::empty(self.dims(), dtype);
-        copy_into(self, &out)?;
-        rules::cast(self, out)
+        trace::record(
+            || Op::Cast(dtype),
+            &[self],
+            || {
+                let out = Tensor::empty(self.dims(), dtype);
+                copy_into(self, &out)?;
+                rules::cast(self, out)
+            },
+        )
     }
 
     /// In-place copy of `src` (broadcast) into `self`, PyTorch's `copy_`.
@@ -334,6 +408,17 @@ impl Tensor {
         self.prepare_inplace("copy_", &[src])?;
         copy_into(src, self)
     }
+}
+
+/// A 0-dim tensor of `out` holding `s` as a kernel sees it (rounded to
+/// `compute` first), made on the host so nothing is recorded.
+fn scalar_tensor(s: Scalar, compute: DType, out: DType) -> Tensor {
+    let src = Tensor::scalar(s.value());
+    let c = Tensor::empty(&[], compute);
+    kiln_runtime::convert(src.view(), c.view());
+    let t = Tensor::empty(&[], out);
+    kiln_runtime::convert(c.view(), t.view());
+    t
 }
 
 macro_rules! binop_overload {

@@ -4,9 +4,10 @@
 
 use super::kernel::KernelCall;
 use crate::autograd::rules::reduce as rules;
+use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, reduced_shape};
-use kiln_ir::op::Meta;
+use kiln_ir::op::{Meta, Op};
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 
 /// Lays `t` (of `x`'s shape) out as `kept ++ [product of reduced]`.
@@ -71,6 +72,22 @@ impl Tensor {
         dims: Option<&[i64]>,
         keepdim: bool,
     ) -> Result<Tensor> {
+        let node = || Op::Reduce {
+            kind,
+            dims: dims.map(<[i64]>::to_vec).unwrap_or_default(),
+            keepdim,
+        };
+        trace::record(node, &[self], || {
+            self.simple_reduce_eager(kind, dims, keepdim)
+        })
+    }
+
+    fn simple_reduce_eager(
+        &self,
+        kind: ReduceKind,
+        dims: Option<&[i64]>,
+        keepdim: bool,
+    ) -> Result<Tensor> {
         let rd = infer::reduce_dims(kind.name(), self.rank(), dims)?;
         let m = infer::reduce(kind, &self.meta(), &rd, keepdim)?;
         let compute = match kind {
@@ -123,7 +140,12 @@ impl Tensor {
     }
 
     fn arg_reduce(&self, kind: ReduceKind, dim: Option<i64>, keepdim: bool) -> Result<Tensor> {
-        match dim {
+        let node = || Op::Reduce {
+            kind,
+            dims: dim.into_iter().collect(),
+            keepdim,
+        };
+        trace::record(node, &[self], || match dim {
             Some(d) => self.simple_reduce(kind, Some(&[d]), keepdim),
             None => {
                 let flat = self.reshape(&[-1])?;
@@ -134,10 +156,11 @@ impl Tensor {
                     Ok(r)
                 }
             }
-        }
+        })
     }
 
     /// `max(dim, keepdim)` -> (values, indices), as `torch.max(x, dim)`.
+    /// Traced as two nodes (amax and argmax).
     /// The gradient of the values goes to the returned index (as PyTorch's `max.dim`).
     pub fn max_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let x = self.detach();
@@ -162,6 +185,14 @@ impl Tensor {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.mean(dims, keepdim);
         }
+        let node = || Op::Mean {
+            dims: dims.map(<[i64]>::to_vec).unwrap_or_default(),
+            keepdim,
+        };
+        trace::record(node, &[self], || self.mean_eager(dims, keepdim))
+    }
+
+    fn mean_eager(&self, dims: Option<&[i64]>, keepdim: bool) -> Result<Tensor> {
         if !self.dtype().is_float() {
             bail!(
                 "mean",

@@ -3,8 +3,10 @@
 //! index_select, gather.
 
 use crate::autograd::rules::view as rules;
+use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::view as lv;
+use kiln_ir::op::Op;
 use kiln_ir::shape::{fmt_dims, norm_dim};
 use kiln_ir::{bail, promote_types, DType, Result};
 use kiln_runtime::strided::for_each_offset;
@@ -12,24 +14,36 @@ use kiln_runtime::strided::for_each_offset;
 impl Tensor {
     /// `view(shape)`: shares storage; errors (suggesting `reshape`) when the strides do not allow it.
     pub fn view_as_shape(&self, shape: &[i64]) -> Result<Tensor> {
-        let y = self.with_layout(lv::view(&self.layout, shape)?);
-        rules::reshape_like("view", self, y)
+        trace::record(
+            || Op::View(shape.to_vec()),
+            &[self],
+            || {
+                let y = self.with_layout(lv::view(&self.layout, shape)?);
+                rules::reshape_like("view", self, y)
+            },
+        )
     }
 
     /// `reshape(shape)`: a view when possible, otherwise a contiguous copy.
     pub fn reshape(&self, shape: &[i64]) -> Result<Tensor> {
-        let dims = lv::infer_size("reshape", shape, self.numel(), self.dims())?;
-        match lv::view_strides(&self.layout, &dims) {
-            Some(strides) => {
-                let y = self.with_layout(kiln_ir::op::Layout {
-                    dims,
-                    strides,
-                    offset: self.layout.offset,
-                });
-                rules::reshape_like("reshape", self, y)
-            }
-            None => self.copy()?.view_as_shape(shape),
-        }
+        trace::record(
+            || Op::View(shape.to_vec()),
+            &[self],
+            || {
+                let dims = lv::infer_size("reshape", shape, self.numel(), self.dims())?;
+                match lv::view_strides(&self.layout, &dims) {
+                    Some(strides) => {
+                        let y = self.with_layout(kiln_ir::op::Layout {
+                            dims,
+                            strides,
+                            offset: self.layout.offset,
+                        });
+                        rules::reshape_like("reshape", self, y)
+                    }
+                    None => self.copy()?.view_as_shape(shape),
+                }
+            },
+        )
     }
 
     /// `reshape` with `usize` dims.
@@ -39,6 +53,14 @@ impl Tensor {
     }
 
     pub fn permute(&self, perm: &[i64]) -> Result<Tensor> {
+        trace::record(
+            || Op::Permute(perm.to_vec()),
+            &[self],
+            || self.permute_eager(perm),
+        )
+    }
+
+    fn permute_eager(&self, perm: &[i64]) -> Result<Tensor> {
         let y = self.with_layout(lv::permute(&self.layout, perm)?);
         let rank = self.rank() as i64;
         let p: Vec<usize> = perm
@@ -55,8 +77,20 @@ impl Tensor {
     }
 
     pub fn transpose(&self, d0: i64, d1: i64) -> Result<Tensor> {
-        let y = self.with_layout(lv::transpose(&self.layout, d0, d1)?);
-        rules::view("transpose", self, y, move |g, _| g.transpose(d0, d1))
+        let node = || {
+            // the op succeeded, so both dims are valid
+            let r = self.rank() as i64;
+            let norm = |d: i64| if d < 0 { d + r.max(1) } else { d };
+            let mut p: Vec<i64> = (0..r).collect();
+            if r > 0 {
+                p.swap(norm(d0) as usize, norm(d1) as usize);
+            }
+            Op::Permute(p)
+        };
+        trace::record(node, &[self], || {
+            let y = self.with_layout(lv::transpose(&self.layout, d0, d1)?);
+            rules::view("transpose", self, y, move |g, _| g.transpose(d0, d1))
+        })
     }
 
     /// `t()`: transpose of a matrix (0-D and 1-D tensors are returned as is).
@@ -76,18 +110,42 @@ impl Tensor {
 
     /// `expand(sizes)`; -1 keeps a dim.
     pub fn expand(&self, sizes: &[i64]) -> Result<Tensor> {
-        let y = self.with_layout(lv::expand(&self.layout, sizes)?);
-        rules::view("expand", self, y, |g, _| Ok(g.clone()))
+        trace::record(
+            || Op::Expand(sizes.to_vec()),
+            &[self],
+            || {
+                let y = self.with_layout(lv::expand(&self.layout, sizes)?);
+                rules::view("expand", self, y, |g, _| Ok(g.clone()))
+            },
+        )
     }
 
     pub fn expand_to(&self, dims: &[usize]) -> Result<Tensor> {
-        let y = self.with_layout(lv::broadcast_to(&self.layout, dims)?);
-        rules::view("expand", self, y, |g, _| Ok(g.clone()))
+        let node = || Op::Expand(dims.iter().map(|&d| d as i64).collect());
+        trace::record(node, &[self], || {
+            let y = self.with_layout(lv::broadcast_to(&self.layout, dims)?);
+            rules::view("expand", self, y, |g, _| Ok(g.clone()))
+        })
     }
 
+    /// `narrow(dim, start, length)`; traced as the slice `[start:start+length]`.
     pub fn narrow(&self, dim: i64, start: i64, length: usize) -> Result<Tensor> {
-        let y = self.with_layout(lv::narrow(&self.layout, dim, start, length)?);
-        rules::region("narrow", self, y, move |z| z.narrow(dim, start, length))
+        let node = || {
+            // the op succeeded, so `dim` is valid and a negative start wraps once
+            let d = norm_dim("narrow", dim, self.rank()).unwrap_or(0);
+            let size = self.dims().get(d).copied().unwrap_or(0) as i64;
+            let s = if start < 0 { start + size } else { start };
+            Op::Slice {
+                dim,
+                start: Some(s),
+                stop: Some(s + length as i64),
+                step: 1,
+            }
+        };
+        trace::record(node, &[self], || {
+            let y = self.with_layout(lv::narrow(&self.layout, dim, start, length)?);
+            rules::region("narrow", self, y, move |z| z.narrow(dim, start, length))
+        })
     }
 
     /// `x[start:stop:step]` along `dim`.
@@ -98,24 +156,50 @@ impl Tensor {
         stop: Option<i64>,
         step: i64,
     ) -> Result<Tensor> {
-        let y = self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?);
-        rules::region("slice", self, y, move |z| z.slice(dim, start, stop, step))
+        let node = || Op::Slice {
+            dim,
+            start,
+            stop,
+            step,
+        };
+        trace::record(node, &[self], || {
+            let y = self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?);
+            rules::region("slice", self, y, move |z| z.slice(dim, start, stop, step))
+        })
     }
 
     pub fn select(&self, dim: i64, index: i64) -> Result<Tensor> {
-        let y = self.with_layout(lv::select(&self.layout, dim, index)?);
-        rules::region("select", self, y, move |z| z.select(dim, index))
+        trace::record(
+            || Op::Select { dim, index },
+            &[self],
+            || {
+                let y = self.with_layout(lv::select(&self.layout, dim, index)?);
+                rules::region("select", self, y, move |z| z.select(dim, index))
+            },
+        )
     }
 
+    /// `unsqueeze(dim)`; traced as a `view` to the new shape.
     pub fn unsqueeze(&self, dim: i64) -> Result<Tensor> {
-        let y = self.with_layout(lv::unsqueeze(&self.layout, dim)?);
-        rules::reshape_like("unsqueeze", self, y)
+        self.reshape_view("unsqueeze", lv::unsqueeze(&self.layout, dim))
     }
 
-    /// `squeeze()` (all size-1 dims) or `squeeze(dims)`.
+    /// `squeeze()` (all size-1 dims) or `squeeze(dims)`; traced as a `view`.
     pub fn squeeze(&self, dims: Option<&[i64]>) -> Result<Tensor> {
-        let y = self.with_layout(lv::squeeze(&self.layout, dims)?);
-        rules::reshape_like("squeeze", self, y)
+        self.reshape_view("squeeze", lv::squeeze(&self.layout, dims))
+    }
+
+    /// A view with `layout` (same elements, new shape), traced as `view(shape)`.
+    fn reshape_view(
+        &self,
+        name: &'static str,
+        layout: Result<kiln_ir::op::Layout>,
+    ) -> Result<Tensor> {
+        let layout = layout?;
+        let node = || Op::View(layout.dims.iter().map(|&d| d as i64).collect());
+        trace::record(node, &[self], || {
+            rules::reshape_like(name, self, self.with_layout(layout.clone()))
+        })
     }
 
     pub fn flatten(&self, start: i64, end: i64) -> Result<Tensor> {
@@ -172,6 +256,14 @@ impl Tensor {
 
     /// `torch.cat(tensors, dim)` with type promotion.
     pub fn cat(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
+        trace::record(
+            || Op::Cat { dim },
+            tensors,
+            || Tensor::cat_eager(tensors, dim),
+        )
+    }
+
+    fn cat_eager(tensors: &[&Tensor], dim: i64) -> Result<Tensor> {
         let Some(first) = tensors.first() else {
             bail!("cat", "expected a non-empty list of tensors")
         };
@@ -228,6 +320,14 @@ impl Tensor {
 
     /// `index_select(dim, index)` with a 1-D integer index.
     pub fn index_select(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        trace::record(
+            || Op::IndexSelect { dim },
+            &[self, index],
+            || self.index_select_eager(dim, index),
+        )
+    }
+
+    fn index_select_eager(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
         let d = norm_dim("index_select", dim, self.rank())?;
         if index.rank() > 1 || index.dtype().is_float() {
             bail!(
@@ -264,6 +364,14 @@ impl Tensor {
 
     /// `gather(dim, index)`: out[..i..] = self[..index[..i..]..] along `dim`.
     pub fn gather(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        trace::record(
+            || Op::Gather { dim },
+            &[self, index],
+            || self.gather_eager(dim, index),
+        )
+    }
+
+    fn gather_eager(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
         let d = norm_dim("gather", dim, self.rank())?;
         if index.rank() != self.rank() || index.dtype() != DType::I64 {
             bail!(

@@ -153,6 +153,16 @@ impl Choice {
     /// input of `sig` first (in order, even if unused), then the nodes in
     /// post-order from the outputs, in order. Errors on a cycle.
     pub fn build(&self, eg: &KilnEGraph, outputs: &[Id], sig: &Signature) -> Result<Graph> {
+        Ok(self.build_with_classes(eg, outputs, sig)?.0)
+    }
+
+    /// [`Choice::build`], also returning the e-class each new node was extracted from.
+    pub fn build_with_classes(
+        &self,
+        eg: &KilnEGraph,
+        outputs: &[Id],
+        sig: &Signature,
+    ) -> Result<(Graph, HashMap<NodeId, Id>)> {
         #[derive(Clone, Copy, PartialEq)]
         enum Mark {
             Open,
@@ -221,6 +231,13 @@ impl Choice {
                 _ => bail!("rewrite", "output e-class {root} was not extracted"),
             }
         }
-        Ok(g)
+        let classes = mark
+            .into_iter()
+            .filter_map(|(c, m)| match m {
+                Mark::Done(id) => Some((id, c)),
+                Mark::Open => None,
+            })
+            .collect();
+        Ok((g, classes))
     }
 }

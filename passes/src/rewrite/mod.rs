@@ -102,6 +102,10 @@ impl fmt::Display for RewriteReport {
 pub struct Rewritten {
     pub graph: Graph,
     pub report: RewriteReport,
+    /// Per node of `graph`: the node of the original graph whose value it
+    /// computes (same e-class), if any — how shadow mode matches kernels to
+    /// traced ops.
+    pub origin: Vec<Option<NodeId>>,
 }
 
 /// Rewrites `g` with the built-in rules and `cfg.extra_rules`.
@@ -144,7 +148,21 @@ pub fn rewrite_with(g: &Graph, cfg: &RewriteConfig, rules: &[Rw]) -> Result<Rewr
     }
 
     let choice = Choice::new(eg);
-    let out = choice.build(eg, &outputs, &sig)?;
+    let (out, classes) = choice.build_with_classes(eg, &outputs, &sig)?;
+    // each new node computes the value of the first original node in its e-class
+    let mut first_in_class: std::collections::HashMap<egg::Id, NodeId> = Default::default();
+    for (i, id) in ids.iter().enumerate() {
+        first_in_class
+            .entry(eg.find(*id))
+            .or_insert(NodeId(i as u32));
+    }
+    let origin = (0..out.len())
+        .map(|i| {
+            classes
+                .get(&NodeId(i as u32))
+                .and_then(|c| first_in_class.get(c).copied())
+        })
+        .collect();
     out.verify()?;
     check_interface(g, &out)?;
     let report = RewriteReport {
@@ -160,7 +178,11 @@ pub fn rewrite_with(g: &Graph, cfg: &RewriteConfig, rules: &[Rw]) -> Result<Rewr
         cost_after: graph_cost(&out, &params_of(&out, &is_param)),
         time: start.elapsed(),
     };
-    Ok(Rewritten { graph: out, report })
+    Ok(Rewritten {
+        graph: out,
+        report,
+        origin,
+    })
 }
 
 /// The input nodes of `g` at the positions `is_param` marks.

@@ -2,19 +2,22 @@
 //! the runtime's extern kernels; norms and losses come from the decomposition
 //! table (`kiln_passes::decompose`), run eagerly.
 
+mod loss;
+mod norm;
+
+pub use loss::*;
+pub use norm::*;
+
 use crate::amp::{self, Policy};
-use crate::autograd::rules::builder::TensorBuilder;
 use crate::autograd::rules::nn as rules;
-use crate::ops::composite::decomposed;
-use crate::ops::fuse::{Fuser, Lazy};
+use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::conv::{self, ConvParams, ConvTransposeParams};
 use kiln_ir::op::pool::{self, Pool2dGeometry, Pool2dParams};
+use kiln_ir::op::Op;
 use kiln_ir::op::{embedding as emb, matmul as mm};
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
-use kiln_passes::decompose;
-use kiln_passes::decompose_loss::{self as loss, ClassLossOpts, Reduction};
 use kiln_runtime::externs;
 use kiln_runtime::profiler::{self, Category};
 
@@ -99,6 +102,12 @@ fn nbytes(t: &Tensor) -> u64 {
     (t.numel() * t.dtype().size()) as u64
 }
 
+/// The present tensors of an optional list (for `needs_grad`, and a traced
+/// node's operands).
+fn ins<'a>(ts: &[Option<&'a Tensor>]) -> Vec<&'a Tensor> {
+    ts.iter().flatten().copied().collect()
+}
+
 /// An op-level profiler scope over `ins` (free when not profiling).
 fn op_scope(name: &'static str, ins: &[&Tensor]) -> profiler::Scope {
     profiler::scope(name, Category::Op).shapes(|| shapes(ins))
@@ -110,7 +119,12 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if let Some((a, b)) = amp::cast_for(Policy::Lower, (a, b))? {
         return matmul(&a, &b);
     }
+    trace::record(|| Op::Matmul, &[a, b], || matmul_eager(a, b))
+}
+
+fn matmul_eager(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let _p = op_scope("matmul", &[a, b]);
+    trace::check_launch("matmul", &[a, b])?;
     let dt = float_dtype("matmul", &[a, b])?;
     let plan = mm::matmul_plan(a.dims(), b.dims())?;
     let (a0, b0) = (a, b);
@@ -150,7 +164,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     rules::matmul(a0, b0, out.reshape_dims(&plan.out)?)
 }
 
-/// `torch.bmm`: (B, M, K) @ (B, K, N), no broadcasting.
+/// `torch.bmm`: (B, M, K) @ (B, K, N), no broadcasting; traced as `matmul`.
 pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     mm::bmm_shape(a.dims(), b.dims())?;
     matmul(a, b)
@@ -161,14 +175,20 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, weight, bias))? {
         return linear(&x, &w, b.as_ref());
     }
-    let _p = op_scope("linear", &[x, weight]);
-    let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
-    let y = matmul(x, &weight.t()?)?;
-    let y = match bias {
-        Some(b) => y.add(b)?,
-        None => y,
-    };
-    y.reshape_dims(&shape)
+    trace::record(
+        || Op::Linear,
+        &ins(&[Some(x), Some(weight), bias]),
+        || {
+            let _p = op_scope("linear", &[x, weight]);
+            let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
+            let y = matmul(x, &weight.t()?)?;
+            let y = match bias {
+                Some(b) => y.add(b)?,
+                None => y,
+            };
+            y.reshape_dims(&shape)
+        },
+    )
 }
 
 /// `F.conv2d` (stride, padding incl. 'same', dilation, groups).
@@ -191,9 +211,27 @@ fn conv_nd(
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
         return conv_nd(op, &x, &w, b.as_ref(), p);
     }
+    let spatial = if op == "conv1d" { 1 } else { 2 };
+    let node = || Op::Conv {
+        params: p.clone(),
+        spatial,
+    };
+    trace::record(node, &ins(&[Some(x), Some(w), bias]), || {
+        conv_eager(op, x, w, bias, p)
+    })
+}
+
+fn conv_eager(
+    op: &'static str,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+) -> Result<Tensor> {
     let _p = op_scope(op, &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
+    trace::check_launch(op, &ts)?;
     let dt = float_dtype(op, &ts)?;
     let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
@@ -216,9 +254,22 @@ pub fn conv_transpose2d(
     if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, w, bias))? {
         return conv_transpose2d(&x, &w, b.as_ref(), p);
     }
+    let node = || Op::ConvTranspose2d(p.clone());
+    trace::record(node, &ins(&[Some(x), Some(w), bias]), || {
+        conv_transpose2d_eager(x, w, bias, p)
+    })
+}
+
+fn conv_transpose2d_eager(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvTransposeParams,
+) -> Result<Tensor> {
     let _p = op_scope("conv_transpose2d", &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
+    trace::check_launch("conv_transpose2d", &ts)?;
     let dt = float_dtype("conv_transpose2d", &ts)?;
     let g = conv::conv_transpose_geometry(
         "conv_transpose2d",
@@ -250,6 +301,7 @@ fn pool_with_indices(
     run: impl Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
 ) -> Result<(Tensor, Tensor)> {
     let _p = op_scope(op, &[x]);
+    trace::check_launch(op, &[x])?;
     let dt = float_dtype(op, &[x])?;
     let xc = compute_input(x)?;
     let idx = Tensor::zeros(&g.out_shape(), DType::I64);
@@ -266,18 +318,50 @@ fn pool_with_indices(
 
 /// `F.max_pool2d(..., return_indices=True)`: values and flat h*W+w indices.
 pub fn max_pool2d(x: &Tensor, p: &Pool2dParams) -> Result<(Tensor, Tensor)> {
-    let g = pool::pool2d_geometry("max_pool2d", x.dims(), p)?;
-    pool_with_indices("max_pool2d", x, &g, |g, xc, out, idx, dt| unsafe {
-        dispatch_float!(dt, T => externs::pool::max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
-    })
+    pair(trace::record_multi(
+        || Op::MaxPool2d(*p),
+        &[x],
+        || {
+            let g = pool::pool2d_geometry("max_pool2d", x.dims(), p)?;
+            unpair(pool_with_indices(
+                "max_pool2d",
+                x,
+                &g,
+                |g, xc, out, idx, dt| unsafe {
+                    dispatch_float!(dt, T => externs::pool::max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
+                },
+            ))
+        },
+    ))
+}
+
+/// The (values, indices) of a two-result op.
+fn pair(r: Result<Vec<Tensor>>) -> Result<(Tensor, Tensor)> {
+    let mut v = r?.into_iter();
+    match (v.next(), v.next()) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => bail!("compile", "a two-result op gave fewer results"),
+    }
+}
+
+fn unpair(r: Result<(Tensor, Tensor)>) -> Result<Vec<Tensor>> {
+    r.map(|(a, b)| vec![a, b])
 }
 
 /// `F.adaptive_max_pool2d(..., return_indices=True)`.
 pub fn adaptive_max_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<(Tensor, Tensor)> {
-    let g = pool::adaptive_pool2d_geometry("adaptive_max_pool2d", x.dims(), output_size)?;
-    pool_with_indices("adaptive_max_pool2d", x, &g, |g, xc, out, idx, dt| unsafe {
-        dispatch_float!(dt, T => externs::pool::adaptive_max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
-    })
+    let node = || Op::AdaptiveMaxPool2d(output_size);
+    pair(trace::record_multi(node, &[x], || {
+        let g = pool::adaptive_pool2d_geometry("adaptive_max_pool2d", x.dims(), output_size)?;
+        unpair(pool_with_indices(
+            "adaptive_max_pool2d",
+            x,
+            &g,
+            |g, xc, out, idx, dt| unsafe {
+                dispatch_float!(dt, T => externs::pool::adaptive_max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
+            },
+        ))
+    }))
 }
 
 /// `F.avg_pool2d` (count_include_pad, ceil_mode, divisor_override).
@@ -287,7 +371,29 @@ pub fn avg_pool2d(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
+    if divisor_override.is_some() {
+        trace::unsupported(
+            "avg_pool2d",
+            "divisor_override has no graph op yet (avg_pool2d records count_include_pad only)",
+        )?;
+    }
+    let node = || Op::AvgPool2d {
+        params: *p,
+        count_include_pad,
+    };
+    trace::record(node, &[x], || {
+        avg_pool2d_eager(x, p, count_include_pad, divisor_override)
+    })
+}
+
+fn avg_pool2d_eager(
+    x: &Tensor,
+    p: &Pool2dParams,
+    count_include_pad: bool,
+    divisor_override: Option<i64>,
+) -> Result<Tensor> {
     let _p = op_scope("avg_pool2d", &[x]);
+    trace::check_launch("avg_pool2d", &[x])?;
     let dt = float_dtype("avg_pool2d", &[x])?;
     pool::check_divisor_override("avg_pool2d", divisor_override)?;
     let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
@@ -308,7 +414,13 @@ pub fn avg_pool2d(
 
 /// `F.adaptive_avg_pool2d`.
 pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
+    let node = || Op::AdaptiveAvgPool2d(output_size);
+    trace::record(node, &[x], || adaptive_avg_pool2d_eager(x, output_size))
+}
+
+fn adaptive_avg_pool2d_eager(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
     let _p = op_scope("adaptive_avg_pool2d", &[x]);
+    trace::check_launch("adaptive_avg_pool2d", &[x])?;
     let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
     let g = pool::adaptive_pool2d_geometry("adaptive_avg_pool2d", x.dims(), output_size)?;
     let xc = compute_input(x)?;
@@ -324,9 +436,19 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor
     rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y)
 }
 
-/// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx matters for backward only).
+/// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx
+/// matters for backward only, so the traced `embedding` node does not carry it).
 pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
+    trace::record(
+        || Op::Embedding,
+        &[indices, weight],
+        || embedding_eager(indices, weight, padding_idx),
+    )
+}
+
+fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
     let _p = op_scope("embedding", &[indices, weight]);
+    trace::check_launch("embedding", &[indices, weight])?;
     let shape = emb::embedding_shape(weight.dims(), indices.dims(), indices.dtype())?;
     emb::resolve_padding_idx(weight.dims(), padding_idx)?;
     let dt = float_dtype("embedding", &[weight])?;
@@ -339,254 +461,4 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
     })?;
     res?;
     crate::autograd::rules::index::embedding(indices, weight, padding_idx, out)
-}
-
-/// `F.layer_norm` over the trailing `normalized_shape` dims.
-pub fn layer_norm(
-    x: &Tensor,
-    normalized_shape: &[usize],
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    eps: f64,
-) -> Result<Tensor> {
-    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
-        return layer_norm(&x, normalized_shape, w.as_ref(), b.as_ref(), eps);
-    }
-    let _p = op_scope("layer_norm", &[x]);
-    kiln_ir::op::infer::require_float("layer_norm", &x.meta())?;
-    decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
-        let (w, b) = (weight.map(cv), bias.map(cv));
-        decompose::layer_norm(f, &cv(x), normalized_shape, w.as_ref(), b.as_ref(), eps)
-    })
-}
-
-/// The present tensors of an optional list (for `needs_grad`).
-fn ins<'a>(ts: &[Option<&'a Tensor>]) -> Vec<&'a Tensor> {
-    ts.iter().flatten().copied().collect()
-}
-
-/// `F.group_norm` on (N, C, *).
-pub fn group_norm(
-    x: &Tensor,
-    groups: usize,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    eps: f64,
-) -> Result<Tensor> {
-    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
-        return group_norm(&x, groups, w.as_ref(), b.as_ref(), eps);
-    }
-    let _p = op_scope("group_norm", &[x]);
-    kiln_ir::op::infer::require_float("group_norm", &x.meta())?;
-    decomposed!(&ins(&[Some(x), weight, bias]), |f, cv| {
-        let (w, b) = (weight.map(cv), bias.map(cv));
-        decompose::group_norm(f, &cv(x), groups, w.as_ref(), b.as_ref(), eps)
-    })
-}
-
-/// `F.batch_norm`: in training, `running_mean`/`running_var` are updated in
-/// place (with the unbiased batch variance), as PyTorch does.
-#[allow(clippy::too_many_arguments)]
-pub fn batch_norm(
-    x: &Tensor,
-    running_mean: Option<&Tensor>,
-    running_var: Option<&Tensor>,
-    weight: Option<&Tensor>,
-    bias: Option<&Tensor>,
-    training: bool,
-    momentum: f64,
-    eps: f64,
-) -> Result<Tensor> {
-    // the running stats are updated in place: never cast
-    if let Some((x, w, b)) = amp::cast_for(Policy::F32, (x, weight, bias))? {
-        let (rm, rv) = (running_mean, running_var);
-        return batch_norm(&x, rm, rv, w.as_ref(), b.as_ref(), training, momentum, eps);
-    }
-    let _p = op_scope("batch_norm", &[x]);
-    kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
-    let (y, running) = if crate::autograd::needs_grad(&ins(&[Some(x), weight, bias])) {
-        let r = decompose::batch_norm(
-            &mut TensorBuilder,
-            x,
-            running_mean,
-            running_var,
-            weight,
-            bias,
-            training,
-            momentum,
-            eps,
-        )?;
-        (r.y, r.running.map(|(m, v)| (m.detach(), v.detach())))
-    } else {
-        let (rm, rv, w, b) = (
-            lazy(running_mean),
-            lazy(running_var),
-            lazy(weight),
-            lazy(bias),
-        );
-        let r = decompose::batch_norm(
-            &mut Fuser,
-            &Lazy::tensor(x),
-            rm.as_ref(),
-            rv.as_ref(),
-            w.as_ref(),
-            b.as_ref(),
-            training,
-            momentum,
-            eps,
-        )?;
-        let running = match r.running {
-            Some((m, v)) => Some((m.materialize()?, v.materialize()?)),
-            None => None,
-        };
-        (r.y.materialize()?, running)
-    };
-    if let (Some((m, v)), Some(rm), Some(rv)) = (running, running_mean, running_var) {
-        let _ng = crate::autograd::no_grad();
-        rm.copy_(&m)?;
-        rv.copy_(&v)?;
-    }
-    Ok(y)
-}
-
-/// Optional tensor arguments as lazy values.
-fn lazy(t: Option<&Tensor>) -> Option<Lazy> {
-    t.map(Lazy::tensor)
-}
-
-/// `F.cross_entropy` (class indices or probabilities; weight, ignore_index, label_smoothing).
-pub fn cross_entropy(
-    x: &Tensor,
-    target: &Tensor,
-    weight: Option<&Tensor>,
-    o: ClassLossOpts,
-) -> Result<Tensor> {
-    if let Some((x, t, w)) = amp::cast_for(Policy::F32, (x, target, weight))? {
-        return cross_entropy(&x, &t, w.as_ref(), o);
-    }
-    let _p = op_scope("cross_entropy", &[x, target]);
-    kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
-    decomposed!(&ins(&[Some(x), Some(target), weight]), |f, cv| {
-        let w = weight.map(cv);
-        loss::cross_entropy(f, &cv(x), &cv(target), w.as_ref(), o)
-    })
-}
-
-/// `F.nll_loss` on log-probabilities.
-pub fn nll_loss(
-    logp: &Tensor,
-    target: &Tensor,
-    weight: Option<&Tensor>,
-    o: ClassLossOpts,
-) -> Result<Tensor> {
-    if let Some((lp, t, w)) = amp::cast_for(Policy::F32, (logp, target, weight))? {
-        return nll_loss(&lp, &t, w.as_ref(), o);
-    }
-    let _p = op_scope("nll_loss", &[logp, target]);
-    decomposed!(&ins(&[Some(logp), Some(target), weight]), |f, cv| {
-        let w = weight.map(cv);
-        loss::nll_loss(f, &cv(logp), &cv(target), w.as_ref(), o)
-    })
-}
-
-/// `F.mse_loss`; a target whose shape differs from the input's broadcasts,
-/// with PyTorch's warning (once per call site).
-#[track_caller]
-pub fn mse_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    let _p = op_scope("mse_loss", &[x, y]);
-    target_size_warning(x, y);
-    let c = amp::cast_for(Policy::F32, (x, y))?;
-    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
-    decomposed!(&[x, y], |f, cv| loss::mse_loss(f, &cv(x), &cv(y), r))
-}
-
-/// `F.l1_loss` (broadcasts like [`mse_loss`]).
-#[track_caller]
-pub fn l1_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
-    let _p = op_scope("l1_loss", &[x, y]);
-    target_size_warning(x, y);
-    let c = amp::cast_for(Policy::F32, (x, y))?;
-    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
-    decomposed!(&[x, y], |f, cv| loss::l1_loss(f, &cv(x), &cv(y), r))
-}
-
-/// `F.smooth_l1_loss` (broadcasts like [`mse_loss`]).
-#[track_caller]
-pub fn smooth_l1_loss(x: &Tensor, y: &Tensor, r: Reduction, beta: f64) -> Result<Tensor> {
-    let _p = op_scope("smooth_l1_loss", &[x, y]);
-    target_size_warning(x, y);
-    let c = amp::cast_for(Policy::F32, (x, y))?;
-    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
-    decomposed!(&[x, y], |f, cv| loss::smooth_l1_loss(
-        f,
-        &cv(x),
-        &cv(y),
-        r,
-        beta
-    ))
-}
-
-/// `F.huber_loss` (broadcasts like [`mse_loss`]).
-#[track_caller]
-pub fn huber_loss(x: &Tensor, y: &Tensor, r: Reduction, delta: f64) -> Result<Tensor> {
-    let _p = op_scope("huber_loss", &[x, y]);
-    target_size_warning(x, y);
-    let c = amp::cast_for(Policy::F32, (x, y))?;
-    let (x, y) = c.as_ref().map_or((x, y), |(x, y)| (x, y));
-    decomposed!(&[x, y], |f, cv| loss::huber_loss(
-        f,
-        &cv(x),
-        &cv(y),
-        r,
-        delta
-    ))
-}
-
-pub fn binary_cross_entropy_with_logits(
-    x: &Tensor,
-    y: &Tensor,
-    weight: Option<&Tensor>,
-    pos_weight: Option<&Tensor>,
-    r: Reduction,
-) -> Result<Tensor> {
-    if let Some((x, y, w, pw)) = amp::cast_for(Policy::F32, (x, y, weight, pos_weight))? {
-        return binary_cross_entropy_with_logits(&x, &y, w.as_ref(), pw.as_ref(), r);
-    }
-    let _p = op_scope("binary_cross_entropy_with_logits", &[x, y]);
-    decomposed!(&ins(&[Some(x), Some(y), weight, pos_weight]), |f, cv| {
-        let (w, pw) = (weight.map(cv), pos_weight.map(cv));
-        loss::bce_with_logits(f, &cv(x), &cv(y), w.as_ref(), pw.as_ref(), r)
-    })
-}
-
-pub fn binary_cross_entropy(
-    p: &Tensor,
-    y: &Tensor,
-    weight: Option<&Tensor>,
-    r: Reduction,
-) -> Result<Tensor> {
-    if let Some((p, y, w)) = amp::cast_for(Policy::F32, (p, y, weight))? {
-        return binary_cross_entropy(&p, &y, w.as_ref(), r);
-    }
-    let _p = op_scope("binary_cross_entropy", &[p, y]);
-    decomposed!(&ins(&[Some(p), Some(y), weight]), |f, cv| {
-        let w = weight.map(cv);
-        loss::binary_cross_entropy(f, &cv(p), &cv(y), w.as_ref(), r)
-    })
-}
-
-/// PyTorch's `UserWarning` when a regression loss's target shape differs from
-/// the input's but broadcasts (e.g. `(32,1)` vs `(32,)`: a `(32,32)` loss).
-#[track_caller]
-fn target_size_warning(x: &Tensor, y: &Tensor) {
-    if x.dims() != y.dims() && kiln_ir::shape::broadcast_shapes("loss", x.dims(), y.dims()).is_ok()
-    {
-        crate::warnings::warn(&format!(
-            "Using a target size ({}) that is different to the input size ({}). \
-             This will likely lead to incorrect results due to broadcasting. \
-             Please ensure they have the same size.",
-            fmt_dims(y.dims()),
-            fmt_dims(x.dims())
-        ));
-    }
 }
