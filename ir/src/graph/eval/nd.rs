@@ -177,9 +177,9 @@ fn reduce_plan(x: &Meta, dims: &[i64], keepdim: bool) -> Result<(Vec<(usize, usi
         red[k] = true;
     }
     let mut out = Dims::new();
-    for k in 0..rank {
-        if !red[k] {
-            out.push(x.dims[k]);
+    for (&r, &d) in red.iter().zip(&x.dims) {
+        if !r {
+            out.push(d);
         } else if keepdim {
             out.push(1);
         }
@@ -213,7 +213,9 @@ fn new_out(dtype: DType, dims: &[usize]) -> Bounded {
 
 /// The elements of `x` (as `(index in x, index within the reduced dims)`)
 /// grouped by output element.
-fn groups(x: &Meta, dims: &[i64], keepdim: bool) -> Result<(Vec<Vec<(usize, usize)>>, Dims)> {
+type Groups = Vec<Vec<(usize, usize)>>;
+
+fn groups(x: &Meta, dims: &[i64], keepdim: bool) -> Result<(Groups, Dims)> {
     let (map, out) = reduce_plan(x, dims, keepdim)?;
     let mut g = vec![Vec::new(); out.iter().product()];
     for (i, (o, r)) in map.into_iter().enumerate() {
@@ -251,12 +253,12 @@ pub(super) fn reduce(
             ReduceKind::Prod if fl => {
                 let p: f64 = xs.iter().product();
                 let mut e = (xs.len() as f64 + 1.0) * u * p.abs();
-                for k in 0..xs.len() {
+                for (k, &ek) in es.iter().enumerate() {
                     let others: f64 = (0..xs.len())
                         .filter(|&j| j != k)
                         .map(|j| xs[j].abs())
                         .product();
-                    e += mul0(others, es[k]);
+                    e += mul0(others, ek);
                 }
                 (round_to(p, dtype), e, false)
             }

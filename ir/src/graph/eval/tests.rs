@@ -78,16 +78,19 @@ fn scalars_comparisons_where_and_casts() {
     };
     let y = run1(
         op(BinaryOp::FloorDiv, ScalarValue::Int(2), false),
-        &[x.clone()],
+        std::slice::from_ref(&x),
     );
     check(&y, I64, &[3], &[-4.0, 1.0, 4.0]);
     // i64 tensor * 2.5 is f32; 10 - x reversed
     let y = run1(
         op(BinaryOp::Mul, ScalarValue::Float(Float(2.5)), false),
-        &[x.clone()],
+        std::slice::from_ref(&x),
     );
     check(&y, F32, &[3], &[-17.5, 5.0, 22.5]);
-    let y = run1(op(BinaryOp::Sub, ScalarValue::Int(10), true), &[x.clone()]);
+    let y = run1(
+        op(BinaryOp::Sub, ScalarValue::Int(10), true),
+        std::slice::from_ref(&x),
+    );
     check(&y, I64, &[3], &[17.0, 8.0, 1.0]);
     let f = t(F32, &[3], &[-1.5, 2.0, 2.5]);
     let c = run1(Op::Binary(BinaryOp::Gt), &[f.clone(), x.clone()]);
@@ -95,7 +98,7 @@ fn scalars_comparisons_where_and_casts() {
     let y = run1(Op::Where, &[c, f.clone(), x]);
     check(&y, F32, &[3], &[-1.5, 2.0, 9.0]);
     // float -> int truncates toward zero; -> bool is != 0
-    let y = run1(Op::Cast(I64), &[f.clone()]);
+    let y = run1(Op::Cast(I64), std::slice::from_ref(&f));
     check(&y, I64, &[3], &[-1.0, 2.0, 2.0]);
     let y = run1(Op::Cast(Bool), &[t(F32, &[2], &[0.0, -0.1])]);
     check(&y, Bool, &[2], &[0.0, 1.0]);
@@ -111,22 +114,31 @@ fn reductions_with_and_without_keepdim() {
         dims: dims.to_vec(),
         keepdim,
     };
-    let y = run1(red(ReduceKind::Sum, &[1], false), &[x.clone()]);
+    let y = run1(red(ReduceKind::Sum, &[1], false), std::slice::from_ref(&x));
     check(&y, F32, &[2], &[9.0, 0.0]);
-    let y = run1(red(ReduceKind::Sum, &[0], true), &[x.clone()]);
+    let y = run1(red(ReduceKind::Sum, &[0], true), std::slice::from_ref(&x));
     check(&y, F32, &[1, 3], &[-3.0, 7.0, 5.0]);
-    let y = run1(red(ReduceKind::Sum, &[], false), &[x.clone()]);
+    let y = run1(red(ReduceKind::Sum, &[], false), std::slice::from_ref(&x));
     check(&y, F32, &[], &[9.0]);
-    let y = run1(red(ReduceKind::Prod, &[-1], true), &[x.clone()]);
+    let y = run1(red(ReduceKind::Prod, &[-1], true), std::slice::from_ref(&x));
     check(&y, F32, &[2, 1], &[15.0, -16.0]);
-    let y = run1(red(ReduceKind::Max, &[1], false), &[x.clone()]);
+    let y = run1(red(ReduceKind::Max, &[1], false), std::slice::from_ref(&x));
     check(&y, F32, &[2], &[5.0, 2.0]);
-    let y = run1(red(ReduceKind::Min, &[0, 1], false), &[x.clone()]);
+    let y = run1(
+        red(ReduceKind::Min, &[0, 1], false),
+        std::slice::from_ref(&x),
+    );
     check(&y, F32, &[], &[-4.0]);
     // argmax: the first maximum; over all dims, the flat index
-    let y = run1(red(ReduceKind::ArgMax, &[1], false), &[x.clone()]);
+    let y = run1(
+        red(ReduceKind::ArgMax, &[1], false),
+        std::slice::from_ref(&x),
+    );
     check(&y, I64, &[2], &[1.0, 1.0]);
-    let y = run1(red(ReduceKind::ArgMin, &[], false), &[x.clone()]);
+    let y = run1(
+        red(ReduceKind::ArgMin, &[], false),
+        std::slice::from_ref(&x),
+    );
     check(&y, I64, &[], &[3.0]);
     let y = run1(
         Op::Mean {
@@ -145,9 +157,9 @@ fn reductions_with_and_without_keepdim() {
 #[test]
 fn views_move_elements() {
     let x = t(F32, &[2, 3], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-    let y = run1(Op::Permute(vec![1, 0]), &[x.clone()]);
+    let y = run1(Op::Permute(vec![1, 0]), std::slice::from_ref(&x));
     check(&y, F32, &[3, 2], &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
-    let y = run1(Op::View(vec![3, -1]), &[x.clone()]);
+    let y = run1(Op::View(vec![3, -1]), std::slice::from_ref(&x));
     check(&y, F32, &[3, 2], &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
     let y = run1(Op::Expand(vec![2, 2, -1]), &[t(F32, &[2, 1], &[7.0, 8.0])]);
     check(&y, F32, &[2, 2, 1], &[7.0, 8.0, 7.0, 8.0]);
@@ -159,11 +171,11 @@ fn views_move_elements() {
         stop,
         step,
     };
-    let y = run1(s(1, Some(-2), None, 1), &[x.clone()]);
+    let y = run1(s(1, Some(-2), None, 1), std::slice::from_ref(&x));
     check(&y, F32, &[2, 2], &[1.0, 2.0, 4.0, 5.0]);
-    let y = run1(s(-1, None, Some(100), 2), &[x.clone()]);
+    let y = run1(s(-1, None, Some(100), 2), std::slice::from_ref(&x));
     check(&y, F32, &[2, 2], &[0.0, 2.0, 3.0, 5.0]);
-    let y = run1(Op::Select { dim: 1, index: -1 }, &[x.clone()]);
+    let y = run1(Op::Select { dim: 1, index: -1 }, std::slice::from_ref(&x));
     check(&y, F32, &[2], &[2.0, 5.0]);
     let y = run1(
         Op::Cat { dim: 0 },
@@ -280,7 +292,7 @@ fn constants_and_multiple_outputs() {
 fn error_bounds_track_conditioning_and_close_calls() {
     // exact ops carry no error; a sum's bound grows with the summed magnitudes
     let x = t(F32, &[4], &[1.0, -1.0, 1e4, -1e4]);
-    let r = bounded1(Op::Unary(UnaryOp::Abs), &[x.clone()]);
+    let r = bounded1(Op::Unary(UnaryOp::Abs), std::slice::from_ref(&x));
     assert_eq!(r.err, [0.0; 4]);
     let s = bounded1(
         Op::Reduce {
@@ -288,7 +300,7 @@ fn error_bounds_track_conditioning_and_close_calls() {
             dims: vec![],
             keepdim: false,
         },
-        &[x.clone()],
+        std::slice::from_ref(&x),
     );
     assert_eq!(s.value.data, [0.0]);
     assert!(s.err[0] > 1e-3 && s.err[0] < 1e-2, "{:?}", s.err);
