@@ -92,8 +92,8 @@ fn scal(op: BinaryOp, v: f64) -> Op {
     }
 }
 
-/// Float unary ops; the bool says the op needs a guarded (positive) input,
-/// exp-like ones get their input capped instead.
+/// Float unary ops (`unary` guards the inputs of log, sqrt and friends and
+/// caps those of exp and expm1).
 const FLOAT_UNARY: [UnaryOp; 23] = {
     use UnaryOp::*;
     [
