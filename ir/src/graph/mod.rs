@@ -26,6 +26,7 @@
 mod attrs;
 mod constant;
 mod dot;
+pub mod eval;
 mod from_text;
 mod lex;
 mod parse;
