@@ -183,12 +183,11 @@ fn host(dt: DType, dims: &[usize], data: &[f64]) -> HostTensor {
     HostTensor::new(Meta::new(dt, dims), data.to_vec()).unwrap()
 }
 
-/// Found by this test: adding bools stores 2 in a bool tensor (the CPU
-/// emitter's integer `iadd` on Bool is not normalised to 0/1; eager too).
-/// PyTorch and the scalar semantics (`Interp`) give `true + true = true`.
+/// Found by this test (fixed): adding bools stored 2 in a bool tensor (the CPU
+/// emitter's integer `iadd` on Bool). PyTorch and the scalar semantics
+/// (`Interp`) give `true + true = true`.
 #[test]
-#[ignore = "kiln bug: bool + bool stores 2 (codegen/src/cpu/emit.rs, integer binary on Bool)"]
-fn known_bug_bool_add() {
+fn bool_add_is_logical_or() {
     let x = host(DType::Bool, &[2], &[0.0, 1.0]);
     let r = compiled_matches_reference(
         "graph b(%0 x: bool[2]) {\n  %1 = add_scalar(%0) {reversed=false, value=true} : bool[2]\n  return %1\n}\n",
@@ -202,14 +201,13 @@ fn known_bug_bool_add() {
     assert_eq!(r, Ok(()));
 }
 
-/// Found by this test: a reduction of a value computed from constants alone
+/// Found by this test (fixed): a reduction of a value computed from constants alone
 /// (a 0-dim splat constant: a pending expression with no tensor, so no loop
 /// dims) panics with "attempt to subtract with overflow" at
 /// frontend/src/ops/kernel.rs:155 (`loop_dims.len() - 1`). The same sum of a
 /// 0-dim input works.
 #[test]
-#[ignore = "kiln bug: reducing a constant-only value panics in the compiled executable"]
-fn known_bug_reduce_of_a_constant() {
+fn reduction_of_a_constant() {
     let r = compiled_matches_reference(
         "graph a() {\n  %0 = constant() {value=1.0} : f32[]\n  %1 = sum(%0) {dims=[], keepdim=false} : f32[]\n  return %1\n}\n",
         vec![],

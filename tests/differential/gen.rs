@@ -65,10 +65,6 @@ pub struct Case {
     pub captured: Vec<bool>,
 }
 
-/// Steer clear of the kiln bugs this test found (each has an ignored
-/// regression test in `tests/differential.rs`); set to false to see them.
-pub const KNOWN_BUGS_AVOIDED: bool = true;
-
 pub(crate) struct Gen {
     pub(crate) rng: Rng,
     pub(crate) g: Graph,
@@ -359,13 +355,7 @@ impl Gen {
         let m = self.meta(x);
         if m.dtype == DType::Bool {
             let op = self.rng.pick(&[And, Or, Eq, Mul, Add]);
-            // KNOWN BUG (tests/differential.rs, known_bug_bool_add): `bool + true`
-            // stores 2 in a bool; add an int instead (an i64 result) until fixed.
-            let v = if op == Add && KNOWN_BUGS_AVOIDED {
-                ScalarValue::Int(self.rng.range(1, 2))
-            } else {
-                ScalarValue::Bool(self.rng.chance(0.5))
-            };
+            let v = ScalarValue::Bool(self.rng.chance(0.5));
             let reversed = self.rng.chance(0.5);
             let op = Op::BinaryScalar {
                 op,

@@ -97,11 +97,6 @@ impl Gen {
 
     pub(crate) fn reduce(&mut self) -> Option<NodeId> {
         let x = self.operand();
-        // KNOWN BUG (known_bug_reduce_of_a_constant): a reduction of a value
-        // computed from constants alone panics in the compiled executable.
-        if super::KNOWN_BUGS_AVOIDED && self.constant_only(x) {
-            return None;
-        }
         let m = self.meta(x);
         let r = m.dims.len();
         let keepdim = self.rng.chance(0.5);
