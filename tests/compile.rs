@@ -194,3 +194,34 @@ fn batch_norm_training_updates_a_copy_not_its_source() {
         .unwrap()
         .contains("cat("));
 }
+
+#[test]
+fn shadow_mode_names_the_kernel_a_wrong_rewrite_broke() {
+    let _s = serial();
+    let f = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+        let s = t[0].add(&t[1])?.sum(None, false)?;
+        let y = t[0].mul(&t[1])?.exp()?;
+        Ok(vec![s, y])
+    };
+    let args = [randn(&[32], 1), randn(&[32], 2)];
+    // the right rules: shadow mode is silent
+    let good = compile_fn("f", f).with_shadow_check(1e-5);
+    good.call(&args).unwrap();
+    good.call(&args).unwrap();
+    // a planted wrong rule: x * y => x
+    let wrong = kiln_passes::rewrite::rules::rw("wrong-mul", "(mul ?x ?y)", "?x");
+    let bad = compile_fn("f", f)
+        .with_options(kiln::compile::CompileOptions {
+            extra_rules: vec![wrong],
+            ..Default::default()
+        })
+        .with_shadow_check(1e-5);
+    let e = bad.call(&args).unwrap_err().to_string();
+    assert!(e.contains("output 1 differs from eager"), "{e}");
+    assert!(e.contains("first diverging kernel: #1 computing %"), "{e}");
+    assert!(
+        e.contains("= exp(") && e.contains("(traced %"),
+        "names the kernel and its op: {e}"
+    );
+    assert!(e.contains("kernel exp("), "shows the kernel's IR: {e}");
+}

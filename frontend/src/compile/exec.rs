@@ -131,6 +131,12 @@ impl Executable {
         }
     }
 
+    /// Whether `id` is computed only from parameters and constants (hoisted:
+    /// once per parameter version, not every call).
+    pub fn is_hoisted(&self, id: NodeId) -> bool {
+        self.hoisted[id.index()]
+    }
+
     /// Runs the graph on its inputs (arguments and captured tensors, in graph
     /// input order). `versions` are the captured tensors' version counters.
     pub fn run(
@@ -176,7 +182,11 @@ impl Executable {
             } else if let Some(runs) = debug.as_deref_mut() {
                 let (v, kernels) = kiln_runtime::record_kernels(|| self.eval(id, inputs, &vals));
                 let v = v?;
-                if let (Val::One(l), true) = (&v, self.plan.stored[i]) {
+                let kernel = matches!(
+                    fusion::node_kind(&node.op),
+                    NodeKind::Pointwise | NodeKind::Reduction | NodeKind::Extern
+                );
+                if let (Val::One(l), true) = (&v, self.plan.stored[i] && kernel) {
                     runs.push(KernelRun {
                         node: id,
                         value: l.materialize()?,

@@ -26,8 +26,11 @@ pub struct EntryReport {
     pub graph_break: Option<String>,
     /// Rewrite rules that fired, with counts.
     pub rewrites: Vec<(String, usize)>,
-    /// Kernel names (`fused[mul+add+gelu]`), one per launch.
+    /// Kernel names (`fused[mul+add+gelu]`), one per launch of every call.
     pub kernels: Vec<String>,
+    /// Kernels computing parameter-only values (BatchNorm folded into a conv's
+    /// weight): run once, then again only when a parameter changes.
+    pub hoisted: Vec<String>,
     /// Ops that kept their own kernel, with the reason.
     pub unfused: Vec<String>,
     pub nodes_traced: usize,
@@ -110,6 +113,10 @@ impl Entry {
             }
         }
         for k in &exec.plan.kernels {
+            if exec.is_hoisted(k.root) {
+                r.hoisted.push(fusion::kernel_name(g, k));
+                continue;
+            }
             r.kernels.push(fusion::kernel_name(g, k));
             if k.kind == (KernelKind::Extern { epilogue: None }) {
                 r.unfused.push(format!(
@@ -152,6 +159,13 @@ impl fmt::Display for EntryReport {
         )?;
         for (i, k) in self.kernels.iter().enumerate() {
             writeln!(f, "    {i}: {k}")?;
+        }
+        if !self.hoisted.is_empty() {
+            writeln!(
+                f,
+                "  hoisted (once per parameter version): {}",
+                self.hoisted.join(", ")
+            )?;
         }
         if !self.rewrites.is_empty() {
             let r: Vec<String> = self

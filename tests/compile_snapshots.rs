@@ -1,0 +1,135 @@
+//! Snapshots of every compile stage (traced graph, rewritten, fused plan,
+//! explain) for the models the issue names, and the kernel counts they imply.
+//! Review a changed snapshot like a diff of generated code.
+
+use kiln::compile::{compile, compile_fn, Compiled, Stage};
+use kiln::functional as F;
+use kiln::nn::{self, Module, ModuleExt};
+use kiln::train::ModelKind;
+use kiln::Tensor;
+
+fn randn(dims: &[usize], seed: u64) -> Tensor {
+    kiln::bench::randn(dims, seed)
+}
+
+/// Graph, rewritten graph and fusion plan, one after the other.
+fn stages(c: &Compiled, args: &[Tensor]) -> String {
+    let mut s = String::new();
+    for st in [Stage::Graph, Stage::Rewritten, Stage::Fused] {
+        s += &format!("== {} ==\n{}", st.name(), c.dump(st, args).unwrap());
+    }
+    s
+}
+
+/// Per-call kernels and hoisted ones, from explain().
+fn kernels(c: &Compiled) -> (Vec<String>, Vec<String>) {
+    let r = c.explain();
+    let e = &r.entries[0];
+    assert!(e.graph_break.is_none(), "{r}");
+    (e.kernels.clone(), e.hoisted.clone())
+}
+
+fn no_disk_cache<'a>(c: Compiled<'a>) -> Compiled<'a> {
+    // snapshots show the rewritten stage, which a cached plan skips
+    c.with_options(kiln::compile::CompileOptions {
+        disk_cache: false,
+        ..Default::default()
+    })
+}
+
+#[test]
+fn w1_pointwise_chain() {
+    let c = no_disk_cache(compile_fn("w1", |t: &[Tensor]| {
+        let y = t[0].mul(&t[1])?.add(&t[2])?.gelu(false)?;
+        Ok(vec![&(&y * 0.5) + &t[0]])
+    }));
+    let args = [randn(&[64], 1), randn(&[64], 2), randn(&[64], 3)];
+    insta::assert_snapshot!("w1_stages", stages(&c, &args));
+    insta::assert_snapshot!("w1_kernel", c.dump(Stage::Kernels, &args).unwrap());
+    assert_eq!(kernels(&c).0.len(), 1, "W1 is one kernel");
+}
+
+#[test]
+fn softmax_fused() {
+    let c = no_disk_cache(compile_fn("softmax", |t: &[Tensor]| {
+        Ok(vec![t[0].softmax(-1)?])
+    }));
+    let args = [randn(&[4, 16], 4)];
+    insta::assert_snapshot!("softmax_stages", stages(&c, &args));
+    insta::assert_debug_snapshot!("softmax_kernels", kernels(&c));
+}
+
+#[test]
+fn layer_norm_fused() {
+    let (w, b) = (randn(&[16], 6), randn(&[16], 7));
+    let c = no_disk_cache(compile_fn("layer_norm", move |t: &[Tensor]| {
+        Ok(vec![F::layer_norm(&t[0], &[16], Some(&w), Some(&b), 1e-5)?])
+    }));
+    let args = [randn(&[4, 16], 5)];
+    insta::assert_snapshot!("layer_norm_stages", stages(&c, &args));
+    insta::assert_debug_snapshot!("layer_norm_kernels", kernels(&c));
+}
+
+#[test]
+fn conv_bn_relu_eval_is_one_conv_with_an_epilogue() {
+    kiln::manual_seed(1);
+    let opts = nn::ConvOptions {
+        padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
+        ..Default::default()
+    };
+    let m = nn::Sequential::new()
+        .add(nn::Conv::conv2d(3, 8, 3, opts).unwrap())
+        .add(nn::BatchNorm::new_2d(8))
+        .add(nn::Activation::relu());
+    // non-trivial running statistics, so the fold is visible in the numbers
+    let bufs = m.named_buffers();
+    bufs[0].1.copy_(&randn(&[8], 11)).unwrap();
+    bufs[1]
+        .1
+        .copy_(&(&randn(&[8], 12).abs().unwrap() + 0.5))
+        .unwrap();
+    m.eval();
+    let _ng = kiln::autograd::no_grad();
+    let c = no_disk_cache(compile(&m));
+    let x = randn(&[2, 3, 8, 8], 13);
+    let y = c.forward(&x).unwrap();
+    let want = m.forward(&x).unwrap();
+    for (a, b) in y.to_f64_vec().iter().zip(want.to_f64_vec()) {
+        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    insta::assert_snapshot!("conv_bn_relu_stages", stages(&c, &[x]));
+    let (per_call, hoisted) = kernels(&c);
+    assert_eq!(
+        per_call,
+        ["conv2d+epilogue[relu]"],
+        "BN folded, ReLU as the conv's epilogue"
+    );
+    assert!(!hoisted.is_empty(), "the folded weight is computed once");
+}
+
+fn model(kind: ModelKind) -> nn::Sequential {
+    kiln::manual_seed(2);
+    let m = kind.build().unwrap();
+    m.eval();
+    m
+}
+
+#[test]
+fn mlp_eval() {
+    let m = model(ModelKind::Mlp);
+    let _ng = kiln::autograd::no_grad();
+    let c = no_disk_cache(compile(&m));
+    let x = randn(&[2, 1, 8, 8], 14);
+    insta::assert_snapshot!("mlp_stages", stages(&c, &[x]));
+    insta::assert_debug_snapshot!("mlp_kernels", kernels(&c));
+}
+
+#[test]
+fn cnn_eval() {
+    let m = model(ModelKind::Cnn);
+    let _ng = kiln::autograd::no_grad();
+    let c = no_disk_cache(compile(&m));
+    let x = randn(&[2, 1, 8, 8], 15);
+    insta::assert_snapshot!("cnn_stages", stages(&c, &[x]));
+    insta::assert_debug_snapshot!("cnn_kernels", kernels(&c));
+}
