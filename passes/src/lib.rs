@@ -4,5 +4,5 @@
 pub mod decompose;
 pub mod decompose_loss;
 
-pub use decompose::Builder;
+pub use decompose::{Builder, Moments};
 pub use decompose_loss::{ClassLossOpts, Reduction};
