@@ -402,3 +402,45 @@ impl Builder for Fuser {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Tensor};
+
+    fn ramp(dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.4).collect();
+        Tensor::from_vec(v, dims).unwrap()
+    }
+
+    /// The one-pass statistics are kept in f32 for f16 inputs; results stay f16.
+    #[test]
+    fn half_inputs_keep_their_dtype() {
+        let x = ramp(&[3, 40]);
+        let h = x.to_dtype(DType::F16).unwrap();
+        let w = x
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let cases: [(&str, fn(&Tensor) -> Tensor); 3] = [
+            ("softmax", |t| t.softmax(-1).unwrap()),
+            ("log_softmax", |t| t.log_softmax(-1).unwrap()),
+            ("layer_norm", |t| {
+                crate::functional::layer_norm(t, &[40], None, None, 1e-5).unwrap()
+            }),
+        ];
+        for (name, f) in cases {
+            let y = f(&h);
+            assert_eq!(y.dtype(), DType::F16, "{name}");
+            let got = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want = f(&w).to_vec::<f32>().unwrap();
+            for (g, r) in got.iter().zip(&want) {
+                assert!(
+                    (g - r).abs() <= 2e-3 * (1.0 + r.abs()),
+                    "{name}: {g} vs {r}"
+                );
+            }
+        }
+    }
+}
