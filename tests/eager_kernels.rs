@@ -29,10 +29,45 @@ fn strided_unary() {
     insta::assert_snapshot!(kernels_text(|| drop(x.exp().unwrap())));
 }
 
-/// softmax over rows: amax; exp(x - max) stored once (exp is the costly part);
-/// its sum; the division.
+/// softmax over rows: one online log-sum-exp pass storing (shift, logsum)
+/// per row, then exp((x - shift) - logsum) reading both through views of
+/// that [8,1,2] tensor (stride 2, broadcast along the row).
 #[test]
 fn softmax_rows() {
     let x = Tensor::full(&[8, 16], 1.0, DType::F32);
     insta::assert_snapshot!(kernels_text(|| drop(x.softmax(-1).unwrap())));
+}
+
+/// log_softmax: the same log-sum-exp pass, then (x - shift) - logsum.
+#[test]
+fn log_softmax_rows() {
+    let x = Tensor::full(&[8, 16], 1.0, DType::F32);
+    insta::assert_snapshot!(kernels_text(|| drop(x.log_softmax(-1).unwrap())));
+}
+
+/// logsumexp: one kernel, the reduction's value (`acc`) stored directly.
+#[test]
+fn logsumexp_rows() {
+    let x = Tensor::full(&[8, 16], 1.0, DType::F32);
+    insta::assert_snapshot!(kernels_text(|| drop(x.logsumexp(&[-1], false).unwrap())));
+}
+
+/// layer_norm with weight and bias: one Welford pass storing (mean, var,
+/// rstd = rsqrt(var + eps)) per row, then (x - mean) * rstd * w + b.
+#[test]
+fn layer_norm_rows() {
+    let x = Tensor::full(&[8, 16], 1.0, DType::F32);
+    let (w, b) = (
+        Tensor::full(&[16], 2.0, DType::F32),
+        Tensor::full(&[16], 0.5, DType::F32),
+    );
+    let f = || drop(kiln::functional::layer_norm(&x, &[16], Some(&w), Some(&b), 1e-5).unwrap());
+    insta::assert_snapshot!(kernels_text(f));
+}
+
+/// var (unbiased): one Welford pass, its biased variance rescaled by n / (n - 1).
+#[test]
+fn var_rows() {
+    let x = Tensor::full(&[8, 16], 1.0, DType::F32);
+    insta::assert_snapshot!(kernels_text(|| drop(x.var(&[-1], 1.0, false).unwrap())));
 }

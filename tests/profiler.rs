@@ -94,7 +94,8 @@ fn table_lists_the_ops_of_a_training_step() {
         ("conv2d", Category::Extern, 6),
         ("conv_transpose2d", Category::Extern, 3), // the input gradient
         ("relu", Category::Kernel, 3),
-        ("fused[sub+exp]", Category::Kernel, 3),
+        ("lse", Category::Kernel, 3),
+        ("fused[sub+sub+exp]", Category::Kernel, 3),
         ("Conv2dBackward", Category::Backward, 3),
         ("ReluBackward", Category::Backward, 3),
         ("MatmulBackward", Category::Backward, 3),
@@ -142,7 +143,7 @@ fn table_lists_the_ops_of_a_training_step() {
     // softmax's kernels are its children
     let ev = p.events();
     for (i, e) in ev.iter().enumerate() {
-        if e.tid == me && e.name == "fused[sub+exp]" {
+        if e.tid == me && (e.name == "lse" || e.name == "fused[sub+sub+exp]") {
             let parent = p.parent(i).map(|j| &ev[j]);
             assert!(parent.is_some_and(|q| q.category == Category::Op), "{e:?}");
         }

@@ -11,9 +11,12 @@
 //!   max/min for ArgMax/ArgMin, where NaN counts as the extreme), starting
 //!   from the identity (0, 1, -inf/+inf or the dtype's min/max); except that
 //!   a float Sum none of whose loads is strided along the reduced dim adds in
-//!   PyTorch's order (see [`sum_width`] and [`pytorch_sum`]); then the
-//!   epilogue runs once with `Acc` = that value, its loads reading at reduce
-//!   index 0, and its result is stored to the output at reduce index 0;
+//!   PyTorch's order (see [`sum_width`] and [`pytorch_sum`]), and that
+//!   LogSumExp and Welford push the values in order into their running state
+//!   ([`crate::online`]); then the epilogue runs once with `Acc` = that value
+//!   (and `AccPart`s = the state's other results), its loads reading at
+//!   reduce index 0, and its result is stored to the output at reduce index 0
+//!   (`extra_out` at the following elements);
 //! - when no dim is left to split (rank 0, or rank 1 with a reduction) the
 //!   single output element is computed by the call with `start == 0`;
 //! - a value is converted to the dtype its user needs with the cast rules of
@@ -23,9 +26,11 @@
 //!   use body values, which are then evaluated at reduce index 0.
 
 use crate::kernel::{Instr, Kernel, ValueId};
+use crate::online;
+pub use crate::validate::validate;
 use kiln_ir::interp::{Interp, Val};
 use kiln_ir::scalar::{lower_binary, lower_unary, Cmp, Prim2, ScalarOps};
-use kiln_ir::{DType, Error, ReduceKind};
+use kiln_ir::{DType, ReduceKind};
 
 /// The operands (value ids) an instruction reads.
 pub(crate) fn instr_args(ins: &Instr) -> ([ValueId; 3], usize) {
@@ -35,86 +40,6 @@ pub(crate) fn instr_args(ins: &Instr) -> ([ValueId; 3], usize) {
         Instr::Where(c, a, b) => ([c, a, b], 3),
         _ => ([0; 3], 0),
     }
-}
-
-fn bad(msg: String) -> Error {
-    Error::Codegen(msg)
-}
-
-/// Checks that a kernel is well formed (ids in range and defined before use,
-/// operand/scalar indices valid, no f16/bf16, rank consistent with the reduction).
-pub fn validate(k: &Kernel) -> Result<(), Error> {
-    let name = &k.name;
-    if k.operands.is_empty() {
-        return Err(bad(format!("kernel {name}: no output operand")));
-    }
-    let halfs = k
-        .operands
-        .iter()
-        .map(|o| o.dtype)
-        .chain(k.scalars.iter().copied());
-    let instrs = k.body.iter().chain(k.epilogue.iter());
-    for dt in halfs.chain(instrs.map(|(_, d)| *d)) {
-        if dt.is_half() {
-            return Err(bad(format!(
-                "kernel {name}: {dt} must be widened to f32 by the caller"
-            )));
-        }
-    }
-    if k.reduce.is_some() && k.rank == 0 {
-        return Err(bad(format!("kernel {name}: a reduction needs rank >= 1")));
-    }
-    if k.reduce.is_none() && !k.epilogue.is_empty() {
-        return Err(bad(format!("kernel {name}: epilogue without a reduction")));
-    }
-    let nb = k.body.len();
-    let total = nb + k.epilogue.len();
-    for (id, (ins, _)) in k.body.iter().chain(k.epilogue.iter()).enumerate() {
-        let (args, n) = instr_args(ins);
-        for &a in &args[..n] {
-            if a >= id {
-                return Err(bad(format!(
-                    "kernel {name}: %{id} uses %{a} before its definition"
-                )));
-            }
-        }
-        match *ins {
-            Instr::Load(o) if o == 0 || o >= k.operands.len() => {
-                return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
-            }
-            Instr::Scalar(n) if n >= k.scalars.len() => {
-                return Err(bad(format!(
-                    "kernel {name}: %{id} reads missing scalar {n}"
-                )));
-            }
-            Instr::Acc if id < nb => {
-                return Err(bad(format!("kernel {name}: acc in the body (%{id})")));
-            }
-            _ => {}
-        }
-    }
-    if let Some(r) = &k.reduce {
-        if r.value >= nb {
-            return Err(bad(format!(
-                "kernel {name}: reduced value %{} is not a body value",
-                r.value
-            )));
-        }
-        let arg = matches!(r.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
-        if arg && r.dtype.is_float() {
-            return Err(bad(format!(
-                "kernel {name}: {} accumulates an index, not {}",
-                r.kind, r.dtype
-            )));
-        }
-    }
-    if k.out >= total {
-        return Err(bad(format!(
-            "kernel {name}: stored value %{} does not exist",
-            k.out
-        )));
-    }
-    Ok(())
 }
 
 /// What a leaf instruction (Load, Scalar, Acc) evaluates to, with its dtype.
@@ -151,7 +76,7 @@ pub(crate) fn eval_value<S: ScalarOps>(
         }
     };
     let v = match ins {
-        Instr::Load(_) | Instr::Scalar(_) | Instr::Acc => {
+        Instr::Load(_) | Instr::Scalar(_) | Instr::Acc | Instr::AccPart(_) => {
             let (x, from) = leaf(s, ins);
             conv(s, x, from, dt)
         }
@@ -180,7 +105,8 @@ pub(crate) fn eval_value<S: ScalarOps>(
     v
 }
 
-/// The starting value of a reduction whose values have dtype `dt`.
+/// The starting value of a reduction whose values have dtype `dt` (for
+/// LogSumExp the starting shift; Welford starts from an empty state).
 pub fn reduce_identity(kind: ReduceKind, dt: DType) -> f64 {
     let (lo, hi) = match dt {
         DType::Bool => (0.0, 1.0),
@@ -196,6 +122,8 @@ pub fn reduce_identity(kind: ReduceKind, dt: DType) -> f64 {
         ReduceKind::Prod => 1.0,
         ReduceKind::Max | ReduceKind::ArgMax => lo,
         ReduceKind::Min | ReduceKind::ArgMin => hi,
+        ReduceKind::LogSumExp => crate::online::lowest(dt),
+        ReduceKind::Welford => 0.0,
     }
 }
 
@@ -388,6 +316,35 @@ unsafe fn point(
     };
     let vd = k.dtype_of(red.value);
     let n = sizes[k.rank - 1];
+    let row_value = |s: &mut Interp, j: usize| {
+        let mut vals = vec![None; total];
+        let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
+        if vd == red.dtype {
+            v
+        } else {
+            s.cast(v, vd, red.dtype)
+        }
+    };
+    if online::is_online(red.kind) {
+        let dt = red.dtype;
+        let fin = if red.kind == ReduceKind::LogSumExp {
+            let mut st = online::lse_init(s, dt);
+            for j in 0..n {
+                let v = row_value(s, j);
+                st = online::lse_push(s, st, v, dt);
+            }
+            online::finish_lse(s, st, dt)
+        } else {
+            let mut st = online::welford_init(s, dt);
+            for j in 0..n {
+                let v = row_value(s, j);
+                let inv = online::inv_count(s, Val::I(j as i64 + 1), dt);
+                st = online::welford_push(s, st, v, inv, dt);
+            }
+            online::finish_welford(s, Val::I(n as i64), st, dt)
+        };
+        return epilogue(k, ptrs, offs, &fin, dt, &leaf_at(0));
+    }
     let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
     let cmp_dt = if arg { vd } else { red.dtype };
     let mut best = s.constant(reduce_identity(red.kind, cmp_dt), cmp_dt);
@@ -395,12 +352,11 @@ unsafe fn point(
     let width = sum_width(k);
     let mut row = vec![];
     for j in 0..n {
-        let mut vals = vec![None; total];
-        let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
-        let v = if vd == cmp_dt {
-            v
+        let v = if arg {
+            let mut vals = vec![None; total];
+            eval_value(s, k, red.value, &mut vals, &mut leaf_at(j))
         } else {
-            s.cast(v, vd, cmp_dt)
+            row_value(s, j)
         };
         match red.kind {
             ReduceKind::Sum if width.is_some() => row.push(v),
@@ -419,29 +375,48 @@ unsafe fn point(
                     best_idx = j as i64;
                 }
             }
+            ReduceKind::LogSumExp | ReduceKind::Welford => unreachable!("online"),
         }
     }
     if let Some(w) = width {
         best = pytorch_sum(s, &row, w, cmp_dt);
     }
-    let acc = if arg {
+    let (acc, dt) = if arg {
         (Val::I(best_idx), DType::I64)
     } else {
         (best, red.dtype)
     };
-    let mut vals = vec![None; total];
-    let base = leaf_at(0);
+    let fin = online::Finished {
+        acc,
+        first: acc,
+        second: acc,
+    };
+    epilogue(k, ptrs, offs, &fin, dt, &leaf_at(0));
+}
+
+/// Runs the epilogue with the finished reduction `fin` (of dtype `dt`) and
+/// stores `out` and `extra_out` at the output's row element and the next ones.
+unsafe fn epilogue(
+    k: &Kernel,
+    ptrs: &[*mut u8],
+    offs: &[isize],
+    fin: &online::Finished<Val>,
+    dt: DType,
+    base: &dyn Fn(&mut Interp, Instr) -> (Val, DType),
+) {
+    let s = &mut Interp;
+    let out_dt = k.operands[0].dtype;
+    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
     let mut leaf = |s: &mut Interp, ins: Instr| match ins {
-        Instr::Acc => acc,
+        Instr::Acc => (fin.get(None), dt),
+        Instr::AccPart(p) => (fin.get(Some(p)), dt),
         _ => base(s, ins),
     };
-    let v = eval_value(s, k, k.out, &mut vals, &mut leaf);
-    write(
-        ptrs[0],
-        offs[0],
-        out_dt,
-        s.cast(v, k.dtype_of(k.out), out_dt),
-    );
+    for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
+        let v = eval_value(s, k, o, &mut vals, &mut leaf);
+        let v = s.cast(v, k.dtype_of(o), out_dt);
+        write(ptrs[0], offs[0] + t as isize, out_dt, v);
+    }
 }
 
 #[cfg(test)]
@@ -473,6 +448,7 @@ mod tests {
             reduce: None,
             epilogue: vec![],
             out: z,
+            extra_out: vec![],
         };
         let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
         let c = [10.0f32, 20.0];
@@ -525,6 +501,7 @@ mod tests {
                 }),
                 epilogue: vec![(Instr::Acc, acc_dt)],
                 out: b.instrs.len(),
+                extra_out: vec![],
             };
             let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
             let mut o = [0u8; 16];
@@ -549,6 +526,7 @@ mod tests {
             reduce: None,
             epilogue: vec![],
             out: 0,
+            extra_out: vec![],
         };
         assert!(validate(&k)
             .unwrap_err()

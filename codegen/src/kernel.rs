@@ -81,6 +81,38 @@ pub enum Instr {
     Cast(ValueId),
     /// The finished reduction's value (only in an epilogue).
     Acc,
+    /// Another result of a two-part reduction (only in an epilogue).
+    AccPart(AccPart),
+}
+
+/// The results a reduction gives besides `acc` (see [`crate::online`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AccPart {
+    /// `lse`: the shift c, the row max (the lowest finite value when the
+    /// row has nothing above it), with `acc = c + logsum`.
+    Shift,
+    /// `lse`: `log Σ exp(x - c)`, NaN when c is +inf. `x - lse` is
+    /// `(x - shift) - logsum`, exact where rounding `lse` to the dtype is not.
+    LogSum,
+    /// `welford`: the mean (`acc` is the biased variance).
+    Mean,
+}
+
+impl AccPart {
+    pub fn name(self) -> &'static str {
+        match self {
+            AccPart::Shift => "shift",
+            AccPart::LogSum => "logsum",
+            AccPart::Mean => "mean",
+        }
+    }
+    /// The reduction kind that gives this part.
+    pub fn kind(self) -> ReduceKind {
+        match self {
+            AccPart::Shift | AccPart::LogSum => ReduceKind::LogSumExp,
+            AccPart::Mean => ReduceKind::Welford,
+        }
+    }
 }
 
 /// The reduction along the innermost loop axis.
@@ -97,7 +129,7 @@ pub struct Reduction {
 /// reduction, `out[kept idx] = epilogue(reduce over the innermost axis of body)`.
 ///
 /// Loads in the epilogue read at reduce index 0 (their operands have stride 0
-/// along the reduced axis, e.g. the row max added back in logsumexp).
+/// along the reduced axis, e.g. a per-row scale).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Kernel {
     /// What the kernel computes, for dumps and profiles (`gelu`, `softmax.sum`).
@@ -114,6 +146,10 @@ pub struct Kernel {
     pub epilogue: Vec<(Instr, DType)>,
     /// The value stored to operand 0 (a body value, or an epilogue value when reducing).
     pub out: ValueId,
+    /// With a reduction, values stored after `out` at the next elements of
+    /// operand 0: each output element is then a tuple of `1 + extra_out.len()`
+    /// values (a trailing dim of that size with stride 1), e.g. (mean, rstd).
+    pub extra_out: Vec<ValueId>,
 }
 
 /// The machine-code ABI of a compiled kernel.
@@ -172,6 +208,7 @@ impl Kernel {
                         Instr::Where(c, a, b) => write!(s, "where %{c}, %{a}, %{b}")?,
                         Instr::Cast(a) => write!(s, "cast %{a}")?,
                         Instr::Acc => write!(s, "acc")?,
+                        Instr::AccPart(p) => write!(s, "acc.{}", p.name())?,
                     }
                     writeln!(s, " : {dt}")?;
                 }
@@ -189,7 +226,11 @@ impl Kernel {
             )?;
             write_instrs(s, &self.epilogue, self.body.len())?;
         }
-        writeln!(s, "  store %{}", self.out)?;
+        write!(s, "  store %{}", self.out)?;
+        for v in &self.extra_out {
+            write!(s, ", %{v}")?;
+        }
+        writeln!(s)?;
         write!(s, "}}")?;
         writeln!(s)
     }

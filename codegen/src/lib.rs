@@ -6,5 +6,9 @@ pub mod cpu;
 pub mod cuda;
 pub mod interp;
 pub mod kernel;
+pub mod online;
+mod validate;
 
-pub use kernel::{Inner, Instr, Kernel, KernelBuilder, KernelFn, Operand, Reduction, ValueId};
+pub use kernel::{
+    AccPart, Inner, Instr, Kernel, KernelBuilder, KernelFn, Operand, Reduction, ValueId,
+};

@@ -285,6 +285,7 @@ fn scalars_and_w1_chain() {
             reduce: None,
             epilogue: vec![],
             out,
+            extra_out: vec![],
         };
         let views = vec![
             (vec![1], vec![0u8; 4 * n]),
@@ -313,6 +314,7 @@ fn scalars_and_w1_chain() {
         reduce: None,
         epilogue: vec![],
         out: o,
+        extra_out: vec![],
     };
     let (st, len) = layout(&[4, 5], Layout::Permuted);
     let views = vec![
@@ -376,6 +378,7 @@ fn accuracy_sweeps() {
             reduce: None,
             epilogue: vec![],
             out,
+            extra_out: vec![],
         };
         let ck = compile(&k);
         let mut got = vec![0f32; n];
@@ -434,6 +437,7 @@ fn w1_timing() {
         reduce: None,
         epilogue: vec![],
         out,
+        extra_out: vec![],
     };
     let t0 = std::time::Instant::now();
     let ck = compile(&k);

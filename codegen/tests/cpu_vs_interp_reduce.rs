@@ -75,6 +75,7 @@ fn reduction(
             }),
             epilogue: epilogue.clone(),
             out,
+            extra_out: vec![],
         };
         let t = match (kind, acc_dt) {
             // Float sums add in the same (PyTorch's) order in both.
@@ -144,6 +145,7 @@ fn argmax_first_index_and_nan() {
         }),
         epilogue: vec![(Instr::Acc, I64)],
         out: 1,
+        extra_out: vec![],
     };
     let ck = compile(&k);
     for (xs, want) in [

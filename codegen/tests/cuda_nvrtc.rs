@@ -9,7 +9,7 @@
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 use kiln_codegen::cuda::cuda_source;
-use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction};
+use kiln_codegen::{AccPart, Inner, Instr, Kernel, KernelBuilder, Operand, Reduction};
 use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 use std::io::Write;
 use DType::*;
@@ -28,6 +28,7 @@ fn pointwise(name: &str, rank: usize, ops: Vec<Operand>, b: KernelBuilder, out: 
         reduce: None,
         epilogue: vec![],
         out,
+        extra_out: vec![],
     }
 }
 
@@ -105,6 +106,12 @@ fn reduction(kind: ReduceKind, dt: DType, rank: usize, epi_load: bool) -> Kernel
         ops.push(op(acc_dt, Inner::Broadcast));
     }
     let out = nb + epilogue.len() - 1;
+    // the other results of one-pass reductions are stored after it
+    let mut extra_out = vec![];
+    for &p in parts(kind) {
+        epilogue.push((Instr::AccPart(p), acc_dt));
+        extra_out.push(nb + epilogue.len() - 1);
+    }
     Kernel {
         name: format!("{kind}.{dt}"),
         rank,
@@ -118,6 +125,16 @@ fn reduction(kind: ReduceKind, dt: DType, rank: usize, epi_load: bool) -> Kernel
         }),
         epilogue,
         out,
+        extra_out,
+    }
+}
+
+/// The parts a kind gives besides `acc`.
+fn parts(kind: ReduceKind) -> &'static [AccPart] {
+    match kind {
+        ReduceKind::LogSumExp => &[AccPart::Shift, AccPart::LogSum],
+        ReduceKind::Welford => &[AccPart::Mean],
+        _ => &[],
     }
 }
 
@@ -205,16 +222,11 @@ fn corpus() -> Vec<Kernel> {
         ks.push(scalars(dt, 0));
         ks.push(scalars(dt, 4));
     }
-    let kinds = [
-        ReduceKind::Sum,
-        ReduceKind::Prod,
-        ReduceKind::Max,
-        ReduceKind::Min,
-        ReduceKind::ArgMax,
-        ReduceKind::ArgMin,
-    ];
-    for kind in kinds {
+    for kind in ReduceKind::ALL {
         for dt in [F32, F64, I64, I32, U8] {
+            if kind.float_only() && !dt.is_float() {
+                continue;
+            }
             ks.push(reduction(kind, dt, 2, false));
         }
         ks.push(reduction(kind, F32, 1, true));

@@ -1,10 +1,16 @@
-//! Snapshots of the CUDA C the cuda backend makes of the same three kernels
-//! as `snapshots.rs` (broadcast add, strided exp, softmax row sum).
+//! Snapshots of the CUDA C the cuda backend makes of the same kernels as
+//! `snapshots.rs` (broadcast add, strided exp, softmax row sum, the one-pass
+//! log-sum-exp and Welford moments).
 //! Regenerate with `INSTA_UPDATE=always cargo test -p kiln-codegen --test cuda_snapshots`.
 
 use kiln_codegen::cuda::{cuda_kernel_name, cuda_source};
 use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction};
 use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
+
+#[path = "online_kernels/mod.rs"]
+mod online_kernels;
+
+use online_kernels::{layer_norm_moments, softmax_lse};
 
 fn op(dtype: DType, inner: Inner) -> Operand {
     Operand { dtype, inner }
@@ -20,6 +26,7 @@ fn kernel(name: &str, ops: Vec<Operand>, b: KernelBuilder, out: usize) -> Kernel
         reduce: None,
         epilogue: vec![],
         out,
+        extra_out: vec![],
     }
 }
 
@@ -88,8 +95,28 @@ fn softmax_sum_cuda() {
 }
 
 #[test]
+fn softmax_lse_cuda() {
+    insta::assert_snapshot!("softmax_lse_cuda", cuda_source(&softmax_lse()).unwrap());
+}
+
+#[test]
+fn layer_norm_moments_cuda() {
+    insta::assert_snapshot!(
+        "layer_norm_moments_cuda",
+        cuda_source(&layer_norm_moments()).unwrap()
+    );
+}
+
+#[test]
 fn cuda_source_is_deterministic_and_names_are_stable() {
-    for k in [broadcast_add(), strided_exp(), softmax_sum()] {
+    let ks = [
+        broadcast_add(),
+        strided_exp(),
+        softmax_sum(),
+        softmax_lse(),
+        layer_norm_moments(),
+    ];
+    for k in ks {
         assert_eq!(cuda_source(&k).unwrap(), cuda_source(&k).unwrap());
         let name = cuda_kernel_name(&k);
         assert!(name.starts_with("kiln_") && name.len() > 16, "{name}");

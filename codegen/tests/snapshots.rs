@@ -5,6 +5,11 @@ use kiln_codegen::cpu::CpuJit;
 use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction};
 use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 
+#[path = "online_kernels/mod.rs"]
+mod online_kernels;
+
+use online_kernels::{layer_norm_moments, softmax_lse};
+
 fn op(dtype: DType, inner: Inner) -> Operand {
     Operand { dtype, inner }
 }
@@ -28,6 +33,7 @@ fn broadcast_add() -> Kernel {
         reduce: None,
         epilogue: vec![],
         out: z,
+        extra_out: vec![],
     }
 }
 
@@ -48,6 +54,7 @@ fn strided_exp() -> Kernel {
         reduce: None,
         epilogue: vec![],
         out: e,
+        extra_out: vec![],
     }
 }
 
@@ -77,6 +84,7 @@ fn softmax_sum() -> Kernel {
         }),
         epilogue: vec![(Instr::Acc, DType::F32)],
         out: n,
+        extra_out: vec![],
     }
 }
 
@@ -102,8 +110,29 @@ fn softmax_sum_kernel() {
 }
 
 #[test]
+fn softmax_lse_kernel() {
+    let k = softmax_lse();
+    insta::assert_snapshot!("softmax_lse_kernel", k.to_text());
+    insta::assert_snapshot!("softmax_lse_clif", CpuJit::clif_text(&k).unwrap());
+}
+
+#[test]
+fn layer_norm_moments_kernel() {
+    let k = layer_norm_moments();
+    insta::assert_snapshot!("layer_norm_moments_kernel", k.to_text());
+    insta::assert_snapshot!("layer_norm_moments_clif", CpuJit::clif_text(&k).unwrap());
+}
+
+#[test]
 fn clif_text_is_deterministic() {
-    for k in [broadcast_add(), strided_exp(), softmax_sum()] {
+    let ks = [
+        broadcast_add(),
+        strided_exp(),
+        softmax_sum(),
+        softmax_lse(),
+        layer_norm_moments(),
+    ];
+    for k in ks {
         assert_eq!(
             CpuJit::clif_text(&k).unwrap(),
             CpuJit::clif_text(&k).unwrap()

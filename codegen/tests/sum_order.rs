@@ -29,6 +29,7 @@ fn row_sum_kernel(dt: DType, body_neg: bool) -> Kernel {
         }),
         epilogue: vec![(Instr::Acc, dt)],
         out: n,
+        extra_out: vec![],
     }
 }
 
@@ -234,6 +235,7 @@ fn scalar_plan_and_strided_rows() {
         }),
         epilogue: vec![(Instr::Acc, F32)],
         out: nb,
+        extra_out: vec![],
     };
     let ck = compile(&k);
     assert_eq!(ck.lanes, 1);

@@ -147,7 +147,7 @@ fn every_op() -> Graph {
     add(&mut g, Op::Where, &[mask, m, y]);
     add(&mut g, Op::Cast(DType::F16), &[m]);
     add(&mut g, Op::Cast(DType::I32), &[m]);
-    for kind in [ReduceKind::Sum, ReduceKind::Prod, ReduceKind::Max, ReduceKind::Min, ReduceKind::ArgMax, ReduceKind::ArgMin] {
+    for kind in ReduceKind::ALL {
         add(&mut g, Op::Reduce { kind, dims: vec![-1], keepdim: true }, &[m]);
     }
     add(&mut g, Op::Reduce { kind: ReduceKind::Sum, dims: vec![], keepdim: false }, &[idx]);

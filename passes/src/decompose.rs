@@ -4,7 +4,10 @@
 //! Each function is written against [`Builder`]: the eager frontend implements
 //! it by running kernels, a tracer by recording graph nodes. Formulations are
 //! the numerically stable ones PyTorch uses (max-shifted softmax and
-//! log-sum-exp, biased variance to normalise, unbiased for running_var).
+//! log-sum-exp, biased variance to normalise, unbiased for running_var), in
+//! one pass over the data where a one-pass reduction exists: softmax is
+//! exp(x - lse) with an online log-sum-exp, the normalisations take mean and
+//! rstd from one Welford pass.
 
 use kiln_ir::shape::{fmt_dims, Dims};
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result, UnaryOp};
@@ -34,11 +37,41 @@ pub trait Builder {
     fn cast(&mut self, x: &Self::T, dt: DType) -> Result<Self::T>;
     /// `gather(x, dim, index)`.
     fn gather(&mut self, x: &Self::T, dim: i64, index: &Self::T) -> Result<Self::T>;
-    /// A hint that `x` is expensive and used on both sides of a reduction, so
-    /// it is worth storing rather than recomputing. Builders may ignore it.
-    fn realize(&mut self, x: &Self::T) -> Result<Self::T> {
-        Ok(x.clone())
+    /// The log-sum-exp of `x` over `dims` (kept, size 1) as an unevaluated
+    /// sum `(shift, logsum)`: `x - lse` is `(x - shift) - logsum`, so softmax
+    /// never rounds lse to the dtype at the logits' magnitude (1e4 logits
+    /// would lose 3 digits). Rows whose max is ±inf or NaN give NaN softmax
+    /// and log_softmax, as PyTorch's do. The default is the two-pass
+    /// max-shifted sum; a builder may compute both in one pass
+    /// ([`ReduceKind::LogSumExp`]'s parts).
+    fn lse_parts(&mut self, x: &Self::T, dims: &[i64]) -> Result<(Self::T, Self::T)> {
+        let m = self.reduce(ReduceKind::Max, x, dims, true)?;
+        let shifted = self.binary(BinaryOp::Sub, x, &m)?;
+        let e = self.unary(UnaryOp::Exp, &shifted)?;
+        let s = self.reduce(ReduceKind::Sum, &e, dims, true)?;
+        Ok((m, self.unary(UnaryOp::Log, &s)?))
     }
+    /// Mean, biased variance and `rsqrt(var + eps)` of `x` over `dims`
+    /// (kept). The default is two passes (the mean, then the mean of squared
+    /// deviations); a builder may compute them in one ([`ReduceKind::Welford`]).
+    fn moments(&mut self, x: &Self::T, dims: &[i64], eps: f64) -> Result<Moments<Self::T>> {
+        let mean = self.mean(x, dims, true)?;
+        let d = self.binary(BinaryOp::Sub, x, &mean)?;
+        let sq = self.binary(BinaryOp::Mul, &d, &d)?;
+        let var = self.mean(&sq, dims, true)?;
+        let ve = self.scalar(BinaryOp::Add, &var, eps)?;
+        let rstd = self.unary(UnaryOp::Rsqrt, &ve)?;
+        Ok(Moments { mean, var, rstd })
+    }
+}
+
+/// What [`Builder::moments`] gives (each with the reduced dims kept).
+pub struct Moments<T> {
+    pub mean: T,
+    /// The biased variance.
+    pub var: T,
+    /// `1 / sqrt(var + eps)`.
+    pub rstd: T,
 }
 
 fn ishape(d: &[usize]) -> Vec<i64> {
@@ -49,62 +82,25 @@ fn all_dims(rank: usize) -> Vec<i64> {
     (0..rank as i64).collect()
 }
 
-/// softmax(x) = exp(x - max) / sum(exp(x - max)) along `dim`.
+/// softmax(x) = exp(x - lse(x)) along `dim`, with lse as [`Builder::lse_parts`].
 pub fn softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
-    let m = b.reduce(ReduceKind::Max, x, &[dim], true)?;
-    let shifted = b.binary(BinaryOp::Sub, x, &m)?;
-    let e = b.unary(UnaryOp::Exp, &shifted)?;
-    // exp is the costly part: computed once, summed, then scaled
-    let e = b.realize(&e)?;
-    let s = b.reduce(ReduceKind::Sum, &e, &[dim], true)?;
-    b.binary(BinaryOp::Div, &e, &s)
+    let (c, l) = b.lse_parts(x, &[dim])?;
+    let shifted = b.binary(BinaryOp::Sub, x, &c)?;
+    let z = b.binary(BinaryOp::Sub, &shifted, &l)?;
+    b.unary(UnaryOp::Exp, &z)
 }
 
-/// log_softmax(x) = (x - max) - log(sum(exp(x - max))) along `dim`.
+/// log_softmax(x) = x - lse(x) = (x - shift) - logsum along `dim`.
 pub fn log_softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
-    let m = b.reduce(ReduceKind::Max, x, &[dim], true)?;
-    let shifted = b.binary(BinaryOp::Sub, x, &m)?;
-    let e = b.unary(UnaryOp::Exp, &shifted)?;
-    let s = b.reduce(ReduceKind::Sum, &e, &[dim], true)?;
-    let l = b.unary(UnaryOp::Log, &s)?;
+    let (c, l) = b.lse_parts(x, &[dim])?;
+    let shifted = b.binary(BinaryOp::Sub, x, &c)?;
     b.binary(BinaryOp::Sub, &shifted, &l)
 }
 
-/// logsumexp = log(sum(exp(x - m))) + m with m = max, taken as 0 where it is
-/// infinite (so all -inf rows give -inf, not NaN).
+/// logsumexp: one [`ReduceKind::LogSumExp`] reduction (all -inf rows give
+/// -inf, +inf gives +inf, NaN propagates).
 pub fn logsumexp<B: Builder>(b: &mut B, x: &B::T, dims: &[i64], keepdim: bool) -> Result<B::T> {
-    let m = b.reduce(ReduceKind::Max, x, dims, true)?;
-    let am = b.unary(UnaryOp::Abs, &m)?;
-    let inf = b.scalar(BinaryOp::Eq, &am, f64::INFINITY)?;
-    let not_inf = b.unary(UnaryOp::Not, &inf)?;
-    let m = b.select_scalar(&not_inf, &m, 0.0)?;
-    let shifted = b.binary(BinaryOp::Sub, x, &m)?;
-    let e = b.unary(UnaryOp::Exp, &shifted)?;
-    let s = b.reduce(ReduceKind::Sum, &e, dims, true)?;
-    let l = b.unary(UnaryOp::Log, &s)?;
-    let r = b.binary(BinaryOp::Add, &l, &m)?;
-    if keepdim {
-        return Ok(r);
-    }
-    let rank = b.dims(x).len();
-    let norm: Vec<usize> = dims
-        .iter()
-        .map(|&d| {
-            if d < 0 {
-                (d + rank as i64) as usize
-            } else {
-                d as usize
-            }
-        })
-        .collect();
-    let out: Vec<i64> = b
-        .dims(&r)
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !norm.contains(i))
-        .map(|(_, &d)| d as i64)
-        .collect();
-    b.reshape(&r, &out)
+    b.reduce(ReduceKind::LogSumExp, x, dims, keepdim)
 }
 
 /// var(x) = sum((x - mean)^2) / (n - correction); an empty `dims` means all dims.
@@ -132,12 +128,14 @@ pub fn var<B: Builder>(
         })
         .product::<usize>()
         .max(usize::from(shape.is_empty()));
-    let mean = b.mean(x, &dims, true)?;
-    let d = b.binary(BinaryOp::Sub, x, &mean)?;
-    let sq = b.binary(BinaryOp::Mul, &d, &d)?;
-    let s = b.reduce(ReduceKind::Sum, &sq, &dims, keepdim)?;
-    // n - correction <= 0 gives inf/NaN, as in PyTorch
-    b.scalar(BinaryOp::Div, &s, n as f64 - correction)
+    // one Welford pass gives the biased variance sum / n; rescale to
+    // sum / (n - correction), which is inf/NaN when n - correction <= 0, as in PyTorch
+    let v = b.reduce(ReduceKind::Welford, x, &dims, keepdim)?;
+    b.scalar(
+        BinaryOp::Mul,
+        &v,
+        n as f64 / (n as f64 - correction).max(0.0),
+    )
 }
 
 pub fn std<B: Builder>(
@@ -151,20 +149,16 @@ pub fn std<B: Builder>(
     b.unary(UnaryOp::Sqrt, &v)
 }
 
-/// Normalises over `dims` with the biased variance: (x - mean) / sqrt(var + eps).
+/// Normalises over `dims` with the biased variance: (x - mean) * rsqrt(var + eps).
 fn normalize<B: Builder>(
     b: &mut B,
     x: &B::T,
     dims: &[i64],
     eps: f64,
 ) -> Result<(B::T, B::T, B::T)> {
-    let mean = b.mean(x, dims, true)?;
-    let d = b.binary(BinaryOp::Sub, x, &mean)?;
-    let sq = b.binary(BinaryOp::Mul, &d, &d)?;
-    let var = b.mean(&sq, dims, true)?;
-    let ve = b.scalar(BinaryOp::Add, &var, eps)?;
-    let r = b.unary(UnaryOp::Rsqrt, &ve)?;
-    Ok((b.binary(BinaryOp::Mul, &d, &r)?, mean, var))
+    let m = b.moments(x, dims, eps)?;
+    let d = b.binary(BinaryOp::Sub, x, &m.mean)?;
+    Ok((b.binary(BinaryOp::Mul, &d, &m.rstd)?, m.mean, m.var))
 }
 
 /// `F.layer_norm(x, normalized_shape, weight, bias, eps)`.

@@ -6,7 +6,7 @@ pub mod decompose;
 pub mod decompose_loss;
 pub mod rewrite;
 
-pub use decompose::Builder;
+pub use decompose::{Builder, Moments};
 pub use decompose_loss::{ClassLossOpts, Reduction};
 pub mod fusion;
 pub mod lower;

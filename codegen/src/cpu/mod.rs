@@ -17,6 +17,7 @@ mod emit;
 mod jit;
 mod loops;
 mod math;
+mod online;
 mod plan;
 mod reduce;
 

@@ -4,7 +4,7 @@
 //! the row computes is of dtype D or bool (a lane mask), every loaded operand
 //! is of dtype D and contiguous or broadcast along the innermost dim, and the
 //! output is a contiguous D (pointwise) or the reduction is a Sum/Prod/Max/Min
-//! accumulating in D. Otherwise the row runs scalar code.
+//! (or a one-pass LogSumExp/Welford) accumulating in D. Otherwise the row runs scalar code.
 
 use crate::interp::instr_args;
 use crate::kernel::{Inner, Instr, Kernel};
@@ -73,7 +73,12 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
         Some(r) => {
             if !matches!(
                 r.kind,
-                ReduceKind::Sum | ReduceKind::Prod | ReduceKind::Max | ReduceKind::Min
+                ReduceKind::Sum
+                    | ReduceKind::Prod
+                    | ReduceKind::Max
+                    | ReduceKind::Min
+                    | ReduceKind::LogSumExp
+                    | ReduceKind::Welford
             ) {
                 return None;
             }
@@ -125,7 +130,7 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
                 k.dtype_of(c) == DType::Bool && k.dtype_of(a) == dt && k.dtype_of(b) == dt
             }
             Instr::Cast(a) => ok_dt(k.dtype_of(a)),
-            Instr::Acc => false,
+            Instr::Acc | Instr::AccPart(_) => false,
         };
         if !ok {
             return None;

@@ -16,13 +16,15 @@
 //! first NaN) wins, as in PyTorch. Accumulators start at the identity of
 //! [`crate::interp::reduce_identity`], so an empty row gives 0, 1 or ∓inf.
 //! Combining uses the `ScalarOps` primitives (Add, Mul, NaN-propagating
-//! Max/Min), the same ones the interpreter uses.
+//! Max/Min), the same ones the interpreter uses. LogSumExp and Welford keep
+//! a running state instead (`online.rs`).
 
 use super::emit::{flags, scalar_ty, Emitter};
 use super::loops::{for_loop, loaded_operands, store_out, Frame, Row};
 use super::plan::Plan;
 use crate::interp::{eval_value, reduce_identity, sum_width};
 use crate::kernel::{Instr, Kernel};
+use crate::online::{self, Finished};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, InstBuilder, Value};
 use cranelift_frontend::Variable;
@@ -52,6 +54,10 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     };
     let lo = em.b.ins().iconst(types::I64, 0);
     let hi = fr.sizes[k.rank - 1];
+    if online::is_online(red.kind) {
+        let fin = super::online::online_row(em, &row, plan, red.value, red.kind, vd, cd, lo, hi);
+        return epilogue(k, em, fr, ptrs, fin, red.dtype);
+    }
 
     em.lanes = 1;
     let acc = em.b.declare_var(scalar_ty(cd));
@@ -87,16 +93,35 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         );
     }
 
-    // Epilogue: Acc is the reduced value; loads read at reduce index 0.
-    let accv = if arg {
+    let (accv, dt) = if arg {
         (em.b.use_var(idx), DType::I64)
     } else {
         (em.b.use_var(acc), red.dtype)
     };
+    let fin = Finished {
+        acc: accv,
+        first: accv,
+        second: accv,
+    };
+    epilogue(k, em, fr, ptrs, fin, dt);
+}
+
+/// The epilogue (Acc and its parts from `fin`, of dtype `dt`; loads read at
+/// reduce index 0), then the stores of `out` and `extra_out`.
+fn epilogue(
+    k: &Kernel,
+    em: &mut Emitter,
+    fr: &Frame,
+    ptrs: &[Value],
+    fin: Finished<Value>,
+    dt: DType,
+) {
+    em.lanes = 1;
     let mut pre = vec![None; k.operands.len()];
     let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
         match ins {
-            Instr::Acc => accv,
+            Instr::Acc => (fin.acc, dt),
+            Instr::AccPart(p) => (fin.get(Some(p)), dt),
             Instr::Load(op) => {
                 let dt = k.operands[op].dtype;
                 let v = *pre[op]
@@ -108,8 +133,11 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         }
     };
     let mut vals = vec![None; k.body.len() + k.epilogue.len()];
-    let v = eval_value(em, k, k.out, &mut vals, &mut leaf);
-    store_out(k, em, v, k.dtype_of(k.out), ptrs[0], 0);
+    let size = k.operands[0].dtype.size() as i32;
+    for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
+        let v = eval_value(em, k, o, &mut vals, &mut leaf);
+        store_out(k, em, v, k.dtype_of(o), ptrs[0], t as i32 * size);
+    }
 }
 
 /// The reduction loops of every reduction but a PyTorch-order Sum: vector

@@ -31,11 +31,14 @@
 //!   strided slice of the row, warps combine with `__shfl_down_sync`, warp
 //!   leaders meet in shared memory, and thread 0 runs the epilogue and stores.
 //!   Float sums are therefore added in a tree order, not PyTorch's CPU order.
+//!   LogSumExp and Welford shuffle and merge their running states the same
+//!   way (see `online.rs`). A tuple store (`extra_out`) writes `p0[o0 + t]`.
 
+mod online;
 pub mod scalar;
 
 use crate::interp::{eval_value, reduce_identity, validate};
-use crate::kernel::{Inner, Instr, Kernel};
+use crate::kernel::{Inner, Instr, Kernel, ValueId};
 use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, Error, ReduceKind};
 pub use scalar::{c_literal, c_storage_type, c_type, CudaC, Cv};
@@ -183,16 +186,22 @@ fn load(e: &mut CudaC, k: &Kernel, op: usize, off: &str) -> (Cv, DType) {
     (e.tmp(dt, ex), dt)
 }
 
-/// `p0[o0] = v` converted to the output dtype.
-fn store(e: &mut CudaC, k: &Kernel, v: Cv) {
+/// `p0[o0 + t] = v` (the value `id`, element `t` of the stored tuple)
+/// converted to the output dtype.
+fn store(e: &mut CudaC, k: &Kernel, id: ValueId, v: Cv, t: usize) {
     let out = k.operands[0].dtype;
-    let vd = k.dtype_of(k.out);
+    let vd = k.dtype_of(id);
     let v = if vd == out { v } else { e.cast(v, vd, out) };
     let n = e.name(v).to_string();
-    let ex = if out == DType::Bool {
-        format!("p0[o0] = (unsigned char)({n} ? 1 : 0);")
+    let at = if t == 0 {
+        "o0".to_string()
     } else {
-        format!("p0[o0] = {n};")
+        format!("o0 + {t}")
+    };
+    let ex = if out == DType::Bool {
+        format!("p0[{at}] = (unsigned char)({n} ? 1 : 0);")
+    } else {
+        format!("p0[{at}] = {n};")
     };
     e.line(&ex);
 }
@@ -218,13 +227,16 @@ fn pointwise(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         _ => unreachable!("acc outside an epilogue"),
     };
     let v = eval_value(e, k, k.out, &mut vals, &mut leaf);
-    store(e, k, v);
+    store(e, k, k.out, v, 0);
     e.indent -= 1;
     e.line("}");
 }
 
 fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
     let red = k.reduce.as_ref().expect("reduction");
+    if crate::online::is_online(red.kind) {
+        return online::reduction(e, k, scal);
+    }
     let vd = k.dtype_of(red.value);
     let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
     let cd = if arg { vd } else { red.dtype };
@@ -305,8 +317,10 @@ fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         Instr::Scalar(n) => (scal[n], k.scalars[n]),
         _ => unreachable!(),
     };
-    let v = eval_value(e, k, k.out, &mut vals, &mut leaf);
-    store(e, k, v);
+    for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
+        let v = eval_value(e, k, o, &mut vals, &mut leaf);
+        store(e, k, o, v, t);
+    }
     e.indent -= 1;
     e.line("}");
     e.indent -= 1;

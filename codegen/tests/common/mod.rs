@@ -258,6 +258,7 @@ pub fn pointwise(
             reduce: None,
             epilogue: vec![],
             out,
+            extra_out: vec![],
         };
         check(&k, &sizes, &views, &[], t);
     }

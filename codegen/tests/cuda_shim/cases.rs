@@ -2,6 +2,7 @@
 //! casts, scalars, the snapshot kernels, over ranks, layouts and odd sizes.
 
 use super::common::*;
+use kiln_codegen::AccPart;
 
 pub struct Case {
     pub label: String,
@@ -32,6 +33,7 @@ fn kernel(name: &str, rank: usize, operands: Vec<Operand>, b: KernelBuilder, out
         reduce: None,
         epilogue: vec![],
         out,
+        extra_out: vec![],
     }
 }
 
@@ -119,6 +121,18 @@ fn reduction_cases(
         epilogue.push((Instr::Binary(BinaryOp::Add, nb, nb + 1), acc_dt));
     }
     let out = nb + epilogue.len() - 1;
+    // one-pass reductions also store their parts, after acc
+    let mut extra_out = vec![];
+    let parts: &[AccPart] = match kind {
+        ReduceKind::LogSumExp => &[AccPart::Shift, AccPart::LogSum],
+        ReduceKind::Welford => &[AccPart::Mean],
+        _ => &[],
+    };
+    for &p in parts {
+        epilogue.push((Instr::AccPart(p), acc_dt));
+        extra_out.push(nb + epilogue.len() - 1);
+    }
+    let tuple = 1 + extra_out.len();
     let sum_prod = matches!(kind, ReduceKind::Sum | ReduceKind::Prod);
     let (lo, hi) = match kind {
         ReduceKind::Prod => (-1.5, 1.5),
@@ -133,10 +147,12 @@ fn reduction_cases(
         let outer = &sizes[..rank - 1];
         let (mut ost, olen) = layout(outer, Layout::Contiguous);
         ost.push(0);
-        let mut views = vec![(ost.clone(), vec![0u8; olen * acc_dt.size()])];
+        let tuple_st = ost.iter().map(|s| s * tuple as isize).collect();
+        let mut views = vec![(tuple_st, vec![0u8; olen * tuple * acc_dt.size()])];
         let (st, len) = layout(&sizes, in_layout);
         let mut operands = vec![op(acc_dt, Inner::Broadcast), op(dt, inner_of(&st))];
-        let edges = !(sum_prod && dt.is_float());
+        // inf - inf cancels order-dependently in sums and in Welford's deltas
+        let edges = !((sum_prod || kind == ReduceKind::Welford) && dt.is_float());
         views.push((st, gen(rng, dt, len, lo, hi, edges)));
         if epi_load {
             operands.push(op(acc_dt, Inner::Broadcast));
@@ -147,6 +163,12 @@ fn reduction_cases(
             Tol {
                 rtol: 1e-4,
                 atol: 1e-6 * n.max(1.0) * 2.0 * hi,
+            }
+        } else if kind.float_only() && acc_dt == F32 {
+            // merged in the kernel's tree order, not sequentially
+            Tol {
+                rtol: 1e-5,
+                atol: 1e-5,
             }
         } else {
             tol_for(acc_dt)
@@ -164,6 +186,7 @@ fn reduction_cases(
             }),
             epilogue: epilogue.clone(),
             out,
+            extra_out: extra_out.clone(),
         };
         cases.push(Case {
             label: format!("{kind}.{dt} {sizes:?} {in_layout:?} epi={epi_load} block={block}"),
@@ -396,8 +419,13 @@ pub fn all_cases() -> Vec<Case> {
     }
     use ReduceKind::*;
     let mut i = 0;
-    for kind in [Sum, Prod, Max, Min, ArgMax, ArgMin] {
-        for dt in [F32, I64] {
+    for kind in ReduceKind::ALL {
+        let dts = if kind.float_only() {
+            [F32, F64]
+        } else {
+            [F32, I64]
+        };
+        for dt in dts {
             for (rank, l) in [
                 (1, Layout::Contiguous),
                 (2, Layout::Permuted),

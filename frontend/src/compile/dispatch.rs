@@ -196,6 +196,9 @@ fn reduce(x: &Tensor, kind: ReduceKind, dims: &[i64], keepdim: bool) -> Result<T
         ReduceKind::Prod => x.prod(Some(dims), keepdim),
         ReduceKind::Max => x.amax(Some(dims), keepdim),
         ReduceKind::Min => x.amin(Some(dims), keepdim),
+        ReduceKind::LogSumExp => x.logsumexp(dims, keepdim),
+        // Welford's single value is the biased variance
+        ReduceKind::Welford => x.var(dims, 0.0, keepdim),
         ReduceKind::ArgMax | ReduceKind::ArgMin => {
             if dims.len() > 1 {
                 bail!(

@@ -41,7 +41,7 @@ impl Tensor {
     fn op_scope(&self, name: &'static str) -> profiler::Scope {
         profiler::scope(name, Category::Op).shapes(|| vec![self.dims().to_vec()])
     }
-    /// `F.softmax(x, dim)`: max, exp(x - max) stored once, its sum, the division.
+    /// `F.softmax(x, dim)`: one online log-sum-exp pass, then exp(x - lse).
     pub fn softmax(&self, dim: i64) -> Result<Tensor> {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
             return x.softmax(dim);

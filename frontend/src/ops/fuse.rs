@@ -4,17 +4,20 @@
 //! ops build an expression over materialised tensors instead of running; a
 //! reduction compiles the pending expression into its own loop body (a
 //! prologue), and whatever is pending at the end becomes one pointwise
-//! kernel. So eager softmax is 4 light kernels (max; exp(x-max) stored once; its
-//! sum; the division) instead of 5 full ones, and layer_norm 3 instead of 9. Types follow
-//! the same inference functions as the unfused ops.
+//! kernel. One-pass reductions store several values per row (a trailing
+//! tuple dim, read back through views): eager softmax is 2 kernels (an online
+//! log-sum-exp storing (shift, logsum); exp((x - shift) - logsum)) and
+//! layer_norm 2 (a Welford pass storing (mean, var, rstd); the normalisation).
+//! Types follow the same inference functions as the unfused ops.
 
 use super::kernel::KernelCall;
 use super::reduce::{mean_epilogue, reduce_expr};
 use crate::{Scalar, Tensor};
+use kiln_codegen::AccPart;
 use kiln_ir::op::infer::{self, Arg, Meta};
 use kiln_ir::shape::Dims;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
-use kiln_passes::decompose::Builder;
+use kiln_passes::decompose::{Builder, Moments};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -242,6 +245,10 @@ impl Fuser {
         ))
     }
 
+    /// One reduction kernel of `kind` over `x` (its pending expression as the
+    /// prologue); `epilogue(k, acc, n, compute)` gives the value(s) stored
+    /// per output element (several: a trailing dim holds them).
+    #[allow(clippy::too_many_arguments)]
     fn reduce_lazy(
         &self,
         name: &str,
@@ -249,8 +256,9 @@ impl Fuser {
         x: &Lazy,
         dims: &[i64],
         keepdim: bool,
-        mean: bool,
-    ) -> Result<Lazy> {
+        out_dtype: Option<DType>,
+        epilogue: impl FnOnce(&mut KernelCall, usize, usize, DType) -> Vec<usize>,
+    ) -> Result<Tensor> {
         let m = &x.0.meta;
         let rd = infer::reduce_dims(name, m.dims.len(), Some(dims))?;
         let out = infer::reduce(kind, m, &rd, keepdim)?;
@@ -268,24 +276,24 @@ impl Fuser {
             let v = e.emit(k, x);
             k.cast(v, compute)
         };
-        let t = reduce_expr(
+        reduce_expr(
             name,
             kind,
             m,
             &leaves,
             Some(dims),
             keepdim,
-            out.dtype,
+            out_dtype.unwrap_or(out.dtype),
             body,
-            |k, acc, n| {
-                if mean {
-                    mean_epilogue(k, acc, n, compute)
-                } else {
-                    acc
-                }
-            },
-        )?;
-        Ok(Lazy::tensor(&t))
+            |k, acc, n| epilogue(k, acc, n, compute),
+        )
+    }
+
+    /// Element `i` of the trailing tuple dim of `t`, typed as `like` (a
+    /// cast that kernels skip: f16/bf16 values are computed in f32 anyway).
+    fn part(&mut self, t: &Tensor, i: i64, like: DType) -> Result<Lazy> {
+        let p = Lazy::tensor(&t.select(-1, i)?);
+        self.cast(&p, like)
     }
 }
 
@@ -353,11 +361,68 @@ impl Builder for Fuser {
         ))
     }
     fn reduce(&mut self, kind: ReduceKind, x: &Lazy, dims: &[i64], keepdim: bool) -> Result<Lazy> {
-        self.reduce_lazy(kind.name(), kind, x, dims, keepdim, false)
+        let t = self.reduce_lazy(kind.name(), kind, x, dims, keepdim, None, |_, acc, _, _| {
+            vec![acc]
+        })?;
+        Ok(Lazy::tensor(&t))
     }
     fn mean(&mut self, x: &Lazy, dims: &[i64], keepdim: bool) -> Result<Lazy> {
         infer::require_float("mean", &x.0.meta)?;
-        self.reduce_lazy("mean", ReduceKind::Sum, x, dims, keepdim, true)
+        let t = self.reduce_lazy(
+            "mean",
+            ReduceKind::Sum,
+            x,
+            dims,
+            keepdim,
+            None,
+            |k, acc, n, c| vec![mean_epilogue(k, acc, n, c)],
+        )?;
+        Ok(Lazy::tensor(&t))
+    }
+    /// One online log-sum-exp kernel storing (shift, logsum) per row.
+    fn lse_parts(&mut self, x: &Lazy, dims: &[i64]) -> Result<(Lazy, Lazy)> {
+        let dt = x.0.meta.dtype;
+        let kind = ReduceKind::LogSumExp;
+        let t = self.reduce_lazy(
+            "lse",
+            kind,
+            x,
+            dims,
+            true,
+            Some(dt.compute()),
+            |k, _, _, c| {
+                vec![
+                    k.acc_part(AccPart::Shift, c),
+                    k.acc_part(AccPart::LogSum, c),
+                ]
+            },
+        )?;
+        Ok((self.part(&t, 0, dt)?, self.part(&t, 1, dt)?))
+    }
+    /// One Welford kernel storing (mean, var, rstd) per row.
+    fn moments(&mut self, x: &Lazy, dims: &[i64], eps: f64) -> Result<Moments<Lazy>> {
+        let dt = x.0.meta.dtype;
+        let kind = ReduceKind::Welford;
+        let t = self.reduce_lazy(
+            "moments",
+            kind,
+            x,
+            dims,
+            true,
+            Some(dt.compute()),
+            |k, var, _, c| {
+                let mean = k.acc_part(AccPart::Mean, c);
+                let eps = k.scalar(eps, c);
+                let ve = k.binary(BinaryOp::Add, var, eps, c);
+                let rstd = k.unary(UnaryOp::Rsqrt, ve, c);
+                vec![mean, var, rstd]
+            },
+        )?;
+        Ok(Moments {
+            mean: self.part(&t, 0, dt)?,
+            var: self.part(&t, 1, dt)?,
+            rstd: self.part(&t, 2, dt)?,
+        })
     }
     fn reshape(&mut self, x: &Lazy, shape: &[i64]) -> Result<Lazy> {
         Ok(Lazy::tensor(&x.materialize()?.reshape(shape)?))
@@ -374,12 +439,51 @@ impl Builder for Fuser {
             Kind::Cast(x.clone()),
         ))
     }
-    fn realize(&mut self, x: &Lazy) -> Result<Lazy> {
-        Ok(Lazy::tensor(&x.materialize()?))
-    }
     fn gather(&mut self, x: &Lazy, dim: i64, index: &Lazy) -> Result<Lazy> {
         Ok(Lazy::tensor(
             &x.materialize()?.gather(dim, &index.materialize()?)?,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{DType, Tensor};
+
+    fn ramp(dims: &[usize]) -> Tensor {
+        let n: usize = dims.iter().product();
+        let v = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.4).collect();
+        Tensor::from_vec(v, dims).unwrap()
+    }
+
+    /// The one-pass statistics are kept in f32 for f16 inputs; results stay f16.
+    #[test]
+    fn half_inputs_keep_their_dtype() {
+        let x = ramp(&[3, 40]);
+        let h = x.to_dtype(DType::F16).unwrap();
+        let w = x
+            .to_dtype(DType::F16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        let cases: [(&str, fn(&Tensor) -> Tensor); 3] = [
+            ("softmax", |t| t.softmax(-1).unwrap()),
+            ("log_softmax", |t| t.log_softmax(-1).unwrap()),
+            ("layer_norm", |t| {
+                crate::functional::layer_norm(t, &[40], None, None, 1e-5).unwrap()
+            }),
+        ];
+        for (name, f) in cases {
+            let y = f(&h);
+            assert_eq!(y.dtype(), DType::F16, "{name}");
+            let got = y.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap();
+            let want = f(&w).to_vec::<f32>().unwrap();
+            for (g, r) in got.iter().zip(&want) {
+                assert!(
+                    (g - r).abs() <= 2e-3 * (1.0 + r.abs()),
+                    "{name}: {g} vs {r}"
+                );
+            }
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! "one-node graph". Every pointwise op and reduction in `ops` goes through here.
 
 use crate::Tensor;
-use kiln_codegen::{Inner, Instr, Kernel, KernelBuilder, Operand, Reduction, ValueId};
+use kiln_codegen::{AccPart, Inner, Instr, Kernel, KernelBuilder, Operand, Reduction, ValueId};
 use kiln_ir::op::view::broadcast_to;
 use kiln_ir::op::Layout;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
@@ -68,6 +68,10 @@ impl KernelCall {
     pub fn select(&mut self, c: ValueId, a: ValueId, b: ValueId, dt: DType) -> ValueId {
         self.b.select(c, a, b, dt)
     }
+    /// A part of the finished reduction (only in an epilogue), of dtype `dt`.
+    pub fn acc_part(&mut self, p: AccPart, dt: DType) -> ValueId {
+        self.b.push(Instr::AccPart(p), dt)
+    }
     pub fn dtype_of(&self, v: ValueId) -> DType {
         self.b.instrs[v].1
     }
@@ -112,6 +116,7 @@ impl KernelCall {
             reduce: None,
             epilogue: vec![],
             out: value,
+            extra_out: vec![],
         };
         let mut views = vec![out.view()];
         views.extend(
@@ -141,7 +146,8 @@ impl KernelCall {
 
     /// Reduces `value` over the LAST dim of `loop_dims` (inputs are laid out so
     /// that dim is the reduced one), applies `epilogue` to the accumulator, and
-    /// returns a tensor of `loop_dims` without the last dim.
+    /// returns a tensor of `loop_dims` without the last dim — with a trailing
+    /// dim holding them when the epilogue gives several values per row.
     ///
     /// `epilogue(call, acc)` may add loads of tensors whose shape broadcasts to
     /// the kept dims; they are read once per output element.
@@ -152,7 +158,7 @@ impl KernelCall {
         value: ValueId,
         loop_dims: &[usize],
         out_dtype: DType,
-        epilogue: impl FnOnce(&mut KernelCall, ValueId) -> ValueId,
+        epilogue: impl FnOnce(&mut KernelCall, ValueId) -> Vec<ValueId>,
     ) -> Result<Tensor> {
         let acc_dtype = match kind {
             ReduceKind::ArgMax | ReduceKind::ArgMin => DType::I64,
@@ -161,12 +167,23 @@ impl KernelCall {
         let n_body = self.b.instrs.len();
         let n_body_inputs = self.inputs.len();
         let acc = self.b.push(Instr::Acc, acc_dtype);
-        let res = epilogue(&mut self, acc);
+        let res: Vec<ValueId> = epilogue(&mut self, acc);
         self.check_launch(name)?;
-        let res = self.b.cast(res, kernel_dtype(out_dtype));
+        let res: Vec<ValueId> = res
+            .into_iter()
+            .map(|r| self.b.cast(r, kernel_dtype(out_dtype)))
+            .collect();
         let kept = &loop_dims[..loop_dims.len() - 1];
-        let out = Tensor::empty(kept, out_dtype);
+        let mut out_dims = kept.to_vec();
+        if res.len() > 1 {
+            // tuples are stored in the kernel's dtype: never widened around it
+            debug_assert!(!out_dtype.is_half());
+            out_dims.push(res.len());
+        }
+        let out = Tensor::empty(&out_dims, out_dtype);
         let mut out_layout = out.layout().clone();
+        out_layout.dims.truncate(kept.len());
+        out_layout.strides.truncate(kept.len());
         out_layout.dims.push(*loop_dims.last().unwrap());
         out_layout.strides.push(0);
         let mut layouts = vec![];
@@ -197,7 +214,8 @@ impl KernelCall {
                 dtype: acc_dtype,
             }),
             epilogue: epi,
-            out: res,
+            out: res[0],
+            extra_out: res[1..].to_vec(),
         };
         let mut views = vec![kiln_runtime::View {
             storage: &out.storage,

@@ -23,8 +23,9 @@ fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Ten
 /// are loaded in the kernel; `body(k, loaded)` computes the value to reduce
 /// (of dtype `value.dtype`) per element; it is reduced with `kind` over `dims`
 /// (None = all), then `epilogue(k, acc, n)` runs with `n` the number of reduced
-/// elements. The leaves are laid out so the reduced dims form the innermost
-/// loop axis (a view when strides allow).
+/// elements and gives the value(s) stored per output element (several: the
+/// result gets a trailing dim holding them). The leaves are laid out so the
+/// reduced dims form the innermost loop axis (a view when strides allow).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_expr(
     name: &str,
@@ -35,7 +36,7 @@ pub(crate) fn reduce_expr(
     keepdim: bool,
     out_dtype: DType,
     body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
-    epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> usize,
+    epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> Vec<usize>,
 ) -> Result<Tensor> {
     let rank = value.dims.len();
     let rd = infer::reduce_dims(name, rank, dims)?;
@@ -59,14 +60,22 @@ pub(crate) fn reduce_expr(
         vals.push(k.load(&e));
     }
     let v = body(&mut k, &vals);
+    let mut tuple = 1;
     let out = k.reduce(name, kind, v, &loop_dims, out_dtype, |k, acc| {
-        epilogue(k, acc, n)
+        let r = epilogue(k, acc, n);
+        tuple = r.len();
+        r
     })?;
-    out.reshape_dims(&reduced_shape(&value.dims, &rd, keepdim))
+    let mut shape = reduced_shape(&value.dims, &rd, keepdim);
+    if tuple > 1 {
+        shape.push(tuple);
+    }
+    out.reshape_dims(&shape)
 }
 
 impl Tensor {
-    fn simple_reduce(
+    /// A reduction of `kind` as one kernel, with its backward rule.
+    pub(crate) fn simple_reduce(
         &self,
         kind: ReduceKind,
         dims: Option<&[i64]>,
@@ -104,7 +113,7 @@ impl Tensor {
             keepdim,
             m.dtype,
             body,
-            |_, acc, _| acc,
+            |_, acc, _| vec![acc],
         )?;
         rules::reduction(kind.name(), kind, false, self, dims, y)
     }
@@ -211,7 +220,7 @@ impl Tensor {
             keepdim,
             self.dtype(),
             body,
-            |k, acc, n| mean_epilogue(k, acc, n, c),
+            |k, acc, n| vec![mean_epilogue(k, acc, n, c)],
         )?;
         rules::reduction("mean", ReduceKind::Sum, true, self, dims, y)
     }

@@ -181,8 +181,7 @@ const BINARY: [BinaryOp; 18] = [
     B::And,
     B::Or,
 ];
-use ReduceKind as R;
-const REDUCE: [ReduceKind; 6] = [R::Sum, R::Prod, R::Max, R::Min, R::ArgMax, R::ArgMin];
+const REDUCE: [ReduceKind; 8] = ReduceKind::ALL;
 
 fn binary(name: &str) -> Option<BinaryOp> {
     BINARY.into_iter().find(|b| b.name() == name)

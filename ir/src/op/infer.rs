@@ -181,12 +181,21 @@ pub fn reduced_shape(shape: &[usize], dims: &[usize], keepdim: bool) -> Dims {
 }
 
 /// Result dtype of a reduction, with PyTorch's rules: sum/prod of integers and
-/// bools accumulate in i64; arg-reductions give i64; max/min keep the dtype.
+/// bools accumulate in i64; arg-reductions give i64; max/min keep the dtype;
+/// lse and welford need a floating input and keep its dtype (over an empty
+/// dim they give -inf and NaN, as `torch.logsumexp` and `torch.var` do).
 pub fn reduce(kind: ReduceKind, x: &Meta, dims: &[usize], keepdim: bool) -> Result<Meta> {
     let name = kind.name();
     let reduces_empty =
         dims.iter().any(|&d| x.dims[d] == 0) || (dims.is_empty() && x.dims.contains(&0));
-    if reduces_empty && !matches!(kind, ReduceKind::Sum | ReduceKind::Prod) {
+    if kind.float_only() {
+        require_float(name, x)?;
+    }
+    let has_identity = matches!(
+        kind,
+        ReduceKind::Sum | ReduceKind::Prod | ReduceKind::LogSumExp | ReduceKind::Welford
+    );
+    if reduces_empty && !has_identity {
         bail!(
             name,
             "cannot reduce over an empty dim of shape {} (the op has no identity)",
@@ -244,5 +253,9 @@ mod tests {
         assert!(reduce_dims("sum", 2, Some(&[1, -1])).is_err());
         let e = Meta::new(DType::F32, &[0, 3]);
         assert!(reduce(ReduceKind::Max, &e, &[0], false).is_err());
+        let lse = reduce(ReduceKind::LogSumExp, &e, &[0], false).unwrap();
+        assert_eq!(lse, Meta::new(DType::F32, &[3]));
+        let err = reduce(ReduceKind::Welford, &x, &[1], false).unwrap_err();
+        assert!(err.to_string().contains("floating"), "{err}");
     }
 }

@@ -223,6 +223,14 @@ pub enum ReduceKind {
     /// Index (i64) of the first maximum; NaN counts as the maximum, as in PyTorch.
     ArgMax,
     ArgMin,
+    /// `torch.logsumexp` in one pass (online: a running max with a rescaled
+    /// sum). A row of only -inf (or an empty row) gives -inf, a +inf gives
+    /// +inf, NaN propagates.
+    LogSumExp,
+    /// Welford's one-pass mean and variance; the value is the biased
+    /// variance (`torch.var(correction=0)`); kernels also read the mean.
+    /// An empty row gives NaN.
+    Welford,
 }
 
 impl ReduceKind {
@@ -234,7 +242,26 @@ impl ReduceKind {
             ReduceKind::Min => "amin",
             ReduceKind::ArgMax => "argmax",
             ReduceKind::ArgMin => "argmin",
+            ReduceKind::LogSumExp => "lse",
+            ReduceKind::Welford => "welford",
         }
+    }
+
+    /// Every kind, in declaration order (for parsers and exhaustive tests).
+    pub const ALL: [ReduceKind; 8] = [
+        ReduceKind::Sum,
+        ReduceKind::Prod,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::ArgMax,
+        ReduceKind::ArgMin,
+        ReduceKind::LogSumExp,
+        ReduceKind::Welford,
+    ];
+
+    /// Kinds that only reduce floating values (`lse`, `welford`).
+    pub fn float_only(&self) -> bool {
+        matches!(self, ReduceKind::LogSumExp | ReduceKind::Welford)
     }
 }
 

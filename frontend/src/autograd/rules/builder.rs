@@ -47,6 +47,9 @@ impl Builder for TensorBuilder {
             ReduceKind::Min => x.amin(Some(dims), keepdim),
             ReduceKind::ArgMax => x.argmax(Some(dims[0]), keepdim),
             ReduceKind::ArgMin => x.argmin(Some(dims[0]), keepdim),
+            ReduceKind::LogSumExp | ReduceKind::Welford => {
+                x.simple_reduce(kind, Some(dims), keepdim)
+            }
         }
     }
     fn mean(&mut self, x: &Tensor, dims: &[i64], keepdim: bool) -> Result<Tensor> {

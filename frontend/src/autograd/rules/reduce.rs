@@ -1,6 +1,7 @@
 //! Backward rules of the reductions: sum, mean, prod (zeros handled as
 //! PyTorch does), amax/amin (ties share the gradient evenly), max/min along a
-//! dim (the gradient goes to the returned index), softmax and log_softmax.
+//! dim (the gradient goes to the returned index), log-sum-exp (the softmax),
+//! Welford's biased variance (2 (x - mean) / n), softmax and log_softmax.
 
 use super::keep;
 use crate::autograd::{needs_grad, record, Saved};
@@ -47,6 +48,16 @@ pub(crate) fn reduction(
                 let dl: Vec<i64> = rd.iter().map(|&d| d as i64).collect();
                 let count = mask.sum(Some(&dl), true)?;
                 ge.div(&count)?.mul(&mask)?
+            }
+            ReduceKind::LogSumExp => {
+                let (x, y) = (sx.get()?, restore(&sy.get()?, &xd, &rd)?);
+                ge.mul(&x.sub(&y)?.exp()?)?
+            }
+            ReduceKind::Welford => {
+                let x = sx.get()?;
+                let dl: Vec<i64> = rd.iter().map(|&d| d as i64).collect();
+                let d = x.sub(&x.mean(Some(&dl), true)?)?;
+                ge.mul(&super::mul_s(&d, 2.0 / n as f64)?)?
             }
             _ => prod_grad(&ge, &sx.get()?, &restore(&sy.get()?, &xd, &rd)?, &rd)?,
         };

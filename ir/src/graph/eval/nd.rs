@@ -266,6 +266,30 @@ pub(super) fn reduce(
                 let p = xs.iter().fold(1i64, |a, &v| a.wrapping_mul(v as i64));
                 (wrap(p, dtype) as f64, 0.0, false)
             }
+            ReduceKind::LogSumExp => {
+                let m = xs
+                    .iter()
+                    .copied()
+                    .fold(f64::NEG_INFINITY, crate::interp::fmax);
+                let v = if m.is_infinite() || m.is_nan() {
+                    m
+                } else {
+                    m + xs.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                };
+                let e = es.iter().copied().fold(0.0, f64::max)
+                    + (xs.len() as f64 + 2.0) * u * (v.abs() + 1.0);
+                (round_to(v, dtype), e, false)
+            }
+            ReduceKind::Welford => {
+                // the biased variance
+                let n = xs.len() as f64;
+                let mean = xs.iter().sum::<f64>() / n;
+                let v = xs.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+                let spread = xs.iter().map(|x| (x - mean).abs()).fold(0.0, f64::max);
+                let e = 2.0 * spread * es.iter().copied().fold(0.0, f64::max)
+                    + (n + 2.0) * u * (v + spread * spread);
+                (round_to(v, dtype), e, false)
+            }
             ReduceKind::Max | ReduceKind::Min => {
                 let pick = |a: f64, b: f64| match kind {
                     ReduceKind::Max => crate::interp::fmax(a, b),

@@ -1,0 +1,104 @@
+//! Well-formedness of a [`Kernel`]: what every backend may assume.
+
+use crate::interp::instr_args;
+use crate::kernel::{Instr, Kernel};
+use kiln_ir::{Error, ReduceKind};
+
+fn bad(msg: String) -> Error {
+    Error::Codegen(msg)
+}
+
+/// Checks that a kernel is well formed (ids in range and defined before use,
+/// operand/scalar indices valid, no f16/bf16, rank consistent with the
+/// reduction, `acc` parts of the right kind, tuple stores only when reducing).
+pub fn validate(k: &Kernel) -> Result<(), Error> {
+    let name = &k.name;
+    if k.operands.is_empty() {
+        return Err(bad(format!("kernel {name}: no output operand")));
+    }
+    let halfs = k
+        .operands
+        .iter()
+        .map(|o| o.dtype)
+        .chain(k.scalars.iter().copied());
+    let instrs = k.body.iter().chain(k.epilogue.iter());
+    for dt in halfs.chain(instrs.map(|(_, d)| *d)) {
+        if dt.is_half() {
+            return Err(bad(format!(
+                "kernel {name}: {dt} must be widened to f32 by the caller"
+            )));
+        }
+    }
+    if k.reduce.is_some() && k.rank == 0 {
+        return Err(bad(format!("kernel {name}: a reduction needs rank >= 1")));
+    }
+    if k.reduce.is_none() && !k.epilogue.is_empty() {
+        return Err(bad(format!("kernel {name}: epilogue without a reduction")));
+    }
+    let nb = k.body.len();
+    let total = nb + k.epilogue.len();
+    for (id, (ins, _)) in k.body.iter().chain(k.epilogue.iter()).enumerate() {
+        let (args, n) = instr_args(ins);
+        for &a in &args[..n] {
+            if a >= id {
+                return Err(bad(format!(
+                    "kernel {name}: %{id} uses %{a} before its definition"
+                )));
+            }
+        }
+        match *ins {
+            Instr::Load(o) if o == 0 || o >= k.operands.len() => {
+                return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
+            }
+            Instr::Scalar(n) if n >= k.scalars.len() => {
+                return Err(bad(format!(
+                    "kernel {name}: %{id} reads missing scalar {n}"
+                )));
+            }
+            Instr::Acc | Instr::AccPart(_) if id < nb => {
+                return Err(bad(format!("kernel {name}: acc in the body (%{id})")));
+            }
+            Instr::AccPart(p) if k.reduce.as_ref().map(|r| r.kind) != Some(p.kind()) => {
+                return Err(bad(format!(
+                    "kernel {name}: %{id} reads acc.{} of a reduction that is not {}",
+                    p.name(),
+                    p.kind()
+                )));
+            }
+            _ => {}
+        }
+    }
+    if let Some(r) = &k.reduce {
+        if r.value >= nb {
+            return Err(bad(format!(
+                "kernel {name}: reduced value %{} is not a body value",
+                r.value
+            )));
+        }
+        let arg = matches!(r.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
+        if arg && r.dtype.is_float() {
+            return Err(bad(format!(
+                "kernel {name}: {} accumulates an index, not {}",
+                r.kind, r.dtype
+            )));
+        }
+        if r.kind.float_only() && !r.dtype.is_float() {
+            return Err(bad(format!(
+                "kernel {name}: {} accumulates floats, not {}",
+                r.kind, r.dtype
+            )));
+        }
+    } else if !k.extra_out.is_empty() {
+        return Err(bad(format!(
+            "kernel {name}: a tuple store needs a reduction"
+        )));
+    }
+    for &v in std::iter::once(&k.out).chain(&k.extra_out) {
+        if v >= total {
+            return Err(bad(format!(
+                "kernel {name}: stored value %{v} does not exist"
+            )));
+        }
+    }
+    Ok(())
+}
