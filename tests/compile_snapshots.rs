@@ -57,6 +57,7 @@ fn softmax_fused() {
     let args = [randn(&[4, 16], 4)];
     insta::assert_snapshot!("softmax_stages", stages(&c, &args));
     insta::assert_debug_snapshot!("softmax_kernels", kernels(&c));
+    assert!(kernels(&c).0.len() <= 2, "softmax in at most 2 kernels");
 }
 
 #[test]
@@ -68,6 +69,7 @@ fn layer_norm_fused() {
     let args = [randn(&[4, 16], 5)];
     insta::assert_snapshot!("layer_norm_stages", stages(&c, &args));
     insta::assert_debug_snapshot!("layer_norm_kernels", kernels(&c));
+    assert!(kernels(&c).0.len() <= 2, "layer_norm in at most 2 passes");
 }
 
 #[test]

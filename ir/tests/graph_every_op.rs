@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 36;
+const VARIANTS: usize = 38;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -85,6 +85,8 @@ fn variant(op: &Op) -> usize {
             has_weight: _,
             has_pos_weight: _,
         } => 35,
+        Op::LseParts { dims: _ } => 36,
+        Op::Moments { dims: _, eps: _ } => 37,
     }
 }
 
@@ -155,6 +157,10 @@ fn every_op() -> Graph {
     add(&mut g, Op::Var { dims: vec![1], correction: f(1.0), keepdim: true }, &[m]);
     add(&mut g, Op::Std { dims: vec![], correction: f(0.0), keepdim: false }, &[m]);
     add(&mut g, Op::LogSumExp { dims: vec![-1], keepdim: false }, &[m]);
+    let lse = add(&mut g, Op::LseParts { dims: vec![-1] }, &[m]);
+    g.project(lse, 1).unwrap();
+    let mo = add(&mut g, Op::Moments { dims: vec![0], eps: f(1e-5) }, &[m]);
+    g.project(mo, 2).unwrap();
     add(&mut g, Op::Softmax { dim: -1 }, &[m]);
     add(&mut g, Op::LogSoftmax { dim: 0 }, &[m]);
     let ln = |shape: Vec<usize>, eps, has_weight, has_bias| Op::LayerNorm { normalized_shape: shape, eps, has_weight, has_bias };

@@ -48,7 +48,9 @@ pub fn node_kind(op: &NodeOp) -> NodeKind {
             Op::Unary(_) | Op::Binary(_) | Op::BinaryScalar { .. } | Op::Where | Op::Cast(_) => {
                 NodeKind::Pointwise
             }
-            Op::Reduce { .. } | Op::Mean { .. } => NodeKind::Reduction,
+            Op::Reduce { .. } | Op::Mean { .. } | Op::LseParts { .. } | Op::Moments { .. } => {
+                NodeKind::Reduction
+            }
             Op::View(_) | Op::Permute(_) | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } => {
                 NodeKind::View
             }

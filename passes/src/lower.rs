@@ -6,7 +6,7 @@
 //! conv, pools, ...) and BatchNorm in training mode, whose running-stat update
 //! is a side effect the runtime performs in place.
 
-use crate::decompose::{self, Builder};
+use crate::decompose::{self, Builder, Moments};
 use crate::decompose_loss::{self as loss, ClassLossOpts};
 use kiln_ir::graph::{Constant, Graph, Node, NodeId, NodeOp, ScalarValue};
 use kiln_ir::op::Op;
@@ -94,6 +94,27 @@ impl Builder for GraphBuilder<'_> {
     }
     fn gather(&mut self, x: &NodeId, dim: i64, index: &NodeId) -> Result<NodeId> {
         self.0.op(Op::Gather { dim }, &[*x, *index])
+    }
+    fn lse_parts(&mut self, x: &NodeId, dims: &[i64]) -> Result<(NodeId, NodeId)> {
+        let t = self.0.op(
+            Op::LseParts {
+                dims: dims.to_vec(),
+            },
+            &[*x],
+        )?;
+        Ok((self.0.project(t, 0)?, self.0.project(t, 1)?))
+    }
+    fn moments(&mut self, x: &NodeId, dims: &[i64], eps: f64) -> Result<Moments<NodeId>> {
+        let op = Op::Moments {
+            dims: dims.to_vec(),
+            eps: Float(eps),
+        };
+        let t = self.0.op(op, &[*x])?;
+        Ok(Moments {
+            mean: self.0.project(t, 0)?,
+            var: self.0.project(t, 1)?,
+            rstd: self.0.project(t, 2)?,
+        })
     }
 }
 

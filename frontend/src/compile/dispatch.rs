@@ -3,10 +3,12 @@
 //! graph replayed node by node computes what the traced code computed.
 
 use crate::functional as F;
+use crate::ops::fuse::{Fuser, Lazy};
 use crate::{Scalar, Tensor};
 use kiln_ir::graph::Reduction;
 use kiln_ir::op::Op;
 use kiln_ir::{bail, ReduceKind, Result};
+use kiln_passes::decompose::Builder;
 use kiln_passes::ClassLossOpts;
 
 /// Runs one graph op eagerly on tensors: the inverse of what the tracer records.
@@ -49,6 +51,15 @@ fn optional<'a>(rest: &mut std::slice::Iter<'a, Tensor>, present: bool) -> Optio
     }
 }
 
+/// A graph reduction's dims: empty means every dim.
+pub(crate) fn all_if_empty(x: &Tensor, dims: &[i64]) -> Vec<i64> {
+    if dims.is_empty() {
+        (0..x.rank() as i64).collect()
+    } else {
+        dims.to_vec()
+    }
+}
+
 fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
     let x = &ins[0];
     match op {
@@ -79,6 +90,18 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
         } => one(x.std(dims, correction.0, *keepdim)),
         Op::LogSumExp { dims, keepdim } => one(x.logsumexp(dims, *keepdim)),
         Op::Softmax { dim } => one(x.softmax(*dim)),
+        Op::LseParts { dims } => {
+            let (shift, logsum) = Fuser.lse_parts(&Lazy::tensor(x), &all_if_empty(x, dims))?;
+            Ok(vec![shift.materialize()?, logsum.materialize()?])
+        }
+        Op::Moments { dims, eps } => {
+            let m = Fuser.moments(&Lazy::tensor(x), &all_if_empty(x, dims), eps.0)?;
+            Ok(vec![
+                m.mean.materialize()?,
+                m.var.materialize()?,
+                m.rstd.materialize()?,
+            ])
+        }
         Op::LogSoftmax { dim } => one(x.log_softmax(*dim)),
         Op::LayerNorm {
             normalized_shape,

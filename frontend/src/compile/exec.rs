@@ -283,6 +283,22 @@ impl Executable {
                             keepdim,
                         } => f.reduce(*kind, x, &pick(dims), *keepdim)?,
                         Op::Mean { dims, keepdim } => f.mean(x, &pick(dims), *keepdim)?,
+                        Op::LseParts { dims } => {
+                            let (shift, logsum) = f.lse_parts(x, &pick(dims))?;
+                            return Ok(Val::Many(vec![
+                                shift.materialize()?,
+                                logsum.materialize()?,
+                            ]));
+                        }
+                        Op::Moments { dims, eps } => {
+                            let m = f.moments(x, &pick(dims), eps.0)?;
+                            let parts = [m.mean, m.var, m.rstd];
+                            let ts = parts
+                                .iter()
+                                .map(|p| p.materialize())
+                                .collect::<Result<_>>()?;
+                            return Ok(Val::Many(ts));
+                        }
                         _ => unreachable!("node_kind says reduction"),
                     }
                 }

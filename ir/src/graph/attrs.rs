@@ -96,6 +96,8 @@ pub fn op_name(op: &Op) -> String {
     match op {
         Op::BinaryScalar { op, .. } => format!("{}_scalar", op.name()),
         Op::LogSumExp { .. } => "logsumexp".into(),
+        Op::LseParts { .. } => "lse_parts".into(),
+        Op::Moments { .. } => "moments".into(),
         Op::Conv { spatial, .. } => format!("conv{spatial}d"),
         Op::PairLoss { name, .. } => match PAIR_LOSSES.iter().find(|(k, _)| k == name) {
             Some((_, printed)) => (*printed).into(),
@@ -141,6 +143,8 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
         Op::Reduce { dims, keepdim, .. } | Op::Mean { dims, keepdim } | Op::LogSumExp { dims, keepdim } => {
             vec![("dims", ints(dims)), ("keepdim", Bool(*keepdim))]
         }
+        Op::LseParts { dims } => vec![("dims", ints(dims))],
+        Op::Moments { dims, eps } => vec![("dims", ints(dims)), ("eps", F(*eps))],
         Op::Var { dims, correction, keepdim } | Op::Std { dims, correction, keepdim } => vec![
             ("correction", F(*correction)), ("dims", ints(dims)), ("keepdim", Bool(*keepdim)),
         ],
@@ -213,6 +217,7 @@ pub fn arity(op: &Op) -> (usize, usize) {
     match op {
         Op::Unary(_) | Op::BinaryScalar { .. } | Op::Cast(_) | Op::Reduce { .. } | Op::Mean { .. }
         | Op::Var { .. } | Op::Std { .. } | Op::LogSumExp { .. } | Op::Softmax { .. }
+        | Op::LseParts { .. } | Op::Moments { .. }
         | Op::LogSoftmax { .. } | Op::MaxPool2d(_) | Op::AvgPool2d { .. }
         | Op::AdaptiveAvgPool2d(_) | Op::AdaptiveMaxPool2d(_) | Op::View(_) | Op::Permute(_)
         | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } => (1, 1),

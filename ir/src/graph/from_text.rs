@@ -283,6 +283,13 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
             let (dims, keepdim) = dims_keep(a)?;
             Op::Mean { dims, keepdim }
         }
+        "lse_parts" => Op::LseParts {
+            dims: a.ints("dims")?,
+        },
+        "moments" => Op::Moments {
+            dims: a.ints("dims")?,
+            eps: a.float("eps")?,
+        },
         "logsumexp" => {
             let (dims, keepdim) = dims_keep(a)?;
             Op::LogSumExp { dims, keepdim }

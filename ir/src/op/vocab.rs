@@ -49,6 +49,17 @@ pub enum Op {
     Softmax {
         dim: i64,
     },
+    /// One-pass log-sum-exp over `dims` (kept), as the pair `(shift, logsum)`
+    /// with lse = shift + logsum: what softmax and log_softmax lower to.
+    LseParts {
+        dims: Vec<i64>,
+    },
+    /// One-pass (Welford) `(mean, biased var, rsqrt(var + eps))` over `dims`
+    /// (kept): what the normalisations lower to.
+    Moments {
+        dims: Vec<i64>,
+        eps: Float,
+    },
     LogSoftmax {
         dim: i64,
     },

@@ -177,6 +177,21 @@ impl Op {
                     dims: infer::reduced_shape(&ins[0].dims, &rd, *keepdim),
                 })
             }
+            Op::LseParts { dims } | Op::Moments { dims, .. } => {
+                need(&name, ins, 1)?;
+                infer::require_float(&name, &ins[0])?;
+                let rd = infer::reduce_dims(&name, ins[0].dims.len(), Some(dims))?;
+                let m = Meta {
+                    dtype: ins[0].dtype,
+                    dims: infer::reduced_shape(&ins[0].dims, &rd, true),
+                };
+                let n = if matches!(self, Op::LseParts { .. }) {
+                    2
+                } else {
+                    3
+                };
+                Ok(vec![m; n])
+            }
             Op::Softmax { dim } | Op::LogSoftmax { dim } => {
                 need(&name, ins, 1)?;
                 infer::require_float(&name, &ins[0])?;
