@@ -411,6 +411,12 @@ pub fn run_profiled(
                 rows.push(measure(&w, c, iters)?);
             }
         }
+        if only
+            .iter()
+            .any(|o| o.eq_ignore_ascii_case(&format!("{name}-compile")))
+        {
+            rows.extend(compile_latency(kind)?);
+        }
     }
     Ok(rows)
 }

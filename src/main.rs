@@ -21,7 +21,8 @@ enum Cmd {
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
-        /// Comma-separated workloads to run, e.g. W1,W7 (default: all).
+        /// Comma-separated workloads to run, e.g. W1,W7 (default: W1-W4, W7, W8);
+        /// also CNN, MLP (inference) and CNN-compile, MLP-compile (compile latency).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// eager, compiled, or both (compiled rows report compile_ms separately).
