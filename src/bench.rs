@@ -237,11 +237,16 @@ pub fn workload(name: &str) -> Result<Workload> {
 }
 
 /// `kiln dump`: the text of compile `stage` for `name` (see [`workload`]).
+/// `stage` `explain` prints `Compiled::explain()` instead.
 pub fn dump(name: &str, stage: &str) -> Result<String> {
-    let stage = crate::compile::Stage::parse(stage)?;
     let w = workload(name)?;
     let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
-    c.dump(stage, &w.inputs)
+    if stage == "explain" {
+        let _ng = crate::autograd::no_grad();
+        c.call(&w.inputs)?;
+        return Ok(c.explain().to_string());
+    }
+    c.dump(crate::compile::Stage::parse(stage)?, &w.inputs)
 }
 
 /// Compile latency of a digits model (first call of a fresh `compile`, which

@@ -40,7 +40,7 @@ enum Cmd {
         /// cnn, mlp, W1, W2, W3 or W4.
         #[arg(long)]
         model: String,
-        /// graph, rewritten, fused, kernels or clif.
+        /// graph, rewritten, fused, kernels, clif, or explain (the compile report).
         #[arg(long, default_value = "fused")]
         stage: String,
     },
