@@ -194,16 +194,6 @@ impl Gen {
         None
     }
 
-    /// Whether `id` is computed from constants alone.
-    pub(crate) fn constant_only(&self, id: NodeId) -> bool {
-        let n = self.g.node(id);
-        match &n.op {
-            NodeOp::Const(_) => true,
-            NodeOp::Op(_) => n.operands.iter().all(|&o| self.constant_only(o)),
-            _ => false,
-        }
-    }
-
     /// Appends `op` if inference accepts it (the new value joins the pool).
     pub(crate) fn op(&mut self, op: Op, args: &[NodeId]) -> Option<NodeId> {
         let id = self.g.op(op, args).ok()?;

@@ -13,9 +13,9 @@ use crate::ops::fuse::{Fuser, Lazy};
 use crate::{Scalar, Tensor};
 use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
 use kiln_ir::op::Op;
-use kiln_ir::{bail, Result};
+use kiln_ir::{bail, DType, Result};
 use kiln_passes::decompose::Builder;
-use kiln_passes::fusion::{self, FusionPlan, NodeKind};
+use kiln_passes::fusion::{self, FusionPlan, KernelKind, NodeKind};
 use kiln_passes::memory_plan::{self, MemoryPlan};
 use std::collections::HashMap;
 
@@ -32,6 +32,11 @@ pub struct Executable {
     last_use: Vec<usize>,
     /// Per node: its index among the graph inputs.
     input_index: Vec<Option<usize>>,
+    /// Per node: the root of a conv epilogue applied per output tile; the
+    /// value is the kernel's index in the plan.
+    tiled_root: Vec<Option<usize>>,
+    /// Per node: computed inside a tiled conv epilogue, not on its own.
+    deferred: Vec<bool>,
 }
 
 /// One stored value of a kernel-by-kernel run and the kernels that computed it.
@@ -59,6 +64,23 @@ impl Val {
             Val::One(l) => Ok(l),
             Val::Many(_) => bail!("compile", "a tuple value used as a tensor"),
         }
+    }
+}
+
+/// A pointwise op applied to pending expressions (it stays pending).
+pub(super) fn pointwise(op: &Op, a: &[&Lazy]) -> Result<Lazy> {
+    let f = &mut Fuser;
+    match op {
+        Op::Unary(u) => f.unary(*u, a[0]),
+        Op::Binary(b) => f.binary(*b, a[0], a[1]),
+        Op::BinaryScalar {
+            op,
+            value,
+            reversed,
+        } => f.binary_scalar(*op, a[0], scalar(*value), *reversed),
+        Op::Where => f.select(a[0], a[1], a[2]),
+        Op::Cast(dt) => f.cast(a[0], *dt),
+        other => bail!("compile", "`{}` is not pointwise", other.name()),
     }
 }
 
@@ -105,6 +127,31 @@ impl Executable {
                 last_use[e.index()] = last_use[e.index()].max(r);
             }
         }
+        // a float conv's epilogue runs per output tile at the epilogue's root:
+        // the conv and the epilogue's nodes wait for it, and what they read lives until then
+        let mut tiled_root = vec![None; n];
+        let mut deferred = vec![false; n];
+        for (k, kernel) in plan.kernels.iter().enumerate() {
+            let (KernelKind::Extern { epilogue: Some(r) }, NodeOp::Op(Op::Conv { .. })) =
+                (&kernel.kind, &graph.node(kernel.root).op)
+            else {
+                continue;
+            };
+            let float = graph
+                .meta(kernel.root)
+                .is_ok_and(|m| matches!(m.dtype, DType::F32 | DType::F64));
+            if !float {
+                continue;
+            }
+            tiled_root[r.index()] = Some(k);
+            deferred[kernel.root.index()] = true;
+            for f in kernel.fused.iter().filter(|f| **f != *r) {
+                deferred[f.index()] = true;
+            }
+            for read in &kernel.reads {
+                last_use[read.index()] = last_use[read.index()].max(r.index());
+            }
+        }
         let mut frontier = vec![false; n];
         for node in graph.nodes() {
             for o in &node.operands {
@@ -128,6 +175,8 @@ impl Executable {
             frontier,
             last_use,
             input_index,
+            tiled_root,
+            deferred,
         }
     }
 
@@ -174,7 +223,32 @@ impl Executable {
         for (id, node) in self.graph.iter() {
             let i = id.index();
             let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
-            let v = if valid && self.hoisted[i] && cached {
+            let v = if self.deferred[i] {
+                None
+            } else if let Some(k) = self.tiled_root[i] {
+                let value = |o: NodeId| match &vals[o.index()] {
+                    Some(v) => v.lazy()?.materialize(),
+                    None => bail!("compile", "conv operand {o:?} was freed"),
+                };
+                let kernel = &self.plan.kernels[k];
+                let run =
+                    || super::epilogue::run_conv_with_epilogue(&self.graph, kernel, id, &value);
+                let t = match debug.as_deref_mut() {
+                    Some(runs) => {
+                        // (tiles that ran on other threads are not recorded)
+                        let (t, kernels) = kiln_runtime::record_kernels(run);
+                        let t = t?;
+                        runs.push(KernelRun {
+                            node: id,
+                            value: t.clone(),
+                            kernels,
+                        });
+                        t
+                    }
+                    None => run()?,
+                };
+                Some(Val::One(Lazy::tensor(&t)))
+            } else if valid && self.hoisted[i] && cached {
                 match cache.values.get(&i) {
                     Some(t) => Some(Val::One(Lazy::tensor(t))),
                     None => None, // consumed only inside the hoisted part
@@ -249,19 +323,10 @@ impl Executable {
             },
             NodeOp::Op(op) => match fusion::node_kind(&node.op) {
                 NodeKind::Pointwise => {
-                    let l = match op {
-                        Op::Unary(u) => f.unary(*u, arg(0)?)?,
-                        Op::Binary(b) => f.binary(*b, arg(0)?, arg(1)?)?,
-                        Op::BinaryScalar {
-                            op,
-                            value,
-                            reversed,
-                        } => f.binary_scalar(*op, arg(0)?, scalar(*value), *reversed)?,
-                        Op::Where => f.select(arg(0)?, arg(1)?, arg(2)?)?,
-                        Op::Cast(dt) => f.cast(arg(0)?, *dt)?,
-                        _ => unreachable!("node_kind says pointwise"),
-                    };
-                    return self.store(id, l, vals);
+                    let args = (0..node.operands.len())
+                        .map(arg)
+                        .collect::<Result<Vec<_>>>()?;
+                    return self.store(id, pointwise(op, &args)?, vals);
                 }
                 NodeKind::Reduction => {
                     // a reduction loops over its input's tensors: give a

@@ -52,8 +52,8 @@ fn w1_chain_is_one_kernel_and_matches_eager() {
     close(&outs[0], &want, 1e-6);
 }
 
-#[test]
-fn conv_relu_runs_the_epilogue_over_the_conv_output() {
+/// Runs `conv2d(x) + r` then relu, with the residual `r` given in `r_layout`.
+fn conv_residual_relu(r: Tensor) -> (Tensor, Tensor, Vec<String>) {
     let g = Graph::parse(
         "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
   %4 = conv2d(%0, %1, %2) {dilation=[1], groups=1, padding=[0], stride=[1]} : f32[2,4,6,6]
@@ -69,21 +69,34 @@ fn conv_relu_runs_the_epilogue_over_the_conv_output() {
         randn(&[2, 3, 8, 8], 1),
         randn(&[4, 3, 3, 3], 2),
         randn(&[4], 3),
-        randn(&[2, 4, 6, 6], 4),
+        r,
     ];
-    let (outs, ks) = run(&exec, &ins);
+    let (mut outs, ks) = run(&exec, &ins);
     let want = F::conv2d(&ins[0], &ins[1], Some(&ins[2]), &ConvParams::default())
         .unwrap()
         .add(&ins[3])
         .unwrap()
         .relu()
         .unwrap();
-    close(&outs[0], &want, 1e-5);
-    assert_eq!(
-        ks.iter().filter(|k| k.contains("relu")).count(),
-        1,
-        "{ks:?}"
-    );
+    (outs.remove(0), want, ks)
+}
+
+#[test]
+fn conv_epilogue_runs_per_output_tile() {
+    let (got, want, ks) = conv_residual_relu(randn(&[2, 4, 6, 6], 4));
+    close(&got, &want, 1e-5);
+    // this small conv runs serially: one epilogue launch per output tile
+    // (2 images x 1 tile of 36 positions), none over the whole output
+    assert_eq!(ks, ["fused[add+relu]", "fused[add+relu]"]);
+}
+
+#[test]
+fn conv_epilogue_falls_back_to_one_pass_when_a_tile_has_no_view() {
+    // the residual's spatial dims are transposed: they do not flatten into one stride
+    let r = randn(&[2, 4, 6, 6], 4).transpose(2, 3).unwrap();
+    let (got, want, ks) = conv_residual_relu(r);
+    close(&got, &want, 1e-5);
+    assert_eq!(ks, ["fused[add+relu]"]);
 }
 
 #[test]

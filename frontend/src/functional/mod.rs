@@ -244,6 +244,52 @@ fn conv_eager(
     rules::conv(g, x, w, bias, y)
 }
 
+/// conv1d/conv2d (no autograd) calling `epilogue(out, tile)` on each output
+/// tile as soon as the GEMM has written it: how a compiled graph applies a
+/// conv's pointwise epilogue while the tile is in cache. f32/f64 only (half
+/// dtypes compute in a widened copy, so there is no tile of `out` to rewrite).
+pub fn conv_with_epilogue(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+    spatial: usize,
+    epilogue: &(dyn Fn(&Tensor, externs::conv::Tile) -> Result<()> + Sync),
+) -> Result<Tensor> {
+    let op = if spatial == 1 { "conv1d" } else { "conv2d" };
+    let _p = op_scope(op, &[x, w]);
+    let mut ts = vec![x, w];
+    ts.extend(bias);
+    let dt = float_dtype(op, &ts)?;
+    if dt.is_half() {
+        bail!(op, "a tile epilogue needs f32 or f64, got {dt}");
+    }
+    let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
+    let (xc, wc) = (compute_input(x)?, compute_input(w)?);
+    let bc = bias.map(compute_input).transpose()?;
+    let failed = std::sync::Mutex::new(None);
+    let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| {
+        let tile = |t: externs::conv::Tile| {
+            if let Err(e) = epilogue(out, t) {
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
+            }
+        };
+        unsafe {
+            dispatch_float!(dt, T => externs::conv::conv2d_tiled::<T>(
+                &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)),
+                out.storage.as_mut_slice::<T>(), Some(&tile),
+            ))
+        }
+    })?;
+    match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(y),
+    }
+}
+
 /// `F.conv_transpose2d` (stride, padding, output_padding, dilation, groups).
 pub fn conv_transpose2d(
     x: &Tensor,

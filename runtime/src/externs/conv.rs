@@ -34,6 +34,22 @@ fn valid_range(out: usize, s: usize, off: isize, len: usize) -> (usize, usize) {
     (lo, (hi as usize).clamp(lo, out))
 }
 
+/// A block of a conv's output that is final: sample `n`, output channels
+/// `c0..c0 + channels`, flattened output positions `p0..p0 + cols`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    pub n: usize,
+    pub c0: usize,
+    pub channels: usize,
+    pub p0: usize,
+    pub cols: usize,
+}
+
+/// Called on each [`Tile`] as soon as it is written, while it is in cache
+/// (a compiled graph's pointwise epilogue). It may rewrite the tile's
+/// elements in `out` in place and nothing else.
+pub type Epilogue<'a> = &'a (dyn Fn(Tile) + Sync);
+
 /// `conv2d` forward: `out[N, C_out, OH, OW] = conv(input[N, C_in, H, W], weight[C_out, C_in/g, kH, kW]) + bias`.
 /// A `conv1d` geometry (H = 1) runs through the same code.
 pub fn conv2d<T: Elem>(
@@ -42,6 +58,18 @@ pub fn conv2d<T: Elem>(
     weight: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
+) {
+    conv2d_tiled(g, input, weight, bias, out, None)
+}
+
+/// [`conv2d`], calling `epilogue` on every output tile once it is final.
+pub fn conv2d_tiled<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
 ) {
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
@@ -73,7 +101,7 @@ pub fn conv2d<T: Elem>(
         return;
     }
     if cpg == 1 && g.groups > 1 {
-        return depthwise(g, input, weight, bias, out);
+        return depthwise(g, input, weight, bias, out, epilogue);
     }
     let kk = cpg * kh * kw;
     let p = oh * ow;
@@ -126,6 +154,15 @@ pub fn conv2d<T: Elem>(
                 bias.is_some(),
                 par,
             );
+        }
+        if let Some(e) = epilogue {
+            e(Tile {
+                n: ni,
+                c0: gi * opg,
+                channels: opg,
+                p0,
+                cols,
+            });
         }
     };
 
@@ -207,6 +244,7 @@ fn depthwise<T: Elem>(
     weight: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
+    epilogue: Option<Epilogue>,
 ) {
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
@@ -250,15 +288,27 @@ fn depthwise<T: Elem>(
             }
         }
     };
+    let plane_then_epilogue = |i: usize, o: &mut [T]| {
+        plane(i, o);
+        if let Some(e) = epilogue {
+            e(Tile {
+                n: i / g.c_out,
+                c0: i % g.c_out,
+                channels: 1,
+                p0: 0,
+                cols: oh * ow,
+            });
+        }
+    };
     let work = out.len() * kh * kw;
     if threads() > 1 && work >= PAR_MIN_WORK {
         out.par_chunks_mut(oh * ow)
             .enumerate()
-            .for_each(|(i, o)| plane(i, o));
+            .for_each(|(i, o)| plane_then_epilogue(i, o));
     } else {
         out.chunks_mut(oh * ow)
             .enumerate()
-            .for_each(|(i, o)| plane(i, o));
+            .for_each(|(i, o)| plane_then_epilogue(i, o));
     }
 }
 

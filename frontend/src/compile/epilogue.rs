@@ -1,0 +1,149 @@
+//! A conv's pointwise epilogue applied per output tile, while the tile the
+//! GEMM just wrote is in cache: the epilogue's expression is rebuilt on tile
+//! views of its inputs and stored over the tile in place.
+
+use super::exec::pointwise;
+use crate::functional as F;
+use crate::ops::fuse::Lazy;
+use crate::Tensor;
+use kiln_ir::graph::{Graph, NodeId, NodeOp};
+use kiln_ir::op::Op;
+use kiln_ir::{bail, DType, Result};
+use kiln_passes::fusion::Kernel;
+use kiln_runtime::externs::conv::Tile;
+use std::collections::HashMap;
+
+/// What an epilogue reads besides the conv's output.
+enum Leaf {
+    Tensor(Tensor),
+    Constant(f64, DType),
+}
+
+/// `t` (broadcast to the conv output's `dims`) restricted to `tile`, as a
+/// 2-d view `[channels, cols]`; an error when the spatial dims of `t` do not
+/// flatten into one stride.
+fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
+    let v =
+        t.expand_to(dims)?
+            .select(0, tile.n as i64)?
+            .narrow(0, tile.c0 as i64, tile.channels)?;
+    v.view_as_shape(&[tile.channels as i64, -1])?
+        .narrow(1, tile.p0 as i64, tile.cols)
+}
+
+/// The epilogue of `kernel` (an extern conv with one), evaluated on `out`
+/// restricted by `view`, and stored over that view.
+fn apply(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    leaves: &[(NodeId, Leaf)],
+    out: &Tensor,
+    view: &dyn Fn(&Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let target = view(out)?;
+    let mut lz: HashMap<NodeId, Lazy> = HashMap::new();
+    lz.insert(kernel.root, Lazy::tensor(&target));
+    for (id, leaf) in leaves {
+        let l = match leaf {
+            Leaf::Tensor(t) => Lazy::tensor(&view(t)?),
+            Leaf::Constant(v, dt) => Lazy::constant(*v, *dt),
+        };
+        lz.insert(*id, l);
+    }
+    for &n in &kernel.fused {
+        let node = g.node(n);
+        let NodeOp::Op(op) = &node.op else {
+            bail!("compile", "epilogue node {n:?} is not an op");
+        };
+        let args = node
+            .operands
+            .iter()
+            .map(|o| {
+                lz.get(o)
+                    .ok_or_else(|| kiln_ir::Error::op("compile", "epilogue operand missing"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let v = pointwise(op, &args)?;
+        lz.insert(n, v);
+    }
+    lz[&root].materialize_into(&target)
+}
+
+/// Runs the conv of `kernel` with its epilogue on each output tile; falls
+/// back to one pass over the whole output when an input's layout has no
+/// per-tile view. `value(id)` gives the stored tensors the kernel reads.
+pub fn run_conv_with_epilogue(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let conv = g.node(kernel.root);
+    let NodeOp::Op(Op::Conv { params, spatial }) = &conv.op else {
+        bail!(
+            "compile",
+            "a tiled epilogue needs a conv, got {}",
+            conv.op_name()
+        );
+    };
+    let ins = conv
+        .operands
+        .iter()
+        .map(|&o| value(o))
+        .collect::<Result<Vec<_>>>()?;
+    // what the epilogue's nodes read besides each other and the conv
+    let mut reads: Vec<NodeId> = kernel
+        .fused
+        .iter()
+        .flat_map(|&n| g.node(n).operands.iter().copied())
+        .filter(|o| *o != kernel.root && !kernel.fused.contains(o))
+        .collect();
+    reads.sort();
+    reads.dedup();
+    let mut leaves = vec![];
+    for r in reads {
+        let leaf = match &g.node(r).op {
+            NodeOp::Const(c) if c.is_splat() && c.meta.dims.is_empty() => {
+                Leaf::Constant(c.value(0), c.meta.dtype)
+            }
+            _ => Leaf::Tensor(value(r)?),
+        };
+        leaves.push((r, leaf));
+    }
+    let dims = g.meta(kernel.root)?.dims.clone();
+    // tiles are (sample, channels, positions): an unbatched conv has no sample dim
+    let batched = dims.len() == spatial + 2;
+    let probe = Tile {
+        n: 0,
+        c0: 0,
+        channels: dims[1],
+        p0: 0,
+        cols: dims[2..].iter().product(),
+    };
+    let tiled = batched
+        && dims[0] > 0
+        && leaves.iter().all(|(_, l)| match l {
+            Leaf::Tensor(t) => tile_of(t, &dims, probe).is_ok(),
+            Leaf::Constant(..) => true,
+        });
+    let b = ins.get(2);
+    if tiled {
+        let per_tile = |out: &Tensor, t: Tile| {
+            apply(g, kernel, root, &leaves, out, &|x: &Tensor| {
+                tile_of(x, &dims, t)
+            })
+        };
+        return F::conv_with_epilogue(&ins[0], &ins[1], b, params, *spatial, &per_tile);
+    }
+    let out = crate::compile::dispatch::run_op(&conv_op(params, *spatial), &ins)?.remove(0);
+    apply(g, kernel, root, &leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
+    Ok(out)
+}
+
+fn conv_op(params: &kiln_ir::op::conv::ConvParams, spatial: usize) -> Op {
+    Op::Conv {
+        params: params.clone(),
+        spatial,
+    }
+}
