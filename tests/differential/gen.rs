@@ -12,7 +12,7 @@
 //! sometimes an intermediate too (it must then be stored mid-chain).
 
 use kiln_ir::graph::eval::HostTensor;
-use kiln_ir::graph::{Constant, Graph, NodeId, NodeOp, ScalarValue};
+use kiln_ir::graph::{Constant, Graph, NodeId, ScalarValue};
 use kiln_ir::op::{Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, UnaryOp};
 
