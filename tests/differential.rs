@@ -8,8 +8,10 @@
 //! first node that differs (for the compiled leg: the first node whose own
 //! cone, compiled alone, differs) with that cone as a smaller graph.
 //!
-//! `KILN_DIFF_GRAPHS=n` runs another number of graphs; `KILN_DIFF_SEED=s`
-//! runs only seed `s`.
+//! `KILN_DIFF_GRAPHS=n` runs another number of graphs (from seed
+//! `KILN_DIFF_FIRST`, 0 by default); `KILN_DIFF_SEED=s` runs only seed `s`.
+//! (One process compiles every graph: many thousands of them can exhaust the
+//! JIT's executable memory, so run long searches in chunks.)
 
 #[path = "differential/check.rs"]
 mod check;
@@ -129,7 +131,10 @@ fn compiled_eager_and_reference_agree() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds: Vec<u64> = match env("KILN_DIFF_SEED") {
         Some(s) => vec![s],
-        None => (0..env("KILN_DIFF_GRAPHS").unwrap_or(GRAPHS)).collect(),
+        None => {
+            let first = env("KILN_DIFF_FIRST").unwrap_or(0);
+            (first..first + env("KILN_DIFF_GRAPHS").unwrap_or(GRAPHS)).collect()
+        }
     };
     let mut stats = Stats::default();
     let mut failures = Vec::new();

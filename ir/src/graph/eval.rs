@@ -432,10 +432,11 @@ fn binary_err(op: BinaryOp, a: f64, b: f64, ea: f64, eb: f64) -> (f64, f64, bool
             let q = a / b;
             let eq = ea / b.abs() + mul0(q.abs() / b.abs(), eb);
             let unsure = near_int(q, eq) || too_close(b.abs(), eb);
-            let e = if op == FloorDiv {
-                0.0
-            } else {
-                ea + mul0(q.trunc().abs(), eb)
+            // d/db of a - k b is -k: k = trunc(q) for fmod, floor(q) for remainder
+            let e = match op {
+                FloorDiv => 0.0,
+                Fmod => ea + mul0(q.trunc().abs(), eb),
+                _ => ea + mul0(q.floor().abs(), eb),
             };
             (e, 2.0, unsure)
         }
