@@ -42,13 +42,26 @@ impl Gen {
         self.op(op, &[y])
     }
 
-    /// A float pool value of rank `min_rank..=4` (a new input if none turns up).
+    /// A float pool value of rank `min_rank..=4`, or a new input: one with a
+    /// long last dim sometimes (rows long enough for the kernels' vector
+    /// paths), else if no pool value turns up.
     fn float_value(&mut self, min_rank: usize) -> NodeId {
         let ok = |m: &Meta| m.dtype.is_float() && m.dims.len() >= min_rank && !m.dims.contains(&0);
-        if let Some(x) = self.operand_where(ok) {
-            return x;
+        let long = self.rng.chance(0.12);
+        if !long {
+            if let Some(x) = self.operand_where(ok) {
+                return x;
+            }
         }
-        let mut d = self.shape(4);
+        let mut d = if long {
+            let mut d: Vec<usize> = (0..self.rng.range(0, 2))
+                .map(|_| self.rng.range(1, 4) as usize)
+                .collect();
+            d.push(self.rng.pick(&[8, 17, 33, 64, 100]));
+            d
+        } else {
+            self.shape(4)
+        };
         while d.len() < min_rank {
             d.push(self.rng.range(1, 5) as usize);
         }
@@ -100,6 +113,8 @@ impl Gen {
         let mut x = self.float_value(0);
         if self.rng.chance(0.35) {
             x = self.masked(x)?;
+        } else {
+            x = self.scaled(x)?;
         }
         let dim = self.dim_of(self.meta(x).dims.len());
         let op = if self.rng.chance(0.5) {
@@ -114,14 +129,29 @@ impl Gen {
         let mut x = self.float_value(0);
         if self.rng.chance(0.25) {
             x = self.masked(x)?;
+        } else {
+            x = self.scaled(x)?;
         }
         let dims = self.reduce_dims(self.meta(x).dims.len());
         let keepdim = self.rng.chance(0.5);
         self.op(Op::LogSumExp { dims, keepdim }, &[x])
     }
 
+    /// `x * s + c` sometimes: large scales and offsets for the statistics
+    /// (a mean far from 0 strains a one-pass variance; large logits the lse shift).
+    fn scaled(&mut self, x: NodeId) -> Option<NodeId> {
+        if !self.rng.chance(0.25) {
+            return Some(x);
+        }
+        let s = scal(BinaryOp::Mul, self.rng.pick(&[0.01, 10.0, 100.0]));
+        let x = self.op(s, &[x])?;
+        let c = scal(BinaryOp::Add, self.rng.pick(&[-50.0, 30.0, 1000.0]));
+        self.op(c, &[x])
+    }
+
     fn var_std(&mut self) -> Option<NodeId> {
         let x = self.float_value(0);
+        let x = self.scaled(x)?;
         let d = self.meta(x).dims;
         let dims = self.reduce_dims(d.len());
         let n: usize = if dims.is_empty() {
@@ -157,6 +187,7 @@ impl Gen {
 
     fn layer_norm(&mut self) -> Option<NodeId> {
         let x = self.float_value(1);
+        let x = self.scaled(x)?;
         let m = self.meta(x);
         let k = self.rng.range(1, m.dims.len().min(3) as i64) as usize;
         let normalized_shape = m.dims[m.dims.len() - k..].to_vec();
@@ -189,6 +220,7 @@ impl Gen {
 
     fn group_norm(&mut self) -> Option<NodeId> {
         let x = self.channels_value();
+        let x = self.scaled(x)?;
         let m = self.meta(x);
         let c = m.dims[1];
         let divisors: Vec<usize> = (1..=c).filter(|g| c % g == 0).collect();
