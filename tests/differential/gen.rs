@@ -1,7 +1,8 @@
 //! The seeded random graph generator of the differential test.
 //!
 //! A graph grows from a few random inputs (f32 mostly, some f64, i64 and
-//! bool; ranks 0..=4, dims 1..=6) by appending ops whose operands come from
+//! bool; ranks 0..=4, dims 1..=6) by appending ops — pointwise, views,
+//! reductions, matmul, conv, cat and composites (`gen_composite.rs`) — whose operands come from
 //! the values built so far: recent ones mostly (chains that fuse), any one
 //! sometimes (values used several times: shared subexpressions, values read
 //! both by views and by reductions). Each candidate op goes through the

@@ -223,7 +223,7 @@ impl Gen {
         let x = self.scaled(x)?;
         let m = self.meta(x);
         let c = m.dims[1];
-        let divisors: Vec<usize> = (1..=c).filter(|g| c % g == 0).collect();
+        let divisors: Vec<usize> = (1..=c).filter(|g| c.is_multiple_of(*g)).collect();
         let groups = self.rng.pick(&divisors);
         let (w, b) = (self.rng.chance(0.5), self.rng.chance(0.5));
         let mut args = vec![x];
