@@ -1,15 +1,24 @@
 //! Differential test: for seeds 0..GRAPHS, a random graph (see
-//! `differential/gen.rs`) runs three ways: compiled (`Executable`, fused
-//! kernels), eager (every node through `run_op`, the eager Tensor ops) and in
-//! the reference interpreter (`kiln_ir::graph::eval`, f64 with the scalar
-//! semantics of `ir::scalar`). Every compiled output and every eager node's
-//! value must equal the reference within the tolerance of
+//! `differential/gen.rs`) runs three ways: compiled (`Executable` on the
+//! graph with its composites decomposed: fused kernels, one-pass lse_parts and
+//! moments reductions with their prologues and epilogues), eager (every node,
+//! composites included, through `run_op`, the eager Tensor ops) and in the
+//! reference interpreter (`kiln_ir::graph::eval`, f64 with the scalar
+//! semantics of `ir::scalar`). The reference evaluates composites (softmax,
+//! layer_norm, cross_entropy, ...) directly by their textbook formulas, not
+//! through kiln's decomposition, so the decomposition is checked too; the
+//! decomposed graph also runs in the reference interpreter, whose outputs must
+//! agree with the composites' formulas (a failure there points at the
+//! decomposition itself rather than at the kernels). Every compiled output and
+//! every eager node's value must equal the reference within the tolerance of
 //! `differential/check.rs`. A mismatch prints the seed, the graph, and the
 //! first node that differs (for the compiled leg: the first node whose own
 //! cone, compiled alone, differs) with that cone as a smaller graph.
 //!
-//! `KILN_DIFF_GRAPHS=n` runs another number of graphs; `KILN_DIFF_SEED=s`
-//! runs only seed `s`.
+//! `KILN_DIFF_GRAPHS=n` runs another number of graphs (from seed
+//! `KILN_DIFF_FIRST`, 0 by default); `KILN_DIFF_SEED=s` runs only seed `s`.
+//! (One process compiles every graph: many thousands of them can exhaust the
+//! JIT's executable memory, so run long searches in chunks.)
 
 #[path = "differential/check.rs"]
 mod check;
@@ -74,6 +83,23 @@ fn check_seed(seed: u64, stats: &mut Stats) -> Result<(), String> {
     for b in reference.iter().flatten() {
         stats.unsure += b.unsure.iter().filter(|&&u| u).count();
     }
+    // the decomposition, in the reference interpreter
+    let lowered = kiln_passes::lower::decompose_composites(g).map_err(|e| e.to_string())?;
+    let low = eval_nodes(&lowered, &case.inputs)
+        .map_err(|e| format!("{}decomposed: {e}", head("the decomposition")))?;
+    for (o, lo) in g.outputs().iter().zip(lowered.outputs()) {
+        let (want, got) = (&reference[o.index()], &low[lo.index()]);
+        let (Some(want), Some(got)) = (want, got) else {
+            continue;
+        };
+        if let Err(m) = check::compare_reference(got, want) {
+            return Err(format!(
+                "{}output {o:?} of the decomposed graph (reference interpreter): {m}\n{}",
+                head("the decomposition"),
+                lowered.to_text()
+            ));
+        }
+    }
     // compiled
     let outs = check::compiled(g, &case.inputs, &case.captured);
     let bad = match &outs {
@@ -129,7 +155,10 @@ fn compiled_eager_and_reference_agree() {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
     let seeds: Vec<u64> = match env("KILN_DIFF_SEED") {
         Some(s) => vec![s],
-        None => (0..env("KILN_DIFF_GRAPHS").unwrap_or(GRAPHS)).collect(),
+        None => {
+            let first = env("KILN_DIFF_FIRST").unwrap_or(0);
+            (first..first + env("KILN_DIFF_GRAPHS").unwrap_or(GRAPHS)).collect()
+        }
     };
     let mut stats = Stats::default();
     let mut failures = Vec::new();

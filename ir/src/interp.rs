@@ -505,6 +505,11 @@ mod tests {
         assert_eq!(bin(BinaryOp::Remainder, -7.5, 2.0, F64), 0.5);
         assert_eq!(bin(BinaryOp::FloorDiv, -7.5, 2.0, F64), -4.0);
         assert_eq!(bin(BinaryOp::FloorDiv, 7.5, -2.0, F32), -4.0);
+        // found by the differential test: in f32, (a - fmod(a, b)) / b is
+        // -30.000002 here, one ulp below the integer; floor alone gave -32
+        let (a, b) = (-44.88129425048828f32 as f64, 1.4892146587371826f32 as f64);
+        assert_eq!(bin(BinaryOp::FloorDiv, a, b, F32), -31.0);
+        assert_eq!(bin(BinaryOp::FloorDiv, a, b, F64), -31.0);
     }
 
     #[test]

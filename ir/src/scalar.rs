@@ -222,7 +222,9 @@ pub fn lower_binary<S: ScalarOps>(s: &mut S, op: BinaryOp, a: S::V, b: S::V, dt:
         BinaryOp::FloorDiv => {
             if dt.is_float() {
                 // PyTorch's div_floor: (a - fmod(a, b)) / b, corrected by one when the
-                // signs differ, then floored to absorb rounding.
+                // signs differ, then rounded to the nearest integer to absorb the
+                // division's rounding (floor, plus one above .5): the quotient is an
+                // integer up to rounding, and can land an ulp below it.
                 let m = s.binary(Fmod, a, b, dt);
                 let am = s.binary(Sub, a, m, dt);
                 let q = s.binary(Div, am, b, dt);
@@ -235,7 +237,12 @@ pub fn lower_binary<S: ScalarOps>(s: &mut S, op: BinaryOp, a: S::V, b: S::V, dt:
                 let one = s.constant(1.0, dt);
                 let q1 = s.binary(Sub, q, one, dt);
                 let q = s.select(fix, q1, q, dt);
-                s.unary(Prim1::Floor, q, dt)
+                let f = s.unary(Prim1::Floor, q, dt);
+                let frac = s.binary(Sub, q, f, dt);
+                let half = s.constant(0.5, dt);
+                let up = s.compare(Cmp::Gt, frac, half, dt);
+                let f1 = s.binary(Add, f, one, dt);
+                s.select(up, f1, f, dt)
             } else {
                 let q = s.binary(Div, a, b, dt);
                 let r = s.binary(Fmod, a, b, dt);

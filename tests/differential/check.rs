@@ -63,6 +63,35 @@ pub fn compare(got: &Tensor, want: &Bounded) -> Result<usize, String> {
     Ok(compared)
 }
 
+/// Compares two reference values (the composite's own formula and its
+/// decomposition, both in the reference interpreter) within their bounds together.
+pub fn compare_reference(got: &Bounded, want: &Bounded) -> Result<(), String> {
+    let m = want.meta();
+    if got.meta() != m {
+        return Err(format!("type {} but the reference is {m}", got.meta()));
+    }
+    let (g, r) = (&got.value.data, &want.value.data);
+    let (rtol, atol) = tolerance(m.dtype);
+    for i in 0..g.len() {
+        if want.unsure[i] || got.unsure[i] {
+            continue;
+        }
+        let e = atol + rtol * r[i].abs() + SAFETY * (want.err[i] + got.err[i]);
+        let ok = if !m.dtype.is_float() || !r[i].is_finite() {
+            g[i] == r[i] || (g[i].is_nan() && r[i].is_nan())
+        } else {
+            (g[i] - r[i]).abs() <= e
+        };
+        if !ok {
+            return Err(format!(
+                "element {i} of {m}: decomposed {} want {} (error bounds {:e}, {:e}); got {:?} want {:?}",
+                g[i], r[i], got.err[i], want.err[i], short(g), short(r)
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn short(v: &[f64]) -> Vec<f64> {
     v.iter().take(12).copied().collect()
 }

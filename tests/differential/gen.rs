@@ -1,7 +1,8 @@
 //! The seeded random graph generator of the differential test.
 //!
 //! A graph grows from a few random inputs (f32 mostly, some f64, i64 and
-//! bool; ranks 0..=4, dims 1..=6) by appending ops whose operands come from
+//! bool; ranks 0..=4, dims 1..=6) by appending ops — pointwise, views,
+//! reductions, matmul, conv, cat and composites (`gen_composite.rs`) — whose operands come from
 //! the values built so far: recent ones mostly (chains that fuse), any one
 //! sometimes (values used several times: shared subexpressions, values read
 //! both by views and by reductions). Each candidate op goes through the
@@ -16,6 +17,8 @@ use kiln_ir::graph::{Constant, Graph, NodeId, ScalarValue};
 use kiln_ir::op::{Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, UnaryOp};
 
+#[path = "gen_composite.rs"]
+mod composite;
 #[path = "gen_shapes.rs"]
 mod shapes;
 
@@ -135,7 +138,7 @@ impl Gen {
     /// A new graph input with random contents of `meta`'s type.
     pub(crate) fn input(&mut self, meta: Meta, captured: bool) -> NodeId {
         let n: usize = meta.dims.iter().product();
-        let data = (0..n)
+        let data: Vec<f64> = (0..n)
             .map(|_| match meta.dtype {
                 DType::Bool => self.rng.below(2) as f64,
                 d if d.is_float() => {
@@ -153,6 +156,16 @@ impl Gen {
                 _ => self.rng.range(-4, 4) as f64,
             })
             .collect();
+        self.input_data(meta, data, captured)
+    }
+
+    /// A new graph input holding `data` (values of `meta`'s dtype).
+    pub(crate) fn input_data(&mut self, meta: Meta, data: Vec<f64>, captured: bool) -> NodeId {
+        let data = if meta.dtype == DType::F32 {
+            data.iter().map(|&v| v as f32 as f64).collect()
+        } else {
+            data
+        };
         let name = format!("in{}", self.inputs.len());
         let id = self.g.input(name, meta.clone());
         self.inputs.push(HostTensor { meta, data });
@@ -412,7 +425,7 @@ impl Gen {
     }
 
     fn step(&mut self) -> Option<NodeId> {
-        match self.rng.below(20) {
+        match self.rng.below(24) {
             0..=3 => self.unary(),
             4..=7 => self.binary(),
             8..=9 => self.binary_scalar(),
@@ -422,7 +435,8 @@ impl Gen {
             15..=16 => self.reduce(),
             17 => self.matmul(),
             18 => self.conv(),
-            _ => self.cat(),
+            19 => self.cat(),
+            _ => self.composite(),
         }
     }
 }

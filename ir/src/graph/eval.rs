@@ -11,7 +11,11 @@
 //! Reductions, matmul and convolution accumulate in `f64` and round once to
 //! the node's dtype (the exact answer, rounded); views, broadcasting, slicing
 //! and convolution geometry are re-implemented here rather than taken from
-//! the layout code the runtime uses.
+//! the layout code the runtime uses. Composites (softmax, layer_norm, the
+//! losses, ...) are evaluated by their textbook formulas, not through kiln's
+//! decomposition (see `eval/composite.rs`); the multi-result reductions they
+//! lower to (`lse_parts`, `moments`, read through `getitem`) and `gather` are
+//! known too, so a decomposed graph evaluates as well.
 //!
 //! Alongside each value, [`eval_nodes`] carries a running error bound
 //! ([`Bounded`]): per element, an absolute bound on how far an implementation
@@ -22,9 +26,13 @@
 //! implementation may legitimately decide it the other way. Tests use it to
 //! size tolerances to the conditioning of each graph instead of a blanket one.
 
+mod composite;
+mod loss;
 mod nd;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_composite;
 
 use super::{Graph, NodeOp};
 use crate::interp::{Interp, Val};
@@ -153,6 +161,8 @@ pub fn eval_nodes(g: &Graph, inputs: &[HostTensor]) -> Result<Vec<Option<Bounded
         );
     }
     let mut vals: Vec<Option<Bounded>> = Vec::with_capacity(g.len());
+    // the results of multi-output nodes, which `getitem` (Project) reads
+    let mut tuples: Vec<Option<Vec<Bounded>>> = Vec::with_capacity(g.len());
     let mut next_input = 0;
     for (id, node) in g.iter() {
         let arg = |k: usize| -> Result<&Bounded> {
@@ -183,14 +193,39 @@ pub fn eval_nodes(g: &Graph, inputs: &[HostTensor]) -> Result<Vec<Option<Bounded
                     .collect();
                 Bounded::exact(HostTensor::new(c.meta.clone(), data)?)
             }
-            NodeOp::Project(_) => bail!("eval", "multi-output ops are not supported"),
+            NodeOp::Project(k) => {
+                let t = node
+                    .operands
+                    .first()
+                    .and_then(|o| tuples[o.index()].as_ref());
+                match t.and_then(|t| t.get(*k)) {
+                    Some(v) => v.clone(),
+                    None => bail!("eval", "{id:?} projects result {k} of a value without one"),
+                }
+            }
             NodeOp::Op(op) => {
                 let ins = (0..node.operands.len())
                     .map(arg)
                     .collect::<Result<Vec<_>>>()?;
                 let meta = match node.meta() {
                     Some(m) => m,
-                    None => bail!("eval", "`{}` (multi-output) is not supported", op.name()),
+                    None => {
+                        let vs = composite::eval_multi(op, &ins)?;
+                        let metas: Vec<&Meta> = vs.iter().map(|v| v.meta()).collect();
+                        if metas.len() != node.metas.len()
+                            || metas.iter().zip(&node.metas).any(|(a, b)| *a != b)
+                        {
+                            bail!(
+                                "eval",
+                                "{id:?} {}: the interpreter computed {metas:?} but inference says {:?}",
+                                op.name(),
+                                node.metas
+                            );
+                        }
+                        vals.push(None);
+                        tuples.push(Some(vs));
+                        continue;
+                    }
                 };
                 let v = eval_op(op, &ins, meta)?;
                 if &v.value.meta != meta {
@@ -206,6 +241,7 @@ pub fn eval_nodes(g: &Graph, inputs: &[HostTensor]) -> Result<Vec<Option<Bounded
             }
         };
         vals.push(Some(v));
+        tuples.push(None);
     }
     Ok(vals)
 }
@@ -252,11 +288,7 @@ fn eval_op(op: &Op, x: &[&Bounded], meta: &Meta) -> Result<Bounded> {
         } => nd::slice(x[0], *dim, *start, *stop, *step)?,
         Op::Select { dim, index } => nd::select(x[0], *dim, *index)?,
         Op::Cat { dim } => nd::cat(x, *dim, meta.dtype)?,
-        other => bail!(
-            "eval",
-            "`{}` is not supported by the reference interpreter (decompose composites first)",
-            other.name()
-        ),
+        other => composite::eval(other, x, meta)?,
     })
 }
 
@@ -400,10 +432,11 @@ fn binary_err(op: BinaryOp, a: f64, b: f64, ea: f64, eb: f64) -> (f64, f64, bool
             let q = a / b;
             let eq = ea / b.abs() + mul0(q.abs() / b.abs(), eb);
             let unsure = near_int(q, eq) || too_close(b.abs(), eb);
-            let e = if op == FloorDiv {
-                0.0
-            } else {
-                ea + mul0(q.trunc().abs(), eb)
+            // d/db of a - k b is -k: k = trunc(q) for fmod, floor(q) for remainder
+            let e = match op {
+                FloorDiv => 0.0,
+                Fmod => ea + mul0(q.trunc().abs(), eb),
+                _ => ea + mul0(q.floor().abs(), eb),
             };
             (e, 2.0, unsure)
         }

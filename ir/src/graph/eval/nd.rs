@@ -38,7 +38,7 @@ fn gather(x: &Bounded, dims: &[usize], src: impl Fn(&[usize]) -> usize) -> Bound
     out
 }
 
-fn flat_of(idx: &[usize], dims: &[usize]) -> usize {
+pub(super) fn flat_of(idx: &[usize], dims: &[usize]) -> usize {
     idx.iter().zip(dims).fold(0, |acc, (&i, &d)| acc * d + i)
 }
 
@@ -215,7 +215,7 @@ fn new_out(dtype: DType, dims: &[usize]) -> Bounded {
 /// grouped by output element.
 type Groups = Vec<Vec<(usize, usize)>>;
 
-fn groups(x: &Meta, dims: &[i64], keepdim: bool) -> Result<(Groups, Dims)> {
+pub(super) fn groups(x: &Meta, dims: &[i64], keepdim: bool) -> Result<(Groups, Dims)> {
     let (map, out) = reduce_plan(x, dims, keepdim)?;
     let mut g = vec![Vec::new(); out.iter().product()];
     for (i, (o, r)) in map.into_iter().enumerate() {

@@ -339,3 +339,30 @@ fn error_bounds_track_conditioning_and_close_calls() {
     let v = eval_nodes(&g, &[t(F32, &[1], &[0.5])]).unwrap();
     assert!(!v[f.index()].as_ref().unwrap().unsure[0]);
 }
+
+/// Found by the differential test (fixed): `s % x` (Python remainder) is
+/// `s - floor(s / x) x`, so for `-0.75 % x` with `x >= 1` it is `x - 0.75` and
+/// carries x's error; the bound used fmod's `trunc(s / x) = 0` and gave 0.
+#[test]
+fn remainder_error_uses_floor() {
+    let mut g = Graph::new("rem");
+    let a = g.input("a", Meta::new(F32, &[1]));
+    let scalar = |op, value: f64, reversed| Op::BinaryScalar {
+        op,
+        value: ScalarValue::Float(Float(value)),
+        reversed,
+    };
+    let m = g.op(scalar(BinaryOp::Mul, 1.1, false), &[a]).unwrap();
+    let r = g
+        .op(scalar(BinaryOp::Remainder, -0.75, true), &[m])
+        .unwrap();
+    let f = g.op(scalar(BinaryOp::Fmod, -0.75, true), &[m]).unwrap();
+    let v = eval_nodes(&g, &[t(F32, &[1], &[1.3])]).unwrap();
+    let (em, er) = (
+        v[m.index()].as_ref().unwrap().err[0],
+        v[r.index()].as_ref().unwrap().err[0],
+    );
+    assert!(em > 0.0 && er >= em, "{em} {er}");
+    // fmod: -0.75 - trunc(-0.75 / x) x = -0.75 exactly
+    assert_eq!(v[f.index()].as_ref().unwrap().value.data, [-0.75]);
+}
