@@ -98,8 +98,11 @@ pub struct Workload {
     /// Bytes (gbps) or flops (gflops) per run.
     pub amount: f64,
     pub inputs: Vec<Tensor>,
-    pub f: Box<dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync>,
+    pub f: Box<WorkloadFn>,
 }
+
+/// What a workload computes from its inputs.
+pub type WorkloadFn = dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync;
 
 /// W1: y = gelu(x*a + b) * 0.5 + x over 4M f32.
 pub fn w1() -> Workload {
@@ -391,8 +394,8 @@ pub fn run_profiled(
     if want("W8") && mode != Mode::Compiled {
         rows.extend(traced(profile_dir, "W8", || w8(iters))?);
     }
-    let table: [(&str, fn() -> Workload); 5] =
-        [("W1", w1), ("W2", w2), ("W2F", w2f), ("W3", w3), ("W4", w4)];
+    type Make = fn() -> Workload;
+    let table: [(&str, Make); 5] = [("W1", w1), ("W2", w2), ("W2F", w2f), ("W3", w3), ("W4", w4)];
     for (name, make) in table {
         if want(name) {
             let w = make();

@@ -104,7 +104,7 @@ fn reading_a_value_while_tracing_is_a_graph_break_listed_by_explain() {
         Ok(vec![y])
     });
     let x = randn(&[16], 4);
-    let out = c.call(&[x.clone()]).unwrap();
+    let out = c.call(std::slice::from_ref(&x)).unwrap();
     let s: f64 = x.to_f64_vec().iter().sum();
     let want = if s > 0.0 {
         x.relu().unwrap()
@@ -132,7 +132,9 @@ fn a_module_compiles_with_its_parameters_as_inputs() {
     let _ng = kiln::autograd::no_grad();
     let y = c.forward(&x).unwrap();
     assert_close(&y, &m.forward(&x).unwrap(), 1e-5);
-    let g = c.dump(kiln::compile::Stage::Graph, &[x.clone()]).unwrap();
+    let g = c
+        .dump(kiln::compile::Stage::Graph, std::slice::from_ref(&x))
+        .unwrap();
     assert!(g.contains("\"0.weight\": f32[16,8]"), "{g}");
     // parameters are read on every call: an update shows in the next result
     let p = &m.parameters()[0];

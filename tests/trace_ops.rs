@@ -162,7 +162,7 @@ fn trace_case(fx: &Fixtures, c: &Case, seen: &mut BTreeSet<String>) -> Result<()
     if tr.graph.outputs().len() != outs.len() {
         return Err("graph outputs do not match the results".into());
     }
-    if std::env::var("KILN_TRACE_SHOW").map_or(false, |v| c.case.contains(&v)) {
+    if std::env::var("KILN_TRACE_SHOW").is_ok_and(|v| c.case.contains(&v)) {
         eprintln!("{}", tr.graph.to_text());
     }
     for (_, n) in tr.graph.iter() {
@@ -341,7 +341,7 @@ fn captured_parameters_become_named_inputs() {
     let names = model.named_parameters();
     assert!(names.iter().any(|(n, _)| n == "0.weight"), "{names:?}");
     let x = x23();
-    let (t, outs) = trace_ok("mlp", &[x.clone()], &names, |a| {
+    let (t, outs) = trace_ok("mlp", std::slice::from_ref(&x), &names, |a| {
         Ok(vec![model.forward(&a[0])?.relu()?])
     })
     .unwrap();

@@ -338,7 +338,7 @@ impl Gen {
             Pow => {
                 a = self.positive(a)?;
                 // a small exponent keeps the result in range
-                let t = self.op(un(UnaryOp::Tanh), &[b]).or_else(|| Some(b))?;
+                let t = self.op(un(UnaryOp::Tanh), &[b]).or(Some(b))?;
                 b = self.op(scal(Mul, 2.0), &[t])?;
             }
             _ => {}

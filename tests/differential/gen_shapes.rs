@@ -43,7 +43,7 @@ impl Gen {
                 let n: usize = d.iter().product();
                 let choices: Vec<Vec<i64>> = [2usize, 3, 4]
                     .iter()
-                    .filter(|&&f| n % f == 0 && n > f)
+                    .filter(|&&f| n.is_multiple_of(f) && n > f)
                     .map(|&f| vec![f as i64, -1])
                     .chain([vec![-1], vec![n as i64, 1], vec![1, -1]])
                     .collect();
@@ -185,7 +185,7 @@ impl Gen {
         };
         let dx = self.meta(x).dims;
         let c = dx[dx.len() - spatial - 1];
-        let groups = if c % 2 == 0 && self.rng.chance(0.3) {
+        let groups = if c.is_multiple_of(2) && self.rng.chance(0.3) {
             2
         } else {
             1

@@ -249,10 +249,8 @@ impl Executable {
                 };
                 Some(Val::One(Lazy::tensor(&t)))
             } else if valid && self.hoisted[i] && cached {
-                match cache.values.get(&i) {
-                    Some(t) => Some(Val::One(Lazy::tensor(t))),
-                    None => None, // consumed only inside the hoisted part
-                }
+                // None: consumed only inside the hoisted part
+                cache.values.get(&i).map(|t| Val::One(Lazy::tensor(t)))
             } else if let Some(runs) = debug.as_deref_mut() {
                 let (v, kernels) = kiln_runtime::record_kernels(|| self.eval(id, inputs, &vals));
                 let v = v?;
