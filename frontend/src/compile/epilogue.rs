@@ -13,6 +13,10 @@ use kiln_passes::fusion::Kernel;
 use kiln_runtime::externs::conv::Tile;
 use std::collections::HashMap;
 
+/// Elements of one sample's conv output below which the epilogue runs as one
+/// pass after the conv (the digits CNN's 16x8x8 samples) rather than per tile.
+pub const MIN_TILED_SAMPLE: usize = 32 * 1024;
+
 /// What an epilogue reads besides the conv's output.
 enum Leaf {
     Tensor(Tensor),
@@ -78,6 +82,7 @@ pub fn run_conv_with_epilogue(
     kernel: &Kernel,
     root: NodeId,
     value: &dyn Fn(NodeId) -> Result<Tensor>,
+    min_tiled_sample: usize,
 ) -> Result<Tensor> {
     let conv = g.node(kernel.root);
     let NodeOp::Op(Op::Conv { params, spatial }) = &conv.op else {
@@ -121,7 +126,11 @@ pub fn run_conv_with_epilogue(
         p0: 0,
         cols: dims[2..].iter().product(),
     };
+    // a launch per tile costs a few microseconds: worth it only when a
+    // sample's output is big enough to fall out of cache before a second pass
+    let big = dims[1..].iter().product::<usize>() >= min_tiled_sample;
     let tiled = batched
+        && big
         && dims[0] > 0
         && leaves.iter().all(|(_, l)| match l {
             Leaf::Tensor(t) => tile_of(t, &dims, probe).is_ok(),

@@ -37,6 +37,8 @@ pub struct Executable {
     tiled_root: Vec<Option<usize>>,
     /// Per node: computed inside a tiled conv epilogue, not on its own.
     deferred: Vec<bool>,
+    /// Conv outputs with fewer elements per sample take their epilogue in one pass.
+    pub(crate) min_tiled_sample: usize,
 }
 
 /// One stored value of a kernel-by-kernel run and the kernels that computed it.
@@ -177,6 +179,7 @@ impl Executable {
             input_index,
             tiled_root,
             deferred,
+            min_tiled_sample: super::epilogue::MIN_TILED_SAMPLE,
         }
     }
 
@@ -231,8 +234,10 @@ impl Executable {
                     None => bail!("compile", "conv operand {o:?} was freed"),
                 };
                 let kernel = &self.plan.kernels[k];
-                let run =
-                    || super::epilogue::run_conv_with_epilogue(&self.graph, kernel, id, &value);
+                let run = || {
+                    let min = self.min_tiled_sample;
+                    super::epilogue::run_conv_with_epilogue(&self.graph, kernel, id, &value, min)
+                };
                 let t = match debug.as_deref_mut() {
                     Some(runs) => {
                         // (tiles that ran on other threads are not recorded)

@@ -1,6 +1,7 @@
 //! The executable on hand-written graphs: results equal eager ops, and the
 //! kernels launched are the ones the fusion plan lists.
 
+use super::epilogue::MIN_TILED_SAMPLE;
 use super::exec::{Executable, HoistCache};
 use crate::functional as F;
 use crate::Tensor;
@@ -52,8 +53,9 @@ fn w1_chain_is_one_kernel_and_matches_eager() {
     close(&outs[0], &want, 1e-6);
 }
 
-/// Runs `conv2d(x) + r` then relu, with the residual `r` given in `r_layout`.
-fn conv_residual_relu(r: Tensor) -> (Tensor, Tensor, Vec<String>) {
+/// Runs `conv2d(x) + r` then relu (the residual `r` in any layout), tiling
+/// the epilogue for outputs of at least `min_tiled_sample` elements per sample.
+fn conv_residual_relu(r: Tensor, min_tiled_sample: usize) -> (Tensor, Tensor, Vec<String>) {
     let g = Graph::parse(
         "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
   %4 = conv2d(%0, %1, %2) {dilation=[1], groups=1, padding=[0], stride=[1]} : f32[2,4,6,6]
@@ -64,7 +66,8 @@ fn conv_residual_relu(r: Tensor) -> (Tensor, Tensor, Vec<String>) {
 ",
     )
     .unwrap();
-    let exec = Executable::new(g, &[false, true, true, false]);
+    let mut exec = Executable::new(g, &[false, true, true, false]);
+    exec.min_tiled_sample = min_tiled_sample;
     let ins = [
         randn(&[2, 3, 8, 8], 1),
         randn(&[4, 3, 3, 3], 2),
@@ -83,7 +86,7 @@ fn conv_residual_relu(r: Tensor) -> (Tensor, Tensor, Vec<String>) {
 
 #[test]
 fn conv_epilogue_runs_per_output_tile() {
-    let (got, want, ks) = conv_residual_relu(randn(&[2, 4, 6, 6], 4));
+    let (got, want, ks) = conv_residual_relu(randn(&[2, 4, 6, 6], 4), 0);
     close(&got, &want, 1e-5);
     // this small conv runs serially: one epilogue launch per output tile
     // (2 images x 1 tile of 36 positions), none over the whole output
@@ -91,10 +94,17 @@ fn conv_epilogue_runs_per_output_tile() {
 }
 
 #[test]
+fn small_conv_outputs_take_their_epilogue_in_one_pass() {
+    let (got, want, ks) = conv_residual_relu(randn(&[2, 4, 6, 6], 4), MIN_TILED_SAMPLE);
+    close(&got, &want, 1e-5);
+    assert_eq!(ks, ["fused[add+relu]"]);
+}
+
+#[test]
 fn conv_epilogue_falls_back_to_one_pass_when_a_tile_has_no_view() {
     // the residual's spatial dims are transposed: they do not flatten into one stride
     let r = randn(&[2, 4, 6, 6], 4).transpose(2, 3).unwrap();
-    let (got, want, ks) = conv_residual_relu(r);
+    let (got, want, ks) = conv_residual_relu(r, 0);
     close(&got, &want, 1e-5);
     assert_eq!(ks, ["fused[add+relu]"]);
 }

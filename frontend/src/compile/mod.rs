@@ -18,7 +18,7 @@
 mod disk_cache;
 pub mod dispatch;
 mod dump;
-mod epilogue;
+pub(crate) mod epilogue;
 pub mod exec;
 mod explain;
 mod guard;
