@@ -219,33 +219,26 @@ fn pytorch_backward_fixtures() {
 /// BN stats and two SGD(0.1, momentum 0.9) steps.
 #[test]
 fn pytorch_modules_fixtures() {
-    let fx = Fixtures::load();
-    let cases = load_suite(&fx, "modules");
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|c| fixture_support::modules::train_case(&fx, c).err())
-        .collect();
-    let _ = writeln!(
-        std::io::stderr(),
-        "modules: {}/{}",
-        cases.len() - failures.len(),
-        cases.len()
-    );
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    modules_suite("modules", fixture_support::modules::train_case);
 }
 
 /// The `modules` suite's eval outputs through `kiln::compile`.
 #[test]
 fn pytorch_modules_fixtures_compiled() {
+    modules_suite(
+        "compiled modules",
+        fixture_support::modules::compiled_eval_case,
+    );
+}
+
+/// Runs `check` on every `modules` case and prints `LABEL: P/T`.
+fn modules_suite(label: &str, check: fn(&Fixtures, &Case) -> Result<(), String>) {
     let fx = Fixtures::load();
     let cases = load_suite(&fx, "modules");
-    let failures: Vec<String> = cases
-        .iter()
-        .filter_map(|c| fixture_support::modules::compiled_eval_case(&fx, c).err())
-        .collect();
+    let failures: Vec<String> = cases.iter().filter_map(|c| check(&fx, c).err()).collect();
     let _ = writeln!(
         std::io::stderr(),
-        "compiled modules: {}/{}",
+        "{label}: {}/{}",
         cases.len() - failures.len(),
         cases.len()
     );
