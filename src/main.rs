@@ -25,6 +25,10 @@ enum Cmd {
         /// also CNN, MLP (inference) and CNN-compile, MLP-compile (compile latency).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
+        /// A digits model (cnn or mlp): its inference eager and compiled, and
+        /// its compile latency cold and warm (same as --only CNN,CNN-compile).
+        #[arg(long)]
+        model: Option<String>,
         /// eager, compiled, or both (compiled rows report compile_ms separately).
         #[arg(long, value_enum, default_value = "both")]
         mode: kiln::bench::Mode,
@@ -54,11 +58,18 @@ fn main() {
     match cli.cmd {
         Cmd::Bench {
             json,
-            only,
+            mut only,
+            model,
             iters,
             mode,
             profile,
-        } => match kiln::bench::run_profiled(&only, iters.max(1), mode, profile.as_deref()) {
+        } => match {
+            if let Some(m) = model {
+                let m = m.to_ascii_uppercase();
+                only.extend([m.clone(), format!("{m}-compile")]);
+            }
+            kiln::bench::run_profiled(&only, iters.max(1), mode, profile.as_deref())
+        } {
             Ok(rows) if json => rows.iter().for_each(|r| println!("{}", r.json())),
             Ok(rows) => print!("{}", kiln::bench::table(&rows)),
             Err(e) => {
