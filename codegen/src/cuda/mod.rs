@@ -37,7 +37,7 @@
 mod online;
 pub mod scalar;
 
-use crate::interp::{eval_value, reduce_identity, validate};
+use crate::interp::{eval_value, reduce_identity, validate, Leaf};
 use crate::kernel::{Inner, Instr, Kernel, ValueId};
 use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, Error, ReduceKind};
@@ -310,15 +310,21 @@ fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
     } else {
         (acc, red.dtype)
     };
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
     let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
         Instr::Acc => accv,
         Instr::Load(op) => load(e, k, op, &format!("o{op}")),
         Instr::Scalar(n) => (scal[n], k.scalars[n]),
         _ => unreachable!(),
     };
+    store_epilogue(e, k, &mut leaf);
+}
+
+/// Evaluates and stores a row reduction's outputs (`leaf` gives the
+/// accumulator, loads and scalars), then closes the row's blocks.
+fn store_epilogue(e: &mut CudaC, k: &Kernel, leaf: &mut Leaf<'_, CudaC>) {
+    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
     for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
-        let v = eval_value(e, k, o, &mut vals, &mut leaf);
+        let v = eval_value(e, k, o, &mut vals, leaf);
         store(e, k, o, v, t);
     }
     e.indent -= 1;

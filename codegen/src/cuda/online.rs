@@ -5,7 +5,7 @@
 //! shuffled), warp leaders meet in shared memory, and thread 0 finishes the
 //! state, runs the epilogue and stores `out` (and `extra_out` after it).
 
-use super::{c_literal, c_type, decompose, inner_term, load, store, CudaC, Cv};
+use super::{c_literal, c_type, decompose, inner_term, load, store_epilogue, CudaC, Cv};
 use crate::interp::eval_value;
 use crate::kernel::{Instr, Kernel};
 use crate::online::{self, Finished, Lse, Moments};
@@ -158,7 +158,6 @@ pub(super) fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         online::finish_welford(e, st[0], m, cd)
     };
     // Epilogue at reduce index 0 (the row's base offsets).
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
     let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
         Instr::Acc => (fin.acc, cd),
         Instr::AccPart(p) => (fin.get(Some(p)), cd),
@@ -166,15 +165,5 @@ pub(super) fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         Instr::Scalar(n) => (scal[n], k.scalars[n]),
         _ => unreachable!(),
     };
-    for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
-        let v = eval_value(e, k, o, &mut vals, &mut leaf);
-        store(e, k, o, v, t);
-    }
-    e.indent -= 1;
-    e.line("}");
-    e.indent -= 1;
-    e.line("}");
-    e.line("__syncthreads();");
-    e.indent -= 1;
-    e.line("}");
+    store_epilogue(e, k, &mut leaf);
 }
