@@ -143,14 +143,18 @@ fn a_module_compiles_with_its_parameters_as_inputs() {
 }
 
 #[test]
-fn with_grad_needed_the_module_runs_eagerly() {
+fn with_grad_needed_the_output_carries_the_compiled_backward() {
     let _s = serial();
     let m = nn::Linear::new(3, 2, true).unwrap();
     let c = compile(&m);
-    let x = Tensor::zeros(&[4, 3], DType::F32);
+    let x = randn(&[4, 3], 1);
     let y = c.forward(&x).unwrap();
-    assert!(y.requires_grad(), "eager result keeps its graph");
-    assert!(c.explain().entries.is_empty());
+    let node = y.grad_fn().expect("the result keeps a graph");
+    assert_eq!(node.name(), "CompiledBackward");
+    y.sum(None, false).unwrap().backward().unwrap();
+    assert!(m.parameters().iter().all(|p| p.grad().is_some()));
+    let r = c.explain();
+    assert_eq!(r.entries.len(), 1, "{r}");
 }
 
 #[test]

@@ -11,3 +11,4 @@ pub use decompose_loss::{ClassLossOpts, Reduction};
 pub mod fusion;
 pub mod lower;
 pub mod memory_plan;
+pub mod partition;

@@ -42,7 +42,7 @@ fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
     Ok(())
 }
 
-fn accumulate_leaf(m: &AutogradMeta, g: Tensor) -> Result<()> {
+fn accumulate_leaf(m: &Arc<AutogradMeta>, g: Tensor) -> Result<()> {
     let g = g.contiguous()?;
     let mut slot = m.grad.lock().unwrap_or_else(|e| e.into_inner());
     let new = match slot.take() {
@@ -65,6 +65,37 @@ impl Tensor {
 /// `torch.autograd.backward(tensors, grad_tensors, retain_graph)`: runs backward
 /// from every root at once (their gradients add up in shared inputs).
 pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Result<()> {
+    run(roots, grads, retain_graph, &mut accumulate_leaf)
+}
+
+/// The gradient reaching each leaf from `roots` (seeded with `grads`), in the
+/// order the leaves are first reached, without touching any `.grad` — what
+/// `torch.autograd.grad` computes for every leaf. The compiler traces this to
+/// get the backward half of a joint graph.
+pub(crate) fn leaf_grads(
+    roots: &[&Tensor],
+    grads: &[&Tensor],
+) -> Result<Vec<(Arc<AutogradMeta>, Tensor)>> {
+    let mut out: Vec<(Arc<AutogradMeta>, Tensor)> = vec![];
+    run(roots, grads, false, &mut |m, g| {
+        match out.iter_mut().find(|(k, _)| Arc::ptr_eq(k, m)) {
+            Some((_, old)) => *old = old.add(&g)?,
+            None => out.push((m.clone(), g)),
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Where a leaf's gradient goes: its `.grad`, or a collector.
+type LeafSink<'a> = dyn FnMut(&Arc<AutogradMeta>, Tensor) -> Result<()> + 'a;
+
+fn run(
+    roots: &[&Tensor],
+    grads: &[&Tensor],
+    retain_graph: bool,
+    leaf: &mut LeafSink<'_>,
+) -> Result<()> {
     if roots.len() != grads.len() {
         bail!(
             "backward",
@@ -102,7 +133,7 @@ pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Res
                 nodes.insert(k, n.clone());
                 starts.push(n);
             }
-            None => accumulate_leaf(r.autograd.as_ref().unwrap(), g)?,
+            None => leaf(r.autograd.as_ref().unwrap(), g)?,
         }
     }
     // dependency counts: how many edges from nodes in the graph point at each node
@@ -174,7 +205,7 @@ pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Res
             match edge {
                 Edge::Leaf(m) => {
                     if let Some(gi) = gi {
-                        accumulate_leaf(m, gi)?;
+                        leaf(m, gi)?;
                     }
                 }
                 Edge::Node(m) => {

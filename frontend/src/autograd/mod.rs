@@ -17,6 +17,7 @@ mod version;
 
 pub use anomaly::{detect_anomaly, is_anomaly_enabled, AnomalyGuard};
 pub use engine::backward;
+pub(crate) use engine::leaf_grads;
 pub use node::Node;
 pub(crate) use node::{needs_grad, record, Saved};
 pub use version::Version;

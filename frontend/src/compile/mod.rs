@@ -22,6 +22,7 @@ pub(crate) mod epilogue;
 pub mod exec;
 mod explain;
 mod guard;
+mod joint;
 mod pipeline;
 mod shadow;
 pub mod trace;
@@ -111,7 +112,7 @@ impl<'a> Compiled<'a> {
     pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
         let guards = Guards::of(args, (self.training)(), self.needs_grad(args));
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.gave_up.is_some() || guards.needs_grad {
+        if st.gave_up.is_some() {
             drop(st);
             return (self.f)(args);
         }

@@ -4,12 +4,14 @@
 use super::disk_cache;
 use super::exec::{Executable, HoistCache};
 use super::guard::Guards;
-use super::trace::{self, Binding, GraphBreak};
+use super::joint::{self, TrainPlan};
+use super::trace::{self, Binding, GraphBreak, Trace};
 use crate::Tensor;
 use kiln_ir::graph::Graph;
 use kiln_ir::graph::NodeId;
 use kiln_ir::Result;
 use kiln_passes::lower::decompose_with_map;
+use kiln_passes::partition::partition;
 use kiln_passes::rewrite::rules::Rw;
 use kiln_passes::rewrite::{rewrite, RewriteConfig};
 use std::time::{Duration, Instant};
@@ -74,6 +76,93 @@ pub(crate) struct Entry {
     pub hoist: HoistCache,
     pub graph_break: Option<GraphBreak>,
     pub times: StageTimes,
+    /// Compiled training: the joint graph's forward and backward halves
+    /// (`exec` is then the forward's executable, for reports).
+    pub train: Option<TrainPlan>,
+    /// Positions of the inputs the call updates in place (num_batches_tracked):
+    /// their new values are the graph's last outputs, written back after a run.
+    pub mutated: Vec<usize>,
+}
+
+/// The rewritten graph, the lowered (decomposed) one, each lowered node's
+/// traced origin, and the rules that fired.
+type Lowered = (Graph, Graph, Vec<Option<NodeId>>, Vec<(String, usize)>);
+
+/// The e-graph rewrites, then composites lowered to primitives.
+fn rewrite_and_lower(
+    name: &str,
+    tr: &Trace,
+    options: &CompileOptions,
+    times: &mut StageTimes,
+) -> Result<Lowered> {
+    let t = Instant::now();
+    let cfg = RewriteConfig {
+        params: tr
+            .graph
+            .inputs()
+            .iter()
+            .zip(&tr.bindings)
+            .filter(|(_, b)| matches!(b, Binding::Captured(_)))
+            .map(|(id, _)| *id)
+            .collect(),
+        extra_rules: options.extra_rules.clone(),
+        ..RewriteConfig::default()
+    };
+    let rw = rewrite(&tr.graph, &cfg)?;
+    times.rewrite = t.elapsed();
+    log(
+        "rewrites",
+        name,
+        &format!("{}{}", rw.report, rw.graph.to_text()),
+    );
+    let rewrites = rw.report.fired.clone().into_iter().collect();
+    let (rewritten, rewrite_origin) = (rw.graph, rw.origin);
+    let t = Instant::now();
+    let (lowered, map) = decompose_with_map(&rewritten)?;
+    times.decompose = t.elapsed();
+    if cfg!(debug_assertions) {
+        // the verifier runs after every pass in debug builds
+        rewritten.verify()?;
+        lowered.verify()?;
+    }
+    let mut origin = vec![None; lowered.len()];
+    for (old, new) in map.iter().enumerate() {
+        let o = &mut origin[new.index()];
+        if o.is_none() {
+            *o = rewrite_origin[old];
+        }
+    }
+    Ok((rewritten, lowered, origin, rewrites))
+}
+
+/// Appends the new values of the inputs `tr` updated in place to its
+/// outputs; returns those inputs' positions.
+fn mutation_outputs(tr: &mut Trace) -> Result<Vec<usize>> {
+    let mut pos = vec![];
+    for (input, value) in tr.mutations.clone() {
+        tr.graph.output(value)?;
+        pos.push(
+            tr.graph
+                .inputs()
+                .iter()
+                .position(|i| *i == input)
+                .expect("an input"),
+        );
+    }
+    Ok(pos)
+}
+
+/// Writes each update into the input at its position (after a compiled run).
+pub(crate) fn write_back<T: std::borrow::Borrow<Tensor>>(
+    positions: &[usize],
+    inputs: &[T],
+    updates: &[Tensor],
+) -> Result<()> {
+    let _ng = crate::autograd::no_grad();
+    for (&k, value) in positions.iter().zip(updates) {
+        inputs[k].borrow().copy_(value)?;
+    }
+    Ok(())
 }
 
 fn log(stage: &str, name: &str, text: &str) {
@@ -92,6 +181,9 @@ impl Entry {
         guards: Guards,
         options: &super::CompileOptions,
     ) -> Result<(Entry, Vec<Tensor>)> {
+        if guards.needs_grad {
+            return Entry::build_joint(name, args, names, f, guards, options);
+        }
         let mut times = StageTimes::default();
         let t = Instant::now();
         let traced = {
@@ -116,11 +208,14 @@ impl Entry {
                     hoist: HoistCache::default(),
                     graph_break: Some(b),
                     times,
+                    train: None,
+                    mutated: vec![],
                 };
                 return Ok((entry, outs));
             }
         };
         tr.undo_side_effects()?;
+        let mutated = mutation_outputs(&mut tr)?;
         if cfg!(debug_assertions) {
             tr.graph.verify()?;
         }
@@ -131,54 +226,18 @@ impl Entry {
         let use_disk =
             options.disk_cache && options.shadow_tol.is_none() && options.extra_rules.is_empty();
         let cached = use_disk.then(|| disk_cache::load(&tr.graph)).flatten();
-        let mut rewrites = vec![];
-        let (rewritten, lowered, origin) = match cached {
+        let (rewritten, lowered, origin, rewrites) = match cached {
             Some(planned) => {
                 times.from_disk_cache = true;
-                (None, planned, vec![])
+                (None, planned, vec![], vec![])
             }
             None => {
-                let t = Instant::now();
-                let cfg = RewriteConfig {
-                    params: tr
-                        .graph
-                        .inputs()
-                        .iter()
-                        .zip(&tr.bindings)
-                        .filter(|(_, b)| matches!(b, Binding::Captured(_)))
-                        .map(|(id, _)| *id)
-                        .collect(),
-                    extra_rules: options.extra_rules.clone(),
-                    ..RewriteConfig::default()
-                };
-                let rw = rewrite(&tr.graph, &cfg)?;
-                times.rewrite = t.elapsed();
-                log(
-                    "rewrites",
-                    name,
-                    &format!("{}{}", rw.report, rw.graph.to_text()),
-                );
-                rewrites = rw.report.fired.clone().into_iter().collect();
-                let (rewritten, rewrite_origin) = (rw.graph, rw.origin);
-                let t = Instant::now();
-                let (lowered, map) = decompose_with_map(&rewritten)?;
-                times.decompose = t.elapsed();
-                if cfg!(debug_assertions) {
-                    // the verifier runs after every pass in debug builds
-                    rewritten.verify()?;
-                    lowered.verify()?;
-                }
+                let (rw, lowered, origin, rewrites) =
+                    rewrite_and_lower(name, &tr, options, &mut times)?;
                 if use_disk {
                     disk_cache::store(&tr.graph, &lowered);
                 }
-                let mut origin = vec![None; lowered.len()];
-                for (old, new) in map.iter().enumerate() {
-                    let o = &mut origin[new.index()];
-                    if o.is_none() {
-                        *o = rewrite_origin[old];
-                    }
-                }
-                (Some(rewritten), lowered, origin)
+                (Some(rw), lowered, origin, rewrites)
             }
         };
 
@@ -212,6 +271,8 @@ impl Entry {
             hoist: HoistCache::default(),
             graph_break: None,
             times,
+            train: None,
+            mutated,
         };
         let before = kiln_runtime::cache_stats().compiles;
         let t = Instant::now();
@@ -219,6 +280,89 @@ impl Entry {
         entry.times.first_run = t.elapsed();
         entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
         entry.shadow(name, args, &outs, &eager_outs, options)?;
+        Ok((entry, outs))
+    }
+
+    /// [`Entry::build`] for a call autograd records: a joint graph, split
+    /// into compiled forward and backward halves (see `joint.rs`).
+    fn build_joint(
+        name: &str,
+        args: &[Tensor],
+        names: &[(String, Tensor)],
+        f: &dyn Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+        guards: Guards,
+        options: &CompileOptions,
+    ) -> Result<(Entry, Vec<Tensor>)> {
+        let mut times = StageTimes::default();
+        let t = Instant::now();
+        let traced = joint::trace_joint(name, args, names, f)?;
+        times.trace = t.elapsed();
+        let mut entry = Entry {
+            guards,
+            traced: None,
+            rewritten: None,
+            contiguous_outputs: vec![],
+            rewrites: vec![],
+            origin: vec![],
+            exec: None,
+            bindings: vec![],
+            hoist: HoistCache::default(),
+            graph_break: None,
+            times,
+            train: None,
+            mutated: vec![],
+        };
+        let (mut jt, eager_outs) = match traced {
+            Ok(x) => x,
+            Err(b) => {
+                log("graph_breaks", name, &b.to_string());
+                entry.graph_break = Some(b);
+                return Ok((entry, f(args)?));
+            }
+        };
+        jt.trace.undo_side_effects()?;
+        if cfg!(debug_assertions) {
+            jt.trace.graph.verify()?;
+        }
+        log("graph", name, &jt.trace.graph.to_text());
+        let (rewritten, lowered, _, rewrites) =
+            rewrite_and_lower(name, &jt.trace, options, &mut entry.times)?;
+        let t = Instant::now();
+        // passes keep the inputs and their order: bindings index them
+        if lowered.inputs().len() != jt.trace.bindings.len() {
+            kiln_ir::bail!("compile", "the passes changed the joint graph's inputs");
+        }
+        let tangents: Vec<NodeId> = lowered
+            .inputs()
+            .iter()
+            .zip(&jt.trace.bindings)
+            .filter(|(_, b)| matches!(b, Binding::Tangent(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        let part = partition(&lowered, &tangents, jt.n_forward_outputs())?;
+        if cfg!(debug_assertions) {
+            part.forward.verify()?;
+            part.backward.verify()?;
+        }
+        log(
+            "partition",
+            name,
+            &format!("{}{}", part.forward.to_text(), part.backward.to_text()),
+        );
+        let (plan, forward) = TrainPlan::new(&jt, lowered, part);
+        entry.times.plan = t.elapsed();
+        entry.contiguous_outputs = eager_outs.iter().map(|t| t.is_contiguous()).collect();
+        entry.rewrites = rewrites;
+        entry.rewritten = Some(rewritten);
+        entry.exec = Some(forward);
+        entry.traced = Some(jt.trace.graph);
+        entry.bindings = jt.trace.bindings;
+        entry.train = Some(plan);
+        let before = kiln_runtime::cache_stats().compiles;
+        let t = Instant::now();
+        let outs = entry.run_compiled(args)?;
+        entry.times.first_run = t.elapsed();
+        entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
         Ok((entry, outs))
     }
 
@@ -233,15 +377,41 @@ impl Entry {
                     versions.push(t.version.get());
                     t.clone()
                 }
+                Binding::Tangent(_) => unreachable!("only joint graphs have tangents"),
             })
             .collect();
         (ins, versions)
     }
 
     fn run_compiled(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        if let Some(plan) = &self.train {
+            let mut versions = vec![];
+            let ins: Vec<Option<Tensor>> = self
+                .bindings
+                .iter()
+                .map(|b| match b {
+                    Binding::Arg(i) => Some(args[*i].clone()),
+                    Binding::Captured(t) => {
+                        versions.push(t.version.get());
+                        Some(t.clone())
+                    }
+                    Binding::Tangent(_) => None,
+                })
+                .collect();
+            let forward = self.exec.as_ref().expect("compiled entry");
+            return plan.run(
+                forward,
+                &ins,
+                &versions,
+                &mut self.hoist,
+                &self.contiguous_outputs,
+            );
+        }
         let exec = self.exec.as_ref().expect("compiled entry");
         let (ins, versions) = self.inputs(args);
         let mut outs = exec.run(&ins, &versions, &mut self.hoist)?;
+        let updates = outs.split_off(outs.len() - self.mutated.len());
+        write_back(&self.mutated, &ins, &updates)?;
         for (o, want) in outs.iter_mut().zip(&self.contiguous_outputs) {
             if *want && !o.is_contiguous() {
                 *o = o.contiguous()?;

@@ -51,6 +51,9 @@ pub enum Binding {
     /// A tensor the traced code used but did not compute (parameter, buffer,
     /// captured tensor), read afresh on every call.
     Captured(Tensor),
+    /// The gradient flowing into the `i`-th differentiable output (joint
+    /// forward+backward graphs only; see [`tangent_input`]).
+    Tangent(usize),
 }
 
 /// A finished trace: the graph and what each of its inputs is bound to.
@@ -61,6 +64,9 @@ pub struct Trace {
     /// Tensors the traced run updated in place, with their values before it:
     /// [`Trace::undo_side_effects`] puts them back.
     restore: Vec<(Tensor, Tensor)>,
+    /// In-place updates recorded as values (see [`record_mutation`]): the
+    /// graph input written and the node holding its new value.
+    pub mutations: Vec<(NodeId, NodeId)>,
 }
 
 impl Trace {
@@ -114,6 +120,10 @@ struct Tracer {
     restore: Vec<(Tensor, Tensor)>,
     /// Copies (`clone`, a copying `contiguous`) that share their source's node.
     copies: std::collections::HashSet<Key>,
+    /// One flag per running [`record_multi`]: its op was inlined (see
+    /// [`inline_decomposition`]), so its primitives recorded instead.
+    inlined: Vec<bool>,
+    mutations: Vec<(NodeId, NodeId)>,
 }
 
 thread_local! {
@@ -165,6 +175,8 @@ pub fn trace(
         broken: None,
         restore: vec![],
         copies: Default::default(),
+        inlined: vec![],
+        mutations: vec![],
     };
     for (i, a) in args.iter().enumerate() {
         let id = tr.graph.input(format!("x{i}"), a.meta());
@@ -186,6 +198,7 @@ pub fn trace(
             graph: Graph::new(""),
             bindings: vec![],
             restore,
+            mutations: vec![],
         }
         .undo_side_effects()
     };
@@ -216,6 +229,7 @@ pub fn trace(
             graph: tr.graph,
             bindings: tr.bindings,
             restore: tr.restore,
+            mutations: tr.mutations,
         },
         outs,
     )))
@@ -293,7 +307,10 @@ pub fn record_multi(
     if !is_tracing() || with(|t| t.depth > 0).unwrap_or(true) {
         return f();
     }
-    with(|t| t.depth += 1);
+    with(|t| {
+        t.depth += 1;
+        t.inlined.push(false);
+    });
     let op = op();
     // an op that updates operands in place (BatchNorm's running stats) runs
     // again in the compiled first call: keep their old values to put back
@@ -306,10 +323,14 @@ pub fn record_multi(
         with(|t| t.restore.extend(saved));
         f()
     });
-    with(|t| t.depth -= 1);
+    let inlined = with(|t| {
+        t.depth -= 1;
+        t.inlined.pop().unwrap_or(false)
+    })
+    .unwrap_or(false);
     let outs = outs?;
     let r = with(|t| -> Result<()> {
-        if t.broken.is_some() {
+        if t.broken.is_some() || inlined {
             return Ok(());
         }
         let mut operands: SmallVec<[NodeId; 4]> = inputs.iter().map(|x| t.value_of(x)).collect();
@@ -463,4 +484,86 @@ pub fn check_launch(kernel: &str, inputs: &[&Tensor]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Restores the tracer's depth when an inlined decomposition ends.
+#[must_use = "the decomposition is inlined while the guard lives"]
+pub struct InlineGuard {
+    active: bool,
+}
+
+impl Drop for InlineGuard {
+    fn drop(&mut self) {
+        if self.active {
+            with(|t| t.depth += 1);
+        }
+    }
+}
+
+/// Called by a composite op (`batch_norm`, `layer_norm`, ...) that runs its
+/// decomposition as recorded primitive ops because a gradient is needed:
+/// while tracing, the primitives record graph nodes and the composite records
+/// none. A joint forward+backward graph needs this: the primitives' backward
+/// rules save their own results, which must be graph values, not constants.
+pub fn inline_decomposition() -> InlineGuard {
+    if !is_tracing() {
+        return InlineGuard { active: false };
+    }
+    let active = with(|t| {
+        let outermost = t.depth == 1 && t.inlined.len() == 1;
+        if outermost {
+            t.depth = 0;
+            t.inlined[0] = true;
+        }
+        outermost
+    })
+    .unwrap_or(false);
+    InlineGuard { active }
+}
+
+/// Runs `f`, which writes `src` into `dst` in place (BatchNorm's running
+/// stats in an inlined decomposition). While tracing, the write becomes a
+/// value: `dst`'s node is now `src`'s, and the trace lists `(dst's input,
+/// src's node)` in [`Trace::mutations`] so the compiled run writes it back.
+/// Only a tensor the traced code did not compute (a buffer) may be written.
+pub fn record_mutation(dst: &Tensor, src: &Tensor, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    if !is_recording() {
+        return f();
+    }
+    if with(|t| t.is_traced(dst) && !t.graph.inputs().contains(&t.values[&key(dst)]))
+        .unwrap_or(false)
+    {
+        return unsupported(
+            "copy_",
+            "writes in place into a value computed by the traced code",
+        );
+    }
+    let old = dst.copy()?;
+    with(|t| t.depth += 1);
+    let r = f();
+    with(|t| t.depth -= 1);
+    r?;
+    with(|t| {
+        let input = t.value_of(dst);
+        let value = t.value_of(src);
+        t.restore.push((dst.clone(), old));
+        t.values.insert(key(dst), value);
+        t.mutations.push((input, value));
+    });
+    Ok(())
+}
+
+/// Makes `t` (a gradient seed of the `i`-th differentiable output) the graph
+/// input `tangent{i}`, bound to [`Binding::Tangent`].
+pub fn tangent_input(t: &Tensor, i: usize) {
+    if !is_tracing() {
+        return;
+    }
+    with(|tr| {
+        let id = tr.graph.input(format!("tangent{i}"), t.meta());
+        tr.bindings.push(Binding::Tangent(i));
+        tr.values.insert(key(t), id);
+        tr.graph_storages.insert(storage_of(t));
+        tr.keep.push(t.clone());
+    });
 }

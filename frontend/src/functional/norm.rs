@@ -134,7 +134,10 @@ fn batch_norm_eager(
 ) -> Result<Tensor> {
     let _p = op_scope("batch_norm", &[x]);
     kiln_ir::op::infer::require_float("batch_norm", &x.meta())?;
-    let (y, running) = if crate::autograd::needs_grad(&ins(&[Some(x), weight, bias])) {
+    let grad = crate::autograd::needs_grad(&ins(&[Some(x), weight, bias]));
+    // a traced gradient comes from the primitives: they record, not batch_norm
+    let _inline = grad.then(trace::inline_decomposition);
+    let (y, running) = if grad {
         let r = decompose::batch_norm(
             &mut TensorBuilder,
             x,
@@ -173,8 +176,8 @@ fn batch_norm_eager(
     };
     if let (Some((m, v)), Some(rm), Some(rv)) = (running, running_mean, running_var) {
         let _ng = crate::autograd::no_grad();
-        rm.copy_(&m)?;
-        rv.copy_(&v)?;
+        trace::record_mutation(rm, &m, || rm.copy_(&m))?;
+        trace::record_mutation(rv, &v, || rv.copy_(&v))?;
     }
     Ok(y)
 }

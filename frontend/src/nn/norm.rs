@@ -81,7 +81,8 @@ impl Module for BatchNorm {
         if training {
             if let Some(n) = &self.num_batches_tracked {
                 let _g = crate::autograd::no_grad();
-                n.copy_(&n.binary_scalar(kiln_ir::BinaryOp::Add, 1i64, false)?)?;
+                let next = n.binary_scalar(kiln_ir::BinaryOp::Add, 1i64, false)?;
+                crate::compile::trace::record_mutation(n, &next, || n.copy_(&next))?;
                 if self.momentum.is_none() {
                     momentum = 1.0 / n.item()?;
                 }

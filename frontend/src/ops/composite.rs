@@ -19,6 +19,7 @@ use kiln_runtime::profiler::{self, Category};
 macro_rules! decomposed {
     ($inputs:expr, |$b:ident, $cv:ident| $body:expr) => {{
         if $crate::autograd::needs_grad($inputs) {
+            let _inline = $crate::compile::trace::inline_decomposition();
             let $b = &mut $crate::autograd::rules::builder::TensorBuilder;
             let $cv = |t: &$crate::Tensor| t.clone();
             $body

@@ -66,7 +66,13 @@ fn conv_weight_grad(
     pe: [usize; 2],
     groups: usize,
 ) -> Result<Tensor> {
-    let xp = pad4(x, pb, pe)?;
+    // symmetric padding is the convolution's own (no padded copy, and a traced
+    // backward stays in the graph); asymmetric padding pads explicitly
+    let (xp, pad) = if pb == pe {
+        (x.clone(), pb.to_vec())
+    } else {
+        (pad4(x, pb, pe)?, vec![0])
+    };
     let (n, cin, hp, wp) = (xp.dims()[0], xp.dims()[1], xp.dims()[2], xp.dims()[3]);
     let (cout, oh, ow) = (g.dims()[1], g.dims()[2], g.dims()[3]);
     let (cgi, cgo) = (cin / groups, cout / groups);
@@ -81,7 +87,7 @@ fn conv_weight_grad(
         .reshape(&[gi * cgo as i64, n as i64, oh as i64, ow as i64])?;
     let p = ConvParams {
         stride: dilation.to_vec(),
-        padding: Padding::Explicit(vec![0]),
+        padding: Padding::Explicit(pad),
         dilation: stride.to_vec(),
         groups,
     };
@@ -243,6 +249,13 @@ pub(crate) fn avg_pool(
     let xd = x.dims_vec();
     let dt = x.dtype();
     record(name, y, &[x], move |g| {
+        if adaptive && geo.out_size == [1, 1] {
+            // global pooling: every input element gets 1/(h*w) of its plane's gradient
+            // (Tensor ops, so a traced backward stays in the graph)
+            let n = (geo.in_size[0] * geo.in_size[1]) as f64;
+            let xi: Vec<i64> = xd.iter().map(|&d| d as i64).collect();
+            return Ok(vec![Some(super::mul_s(&g.expand(&xi)?, 1.0 / n)?)]);
+        }
         let gv = g.to_f64_vec();
         let mut gx = vec![0.0f64; xd.iter().product()];
         if adaptive {

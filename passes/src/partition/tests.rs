@@ -1,0 +1,128 @@
+use super::*;
+
+fn joint(text: &str) -> Graph {
+    Graph::parse(text).unwrap()
+}
+
+fn tangents(g: &Graph) -> Vec<NodeId> {
+    g.inputs()
+        .iter()
+        .copied()
+        .filter(
+            |id| matches!(&g.node(*id).op, NodeOp::Input { name } if name.starts_with("tangent")),
+        )
+        .collect()
+}
+
+#[test]
+fn an_output_read_by_backward_is_handed_over() {
+    // out = exp(x * w); grad_w = t * out * x
+    let g = joint(
+        "graph f(%0 x: f32[4], %1 w: f32[4], %2 tangent0: f32[4]) {
+  %3 = mul(%0, %1) : f32[4]
+  %4 = exp(%3) : f32[4]
+  %5 = mul(%2, %4) : f32[4]
+  %6 = mul(%5, %0) : f32[4]
+  return %4, %6
+}
+",
+    );
+    let p = partition(&g, &tangents(&g), 1).unwrap();
+    // exp's result is an output (alive anyway): the backward reads it, and
+    // recomputes nothing
+    assert_eq!((p.n_saved, p.saved_bytes, p.recomputed), (1, 0, 0));
+    assert_eq!(p.forward_inputs, vec![0, 1]);
+    assert_eq!(
+        p.backward_inputs,
+        vec![
+            BackwardInput::Saved(0),
+            BackwardInput::Primal(0),
+            BackwardInput::Tangent(2)
+        ]
+    );
+    assert_eq!(p.forward.outputs().len(), 2);
+    insta::assert_snapshot!(format!("{}{}", p.forward.to_text(), p.backward.to_text()));
+}
+
+#[test]
+fn reductions_are_saved_and_pointwise_over_them_recomputed() {
+    // y = relu(x - sum(x)); out = sum(y); grad x (through y only) = t * y
+    let g = joint(
+        "graph f(%0 x: f32[2,3], %1 tangent0: f32[]) {
+  %2 = sum(%0) {dims=[1], keepdim=true} : f32[2,1]
+  %3 = sub(%0, %2) : f32[2,3]
+  %4 = relu(%3) : f32[2,3]
+  %5 = sum(%4) {dims=[0, 1], keepdim=false} : f32[]
+  %6 = mul(%1, %4) : f32[2,3]
+  return %5, %6
+}
+",
+    );
+    let p = partition(&g, &tangents(&g), 1).unwrap();
+    // saving the [2,1] sum beats saving the [2,3] relu
+    assert_eq!((p.n_saved, p.saved_bytes), (1, 8));
+    assert_eq!(p.recomputed, 2);
+    assert_eq!(p.backward_inputs[0], BackwardInput::Saved(0));
+    assert_eq!(p.forward.outputs().len(), 2);
+    insta::assert_snapshot!(format!("{}{}", p.forward.to_text(), p.backward.to_text()));
+}
+
+#[test]
+fn a_matmul_output_read_by_backward_is_saved() {
+    let g = joint(
+        "graph f(%0 x: f32[2,3], %1 w: f32[3,4], %2 tangent0: f32[]) {
+  %3 = matmul(%0, %1) : f32[2,4]
+  %4 = tanh(%3) : f32[2,4]
+  %5 = mul(%4, %4) : f32[2,4]
+  %6 = sub_scalar(%5) {reversed=true, value=1.0} : f32[2,4]
+  %7 = mul(%2, %6) : f32[2,4]
+  %8 = permute(%0) {dims=[1,0]} : f32[3,2]
+  %9 = matmul(%8, %7) : f32[3,4]
+  %10 = sum(%4) {dims=[0, 1], keepdim=false} : f32[]
+  return %10, %9
+}
+",
+    );
+    let p = partition(&g, &tangents(&g), 1).unwrap();
+    // the matmul output is not read by backward: what is saved is the value
+    // backward reads (1 - tanh^2), the same bytes and no recompute
+    assert_eq!((p.n_saved, p.saved_bytes, p.recomputed), (1, 32, 1));
+    assert!(!p.backward.to_text().contains("tanh"));
+    assert!(p.backward_inputs.contains(&BackwardInput::Primal(0)));
+}
+
+#[test]
+fn a_forward_output_depending_on_a_tangent_is_an_error() {
+    let g = joint(
+        "graph f(%0 x: f32[2], %1 tangent0: f32[2]) {\n  %2 = mul(%0, %1) : f32[2]\n  return %2\n}\n",
+    );
+    let e = partition(&g, &tangents(&g), 1).unwrap_err().to_string();
+    assert!(e.contains("depends on a tangent"), "{e}");
+}
+
+#[test]
+fn a_pointwise_chain_is_recomputed_from_the_inputs() {
+    // out = sum(exp(x * w)); grad_w = t * exp(x * w) * x
+    let g = joint(
+        "graph f(%0 x: f32[4], %1 w: f32[4], %2 tangent0: f32[]) {
+  %3 = mul(%0, %1) : f32[4]
+  %4 = exp(%3) : f32[4]
+  %5 = sum(%4) {dims=[0], keepdim=false} : f32[]
+  %6 = mul(%2, %4) : f32[4]
+  %7 = mul(%6, %0) : f32[4]
+  return %5, %7
+}
+",
+    );
+    let p = partition(&g, &tangents(&g), 1).unwrap();
+    assert_eq!((p.n_saved, p.recomputed, p.recomputed_bytes), (0, 2, 32));
+    assert_eq!(
+        p.backward_inputs,
+        vec![
+            BackwardInput::Primal(0),
+            BackwardInput::Primal(1),
+            BackwardInput::Tangent(2)
+        ]
+    );
+    insta::assert_snapshot!(format!("{}{}", p.forward.to_text(), p.backward.to_text()));
+}
