@@ -135,3 +135,58 @@ fn cnn_eval() {
     insta::assert_snapshot!("cnn_stages", stages(&c, &[x]));
     insta::assert_debug_snapshot!("cnn_kernels", kernels(&c));
 }
+
+/// A training entry: the joint graph, its forward half (fused) and its
+/// backward half (fused), then explain()'s kernel lists and saved bytes.
+fn training_stages(c: &Compiled, args: &[Tensor]) -> String {
+    let mut s = String::new();
+    for (title, st) in [
+        ("joint", Stage::Graph),
+        ("forward (fused)", Stage::Fused),
+        ("backward (fused)", Stage::Backward),
+    ] {
+        s += &format!("== {title} ==\n{}", c.dump_training(st, args).unwrap());
+    }
+    s
+}
+
+fn training_summary(c: &Compiled) -> String {
+    let r = c.explain();
+    let e = r
+        .entries
+        .iter()
+        .find(|e| e.backward.is_some())
+        .expect("a training entry");
+    assert!(e.graph_break.is_none(), "{r}");
+    let b = e.backward.as_ref().unwrap();
+    format!(
+        "forward kernels: {:#?}\nbackward kernels: {:#?}\nsaved: {} values, {} bytes; recomputed: {} values, {} bytes\n",
+        e.kernels, b.kernels, b.saved, b.saved_bytes, b.recomputed, b.recomputed_bytes
+    )
+}
+
+#[test]
+fn mlp_training_step() {
+    // the digits MLP without Dropout (random numbers are a graph break)
+    kiln::manual_seed(2);
+    let m = nn::Sequential::new()
+        .add(nn::Flatten::default())
+        .add(nn::Linear::new(64, 32, true).unwrap())
+        .add(nn::Activation::relu())
+        .add(nn::Linear::new(32, 10, true).unwrap());
+    let c = no_disk_cache(compile(&m));
+    let x = randn(&[4, 1, 8, 8], 16);
+    insta::assert_snapshot!("mlp_training_stages", training_stages(&c, &[x]));
+    insta::assert_snapshot!("mlp_training_kernels", training_summary(&c));
+}
+
+#[test]
+fn cnn_training_step() {
+    kiln::manual_seed(2);
+    let m = ModelKind::Cnn.build().unwrap();
+    let c = no_disk_cache(compile(&m));
+    let x = randn(&[4, 1, 8, 8], 17);
+    insta::assert_snapshot!("cnn_training_stages", training_stages(&c, &[x]));
+    let summary = training_summary(&c);
+    insta::assert_snapshot!("cnn_training_kernels", summary);
+}

@@ -176,19 +176,47 @@ pub fn partition(
     // constant or output, must be saved anyway (not cheap), is a small
     // summary (a reduction), or is cheap over available values
     let mut avail = vec![false; n];
-    for (id, node) in joint.iter() {
-        let i = id.index();
-        if bwd[i] {
-            continue;
-        }
-        avail[i] = is_output[i]
-            || match &node.op {
-                NodeOp::Input { .. } | NodeOp::Const(_) => true,
-                op if is_cheap(op) => {
-                    used_by_bwd[i] || node.operands.iter().all(|o| avail[o.index()])
+    // values saved because that is smaller than saving the cheap values over
+    // them: relu(x) saved once beats saving both its transpose and its mask
+    let mut forced = vec![false; n];
+    loop {
+        let mut changed = false;
+        for (id, node) in joint.iter() {
+            let i = id.index();
+            if bwd[i] {
+                continue;
+            }
+            let all = node.operands.iter().all(|o| avail[o.index()]);
+            if is_cheap(&node.op) && used_by_bwd[i] && !all {
+                let missing: Vec<NodeId> = node
+                    .operands
+                    .iter()
+                    .copied()
+                    .filter(|o| !avail[o.index()] && joint.node(*o).meta().is_some())
+                    .collect();
+                let cost: usize = missing.iter().map(|o| bytes(joint, *o)).sum();
+                if cost <= bytes(joint, id) {
+                    for o in missing {
+                        forced[o.index()] = true;
+                        avail[o.index()] = true;
+                    }
+                    changed = true;
                 }
-                _ => used_by_bwd[i] || is_summary(joint, id),
-            };
+            }
+            let all = node.operands.iter().all(|o| avail[o.index()]);
+            let a = forced[i]
+                || is_output[i]
+                || match &node.op {
+                    NodeOp::Input { .. } | NodeOp::Const(_) => true,
+                    op if is_cheap(op) => used_by_bwd[i] || all,
+                    _ => used_by_bwd[i] || is_summary(joint, id),
+                };
+            changed |= a != avail[i];
+            avail[i] = a;
+        }
+        if !changed {
+            break;
+        }
     }
     // what the backward rebuilds (recompute) and what the forward hands over (save)
     let mut recompute = vec![false; n];
@@ -202,7 +230,10 @@ pub fn partition(
         match &node.op {
             NodeOp::Input { .. } => primal_used[i] = true,
             NodeOp::Const(_) => recompute[i] = true,
-            _ if is_output[i] => save[i] = true,
+            _ if is_output[i] || forced[i] => {
+                recompute[i] = false;
+                save[i] = true;
+            }
             op if is_cheap(op) && node.operands.iter().all(|o| avail[o.index()]) => {
                 recompute[i] = true;
                 for o in &node.operands {

@@ -11,8 +11,11 @@ pub enum Stage {
     Graph,
     /// After the e-graph rewrites (algebra, constant and BatchNorm folding).
     Rewritten,
-    /// Composites lowered to primitives, and the fusion plan's kernels.
+    /// Composites lowered to primitives, and the fusion plan's kernels (of
+    /// the forward half, for a training entry).
     Fused,
+    /// A training entry's backward half and its fusion plan.
+    Backward,
     /// The KernelIR of every kernel one call launches.
     Kernels,
     /// The Cranelift IR of those kernels.
@@ -20,10 +23,11 @@ pub enum Stage {
 }
 
 impl Stage {
-    pub const ALL: [Stage; 5] = [
+    pub const ALL: [Stage; 6] = [
         Stage::Graph,
         Stage::Rewritten,
         Stage::Fused,
+        Stage::Backward,
         Stage::Kernels,
         Stage::Clif,
     ];
@@ -33,6 +37,7 @@ impl Stage {
             Stage::Graph => "graph",
             Stage::Rewritten => "rewritten",
             Stage::Fused => "fused",
+            Stage::Backward => "backward",
             Stage::Kernels => "kernels",
             Stage::Clif => "clif",
         }
@@ -43,21 +48,44 @@ impl Stage {
             Some(st) => Ok(*st),
             None => bail!(
                 "dump",
-                "unknown stage `{s}`: expected one of graph, rewritten, fused, kernels, clif"
+                "unknown stage `{s}`: expected one of graph, rewritten, fused, backward, kernels, clif"
             ),
         }
     }
 }
 
 impl Compiled<'_> {
-    /// The text of `stage` for the entry that `args` select (compiling it if needed).
+    /// The text of `stage` for the entry that `args` select (compiling it if
+    /// needed), run without gradients.
     pub fn dump(&self, stage: Stage, args: &[Tensor]) -> Result<String> {
         let _ng = crate::autograd::no_grad();
-        self.call(args)?;
-        let (outs, kernels) = kiln_runtime::record_kernels(|| self.call(args));
-        outs?;
+        self.dump_entry(stage, args, false)
+    }
+
+    /// [`Compiled::dump`] for the training entry: `args` as given, grad mode
+    /// on; the joint graph is `Stage::Graph`, and `Stage::Kernels`/`Clif`
+    /// list one forward and one backward run (from the sum of the result).
+    pub fn dump_training(&self, stage: Stage, args: &[Tensor]) -> Result<String> {
+        let _g = crate::autograd::set_grad_enabled(true);
+        self.dump_entry(stage, args, true)
+    }
+
+    fn dump_entry(&self, stage: Stage, args: &[Tensor], train: bool) -> Result<String> {
+        let step = || -> Result<()> {
+            let outs = self.call(args)?;
+            if train {
+                match outs.iter().find(|o| o.requires_grad()) {
+                    Some(o) => o.sum(None, false)?.backward()?,
+                    None => bail!("dump", "`{}`: no result requires grad", self.name),
+                }
+            }
+            Ok(())
+        };
+        step()?;
+        let (r, kernels) = kiln_runtime::record_kernels(step);
+        r?;
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let guards = super::Guards::of(args, (self.training)(), false);
+        let guards = super::Guards::of(args, (self.training)(), train && self.needs_grad(args));
         let Some(e) = st.entries.iter().find(|e| e.guards == guards) else {
             bail!("dump", "no compiled entry for these inputs");
         };
@@ -77,6 +105,21 @@ impl Compiled<'_> {
                 exec.graph.to_text(),
                 kiln_passes::fusion::dump(&exec.graph, &exec.plan)
             ),
+            Stage::Backward => match &e.train {
+                Some(t) => {
+                    let b = t.backward_exec();
+                    format!(
+                        "{}{}",
+                        b.graph.to_text(),
+                        kiln_passes::fusion::dump(&b.graph, &b.plan)
+                    )
+                }
+                None => bail!(
+                    "dump",
+                    "`{}`: not a training entry (no backward)",
+                    self.name
+                ),
+            },
             Stage::Kernels => kernels.iter().map(|k| k.to_text() + "\n").collect(),
             Stage::Clif => {
                 let mut s = String::new();

@@ -38,6 +38,22 @@ pub struct EntryReport {
     pub unplanned: usize,
     pub eager_peak: usize,
     pub times: StageTimes,
+    /// For a training entry: its backward half (`kernels` are the forward's).
+    pub backward: Option<BackwardReport>,
+}
+
+/// The backward half of a compiled training entry.
+#[derive(Debug, Clone, Default)]
+pub struct BackwardReport {
+    /// Kernels of one backward run.
+    pub kernels: Vec<String>,
+    /// Values the forward hands to the backward, and their bytes (forward
+    /// outputs, alive anyway, count nothing).
+    pub saved: usize,
+    pub saved_bytes: usize,
+    /// Forward values the backward recomputes instead of saving.
+    pub recomputed: usize,
+    pub recomputed_bytes: usize,
 }
 
 impl EntryReport {
@@ -105,6 +121,21 @@ impl Entry {
         let Some(exec) = &self.exec else {
             return r;
         };
+        r.backward = self.train.as_ref().map(|t| {
+            let (b, p) = (t.backward_exec(), &t.partition);
+            BackwardReport {
+                kernels: b
+                    .plan
+                    .kernels
+                    .iter()
+                    .map(|k| fusion::kernel_name(&b.graph, k))
+                    .collect(),
+                saved: p.n_saved,
+                saved_bytes: p.saved_bytes,
+                recomputed: p.recomputed,
+                recomputed_bytes: p.recomputed_bytes,
+            }
+        });
         let g = &exec.graph;
         let mut readers = vec![vec![]; g.len()];
         for (id, n) in g.iter() {
@@ -177,6 +208,20 @@ impl fmt::Display for EntryReport {
         }
         for u in &self.unfused {
             writeln!(f, "  unfused: {u}")?;
+        }
+        if let Some(b) = &self.backward {
+            writeln!(
+                f,
+                "  saved for backward: {} values, {} (recomputed in backward instead: {} values, {})",
+                b.saved,
+                kib(b.saved_bytes),
+                b.recomputed,
+                kib(b.recomputed_bytes)
+            )?;
+            writeln!(f, "  backward: {} kernels:", b.kernels.len())?;
+            for (i, k) in b.kernels.iter().enumerate() {
+                writeln!(f, "    {i}: {k}")?;
+            }
         }
         writeln!(
             f,

@@ -14,7 +14,7 @@ use super::exec::{Executable, HoistCache};
 use super::trace::{self, Binding, GraphBreak, Trace};
 use crate::autograd::{self, AutogradMeta, Saved};
 use crate::Tensor;
-use kiln_ir::graph::{Graph, NodeId};
+use kiln_ir::graph::Graph;
 use kiln_ir::Result;
 use kiln_passes::partition::{BackwardInput, Partition};
 use std::cell::RefCell;

@@ -28,7 +28,7 @@ mod shadow;
 pub mod trace;
 
 pub use dump::Stage;
-pub use explain::{EntryReport, Report};
+pub use explain::{BackwardReport, EntryReport, Report};
 pub use guard::{Guards, RecompileReason};
 pub use pipeline::{CompileOptions, StageTimes};
 

@@ -84,9 +84,9 @@ fn a_matmul_output_read_by_backward_is_saved() {
 ",
     );
     let p = partition(&g, &tangents(&g), 1).unwrap();
-    // the matmul output is not read by backward: what is saved is the value
-    // backward reads (1 - tanh^2), the same bytes and no recompute
-    assert_eq!((p.n_saved, p.saved_bytes, p.recomputed), (1, 32, 1));
+    // one [2,4] value is saved (tanh^2, from which backward rebuilds
+    // 1 - tanh^2), never two; x's transpose is rebuilt from x
+    assert_eq!((p.n_saved, p.saved_bytes, p.recomputed), (1, 32, 2));
     assert!(!p.backward.to_text().contains("tanh"));
     assert!(p.backward_inputs.contains(&BackwardInput::Primal(0)));
 }
@@ -125,4 +125,26 @@ fn a_pointwise_chain_is_recomputed_from_the_inputs() {
         ]
     );
     insta::assert_snapshot!(format!("{}{}", p.forward.to_text(), p.backward.to_text()));
+}
+
+#[test]
+fn one_saved_relu_beats_its_transpose_and_its_mask() {
+    // backward reads relu's transpose (weight grad) and its mask (relu grad)
+    let g = joint(
+        "graph f(%0 x: f32[4,8], %1 w: f32[8,8], %2 tangent0: f32[]) {
+  %3 = matmul(%0, %1) : f32[4,8]
+  %4 = relu(%3) : f32[4,8]
+  %5 = sum(%4) {dims=[0, 1], keepdim=false} : f32[]
+  %6 = expand(%2) {size=[4,8]} : f32[4,8]
+  %7 = permute(%4) {dims=[1,0]} : f32[8,4]
+  %8 = matmul(%7, %6) : f32[8,8]
+  %9 = gt_scalar(%4) {reversed=false, value=0.0} : bool[4,8]
+  %10 = where(%9, %6, %6) : f32[4,8]
+  return %5, %8, %10
+}
+",
+    );
+    let p = partition(&g, &tangents(&g), 1).unwrap();
+    assert_eq!((p.n_saved, p.saved_bytes), (1, 128));
+    assert!(p.backward.to_text().contains("permute") && p.backward.to_text().contains("gt_scalar"));
 }
