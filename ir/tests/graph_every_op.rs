@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 38;
+const VARIANTS: usize = 39;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -54,6 +54,7 @@ fn variant(op: &Op) -> usize {
         Op::Linear => 16,
         Op::Conv { .. } => 17,
         Op::ConvTranspose2d(_) => 18,
+        Op::Conv2dWeightGrad { .. } => 38,
         Op::MaxPool2d(_) => 19,
         Op::AvgPool2d { .. } => 20,
         Op::AdaptiveAvgPool2d(_) => 21,
@@ -119,6 +120,7 @@ fn every_op() -> Graph {
     let y = g.input("y", f32m(&[4, 5]));
     let h = g.input("odd name", Meta::new(DType::BF16, &[4, 5]));
     let t0 = g.input("t0", Meta::new(DType::I64, &[]));
+    let dy = g.input("dy", f32m(&[2, 4, 4, 4]));
 
     let mut outs: Vec<NodeId> = Vec::new();
     let mut add = |g: &mut Graph, op: Op, ins: &[NodeId]| -> NodeId {
@@ -184,6 +186,7 @@ fn every_op() -> Graph {
     add(&mut g, Op::Conv { params: conv(vec![2, 1], Padding::Explicit(vec![1, 0]), vec![1, 2]), spatial: 2 }, &[x, w]);
     add(&mut g, Op::Conv { params: conv(vec![1], Padding::Same, vec![2]), spatial: 2 }, &[x, w, b]);
     add(&mut g, Op::Conv { params: conv(vec![1], Padding::Valid, vec![1]), spatial: 1 }, &[seq, w1]);
+    add(&mut g, Op::Conv2dWeightGrad { params: conv(vec![2], Padding::Explicit(vec![1]), vec![1]), kernel: [3, 3] }, &[x, dy]);
     add(&mut g, Op::ConvTranspose2d(ConvTransposeParams::default()), &[x, wt]);
     add(&mut g, Op::ConvTranspose2d(ConvTransposeParams {
         stride: vec![2], padding: vec![1], output_padding: vec![1], dilation: vec![1], groups: 1,

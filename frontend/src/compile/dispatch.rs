@@ -148,6 +148,9 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
             s => bail!("conv", "{s}-d convolution is not supported (1 or 2)"),
         },
         Op::ConvTranspose2d(p) => one(F::conv_transpose2d(x, &ins[1], ins.get(2), p)),
+        Op::Conv2dWeightGrad { params, kernel } => {
+            one(F::conv2d_weight_grad(x, &ins[1], params, *kernel))
+        }
         Op::MaxPool2d(p) => two(F::max_pool2d(x, p)),
         Op::AvgPool2d {
             params,

@@ -14,7 +14,6 @@ use super::exec::{Executable, HoistCache};
 use super::trace::{self, Binding, GraphBreak, Trace};
 use crate::autograd::{self, AutogradMeta, Saved};
 use crate::Tensor;
-use kiln_ir::graph::Graph;
 use kiln_ir::Result;
 use kiln_passes::partition::{BackwardInput, Partition};
 use std::cell::RefCell;
@@ -132,7 +131,6 @@ pub(crate) fn trace_joint(
 
 /// The compiled halves of a joint graph and how to feed them.
 pub(crate) struct TrainPlan {
-    pub joint: Graph,
     pub partition: Partition,
     backward: Arc<Executable>,
     n_outs: usize,
@@ -144,7 +142,7 @@ pub(crate) struct TrainPlan {
 
 impl TrainPlan {
     /// The plan and the forward's executable.
-    pub fn new(joint: &Joint, lowered: Graph, partition: Partition) -> (TrainPlan, Executable) {
+    pub fn new(joint: &Joint, partition: Partition) -> (TrainPlan, Executable) {
         let captured: Vec<bool> = partition
             .forward_inputs
             .iter()
@@ -153,7 +151,6 @@ impl TrainPlan {
         let forward = Executable::new(partition.forward.clone(), &captured);
         let backward = Arc::new(Executable::new(partition.backward.clone(), &[]));
         let plan = TrainPlan {
-            joint: lowered,
             backward,
             n_outs: joint.n_outs,
             diff_out: joint.diff_out,

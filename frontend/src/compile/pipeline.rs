@@ -349,7 +349,7 @@ impl Entry {
             name,
             &format!("{}{}", part.forward.to_text(), part.backward.to_text()),
         );
-        let (plan, forward) = TrainPlan::new(&jt, lowered, part);
+        let (plan, forward) = TrainPlan::new(&jt, part);
         entry.times.plan = t.elapsed();
         entry.contiguous_outputs = eager_outs.iter().map(|t| t.is_contiguous()).collect();
         entry.rewrites = rewrites;

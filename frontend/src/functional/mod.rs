@@ -5,6 +5,7 @@
 mod loss;
 mod norm;
 
+pub use conv_grad::conv2d_weight_grad;
 pub use loss::*;
 pub use norm::*;
 
@@ -508,3 +509,5 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
     res?;
     crate::autograd::rules::index::embedding(indices, weight, padding_idx, out)
 }
+
+mod conv_grad;

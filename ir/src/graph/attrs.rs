@@ -177,6 +177,17 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             ("output_padding", ints(&p.output_padding)), ("padding", ints(&p.padding)),
             ("stride", ints(&p.stride)),
         ],
+        Op::Conv2dWeightGrad { params: p, kernel } => vec![
+            ("dilation", ints(&p.dilation)),
+            ("groups", int(p.groups)),
+            ("kernel", ints(kernel)),
+            ("padding", match &p.padding {
+                Padding::Explicit(v) => ints(v),
+                Padding::Same => Word("same".into()),
+                Padding::Valid => Word("valid".into()),
+            }),
+            ("stride", ints(&p.stride)),
+        ],
         Op::MaxPool2d(p) => pool(p),
         Op::AvgPool2d { params, count_include_pad } => {
             let mut v = pool(params);
@@ -229,6 +240,7 @@ pub fn arity(op: &Op) -> (usize, usize) {
         Op::BatchNorm { .. } => (1, 5),
         // input, weight, then bias
         Op::Linear | Op::Conv { .. } | Op::ConvTranspose2d(_) => (2, 3),
+        Op::Conv2dWeightGrad { .. } => (2, 2),
         Op::Cat { .. } => (1, usize::MAX),
         // x, mask, then a 0-dim fill tensor when there is no `value`
         Op::MaskedFill { .. } => (2, 3),

@@ -342,6 +342,10 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
             padding: a.usizes("padding")?,
             stride: a.usizes("stride")?,
         }),
+        "conv2d_weight_grad" => Op::Conv2dWeightGrad {
+            kernel: a.pair("kernel")?,
+            params: conv_params(a)?,
+        },
         "max_pool2d" => Op::MaxPool2d(pool(a)?),
         "avg_pool2d" => Op::AvgPool2d {
             params: pool(a)?,

@@ -96,6 +96,12 @@ pub enum Op {
         spatial: usize,
     },
     ConvTranspose2d(ConvTransposeParams),
+    /// The gradient of a 2-D convolution's weight: inputs x `[N, C_in, H, W]`
+    /// and the output gradient `[N, C_out, OH, OW]`; result `[C_out, C_in/groups, kH, kW]`.
+    Conv2dWeightGrad {
+        params: ConvParams,
+        kernel: [usize; 2],
+    },
     MaxPool2d(Pool2dParams),
     AvgPool2d {
         params: Pool2dParams,

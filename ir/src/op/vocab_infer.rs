@@ -273,6 +273,40 @@ impl Op {
                     dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)?,
                 })
             }
+            Op::Conv2dWeightGrad { params, kernel } => {
+                need(&name, ins, 2)?;
+                let (x, dy) = (&ins[0].dims, &ins[1].dims);
+                if x.len() != 4 || dy.len() != 4 || params.groups == 0 {
+                    bail!(
+                        name,
+                        "expects 4-D input and output gradient, got {} and {}",
+                        fmt_dims(x),
+                        fmt_dims(dy)
+                    );
+                }
+                if ins[0].dtype != ins[1].dtype {
+                    bail!(
+                        name,
+                        "input is {} but the output gradient is {}",
+                        ins[0].dtype,
+                        ins[1].dtype
+                    );
+                }
+                let w = [dy[1], x[1] / params.groups, kernel[0], kernel[1]];
+                let g = conv::conv_geometry(&name, x, &w, None, params)?;
+                if g.out_shape().as_slice() != dy.as_slice() {
+                    bail!(
+                        name,
+                        "output gradient {} does not match the convolution's output {}",
+                        fmt_dims(dy),
+                        fmt_dims(&g.out_shape())
+                    );
+                }
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: w.iter().copied().collect(),
+                })
+            }
             Op::MaxPool2d(p) => {
                 need(&name, ins, 1)?;
                 let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;

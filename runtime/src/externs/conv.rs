@@ -183,7 +183,7 @@ pub fn conv2d_tiled<T: Elem>(
 
 /// Writes the im2col matrix `[C/g * kH * kW, p1 - p0]` of output positions
 /// `p0..p1` (flattened `oh*OW + ow`) of one sample's group `x[C/g, H, W]`.
-fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T]) {
+pub(super) fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T]) {
     let [h, w] = g.in_size;
     let ow = g.out_size[1];
     let [kh, kw] = g.kernel;

@@ -8,6 +8,7 @@
 //! kernels only assert that slice lengths match the geometry they are given.
 
 pub mod conv;
+pub mod conv_grad;
 pub mod embedding;
 pub mod gemm;
 pub mod pool;

@@ -140,16 +140,26 @@ pub(crate) fn conv(
             .narrow(2, gm.pad_begin[0] as i64, gm.in_size[0])?
             .narrow(3, gm.pad_begin[1] as i64, gm.in_size[1])?
             .reshape_dims(x.dims())?;
-        let gw = conv_weight_grad(
-            &x4,
-            &g4,
-            gm.kernel,
-            gm.stride,
-            gm.dilation,
-            gm.pad_begin,
-            gm.pad_end,
-            gm.groups,
-        )?
+        let gw = if gm.pad_begin == gm.pad_end {
+            let p = ConvParams {
+                stride: gm.stride.to_vec(),
+                padding: Padding::Explicit(gm.pad_begin.to_vec()),
+                dilation: gm.dilation.to_vec(),
+                groups: gm.groups,
+            };
+            F::conv2d_weight_grad(&x4, &g4, &p, gm.kernel)?
+        } else {
+            conv_weight_grad(
+                &x4,
+                &g4,
+                gm.kernel,
+                gm.stride,
+                gm.dilation,
+                gm.pad_begin,
+                gm.pad_end,
+                gm.groups,
+            )?
+        }
         .reshape_dims(w.dims())?;
         let mut out = vec![Some(gx), Some(gw)];
         if has_bias {
