@@ -53,19 +53,31 @@ fn max_diff(a: &Outcome, b: &Outcome) -> f64 {
 #[test]
 fn compiled_training_reaches_the_eager_accuracy() {
     let _g = lock();
+    // The whole digits set, default lr: a few epochs reach ~0.95.
+    let full = |model, compile| TrainConfig {
+        limit: None,
+        lr: TrainConfig::default().lr,
+        ..cfg(model, 4, compile)
+    };
     for model in [ModelKind::Cnn, ModelKind::Mlp] {
-        let eager = run(&cfg(model, 3, false)).unwrap();
-        let comp = run(&cfg(model, 3, true)).unwrap();
+        let eager = run(&full(model, false)).unwrap();
+        let comp = run(&full(model, true)).unwrap();
+        eprintln!(
+            "{}: eager {} compiled {}",
+            model.name(),
+            eager.test_accuracy,
+            comp.test_accuracy
+        );
         let (e, c) = (eager.test_accuracy, comp.test_accuracy);
-        assert!(e > 0.8, "{}: eager accuracy {e}", model.name());
+        assert!(e > 0.9, "{}: eager accuracy {e}", model.name());
         assert!(
-            (e - c).abs() <= 0.03,
+            (e - c).abs() <= 0.02,
             "{}: compiled accuracy {c} vs eager {e}",
             model.name()
         );
         assert_eq!(comp.steps, eager.steps);
         assert!(comp.step_ms_mean > 0.0 && comp.first_step_ms > 0.0);
-        let j: serde_json::Value = serde_json::from_str(&comp.json(&cfg(model, 3, true))).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&comp.json(&full(model, true))).unwrap();
         assert_eq!(j["compile"], true);
         assert_eq!(j["steps"], comp.steps);
     }
