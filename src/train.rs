@@ -187,6 +187,8 @@ pub struct Outcome {
     pub steps: usize,
     /// Their mean wall time in ms (the first, which compiles under `--compile`, included).
     pub step_ms_mean: f64,
+    /// Their median wall time in ms.
+    pub step_ms_median: f64,
     /// The first step's wall time in ms.
     pub first_step_ms: f64,
 }
@@ -214,6 +216,7 @@ impl Outcome {
             "compile": cfg.compile,
             "steps": self.steps,
             "step_ms_mean": self.step_ms_mean,
+            "step_ms_median": self.step_ms_median,
             "first_step_ms": self.first_step_ms,
             "per_epoch": self.epochs.iter().map(|e| json!({
                 "epoch": e.epoch, "lr": e.lr, "train_loss": e.train_loss,
@@ -501,6 +504,9 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     drop(compiled);
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let step_ms_mean = step_times.iter().map(ms).sum::<f64>() / step_times.len().max(1) as f64;
+    let mut sorted: Vec<f64> = step_times.iter().map(ms).collect();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let step_ms_median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     Ok(Outcome {
         model,
         epochs: stats,
@@ -512,6 +518,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         peak_memory_bytes: crate::memory::max_memory_allocated(),
         steps: step_times.len(),
         step_ms_mean,
+        step_ms_median,
         first_step_ms: step_times.first().map(ms).unwrap_or(0.0),
     })
 }

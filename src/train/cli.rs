@@ -85,8 +85,8 @@ pub fn cli(a: TrainArgs) -> Result<()> {
         println!("peak memory: {peak} ({} bytes)", out.peak_memory_bytes);
         let mode = if cfg.compile { "compiled" } else { "eager" };
         println!(
-            "train step ({mode}): mean {:.3} ms over {} steps (first {:.1} ms)",
-            out.step_ms_mean, out.steps, out.first_step_ms
+            "train step ({mode}): mean {:.3} ms, median {:.3} ms over {} steps (first {:.1} ms)",
+            out.step_ms_mean, out.step_ms_median, out.steps, out.first_step_ms
         );
         if let Some(c) = &cmp {
             println!("{}", c.line());
