@@ -8,6 +8,9 @@ use crate::{DType, Result, Tensor};
 use std::path::Path;
 use std::time::Instant;
 
+pub mod train;
+pub use train::{measure_train, w5, w6, TrainWorkload};
+
 /// One measured row.
 #[derive(Debug, Clone)]
 pub struct Row {
@@ -353,7 +356,7 @@ pub fn w8(iters: usize) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-/// Runs the selected workloads (`only` empty = all) with `iters` timed runs each.
+/// Runs the selected workloads (`only` empty = all: W1-W8) with `iters` timed runs each.
 pub fn run(only: &[String], iters: usize) -> Result<Vec<Row>> {
     run_profiled(only, iters, Mode::Both, None)
 }
@@ -402,6 +405,18 @@ pub fn run_profiled(
             for c in modes(mode) {
                 rows.extend(traced(profile_dir, name, || {
                     Ok(vec![measure(&w, c, iters)?])
+                })?);
+            }
+        }
+    }
+    type MakeTrain = fn() -> TrainWorkload;
+    let steps: [(&str, MakeTrain); 2] = [("W5", w5), ("W6", w6)];
+    for (name, make) in steps {
+        if want(name) {
+            let w = make();
+            for c in modes(mode) {
+                rows.extend(traced(profile_dir, name, || {
+                    Ok(vec![measure_train(&w, c, iters)?])
                 })?);
             }
         }

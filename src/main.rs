@@ -15,13 +15,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Time the benchmark workloads (W1-W4 eager and compiled, W7, W8 copy bandwidth;
-    /// --only CNN,MLP for the digits models).
+    /// Time the benchmark workloads (W1-W4 eager and compiled, W5-W6 training
+    /// steps eager and compiled, W7, W8 copy bandwidth; --only CNN,MLP for the
+    /// digits models).
     Bench {
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
-        /// Comma-separated workloads to run, e.g. W1,W7 (default: W1-W4, W7, W8);
+        /// Comma-separated workloads to run, e.g. W1,W7 or W5,W6 (default: W1-W8);
         /// also CNN, MLP (inference) and CNN-compile, MLP-compile (compile latency).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,

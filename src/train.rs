@@ -14,6 +14,17 @@
 //!   continues from one bit for bit (see `tests/train_resume.rs`).
 //! * Reproducibility: [`crate::manual_seed`] seeds init, dropout and the loader
 //!   seed; the same seed gives bit-identical parameters.
+//! * `--compile`: the model is wrapped in [`crate::compile::compile`] for the
+//!   training forward (its backward runs the compiled backward graph once
+//!   compiled training lands; until then training steps run eagerly) and for
+//!   evaluation. Data, seeds, schedule and checkpoints are the same as eager:
+//!   the compiled wrapper borrows the model, whose parameters it trains.
+//!   [`step_time::compare`] then times eager vs compiled steps on copies.
+
+mod cli;
+pub mod step_time;
+
+pub use cli::{cli, TrainArgs};
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{digits, random_split, DataLoader, TensorDataset};
@@ -31,7 +42,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The lr decays by this factor after every epoch (`ExponentialLR`), a
 /// schedule that does not depend on `--epochs`, so a run can be extended.
@@ -122,6 +133,8 @@ pub struct TrainConfig {
     /// Profile the first epoch of this run: write its Chrome trace here and
     /// print its table (to stderr with `--json`).
     pub profile: Option<PathBuf>,
+    /// Train and evaluate through `compile(&model)`.
+    pub compile: bool,
 }
 
 impl Default for TrainConfig {
@@ -140,6 +153,7 @@ impl Default for TrainConfig {
             progress: false,
             verbose: false,
             profile: None,
+            compile: false,
         }
     }
 }
@@ -169,6 +183,14 @@ pub struct Outcome {
     pub test_size: usize,
     /// `memory::max_memory_allocated()` at the end of the run (process-wide peak).
     pub peak_memory_bytes: usize,
+    /// Training steps taken in this run (forward, loss, backward, optimizer step).
+    pub steps: usize,
+    /// Their mean wall time in ms (the first, which compiles under `--compile`, included).
+    pub step_ms_mean: f64,
+    /// Their median wall time in ms.
+    pub step_ms_median: f64,
+    /// The first step's wall time in ms.
+    pub first_step_ms: f64,
 }
 
 impl Outcome {
@@ -191,6 +213,11 @@ impl Outcome {
             "test_accuracy": self.test_accuracy,
             "seconds": self.seconds,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "compile": cfg.compile,
+            "steps": self.steps,
+            "step_ms_mean": self.step_ms_mean,
+            "step_ms_median": self.step_ms_median,
+            "first_step_ms": self.first_step_ms,
             "per_epoch": self.epochs.iter().map(|e| json!({
                 "epoch": e.epoch, "lr": e.lr, "train_loss": e.train_loss,
                 "train_accuracy": e.train_accuracy, "test_accuracy": e.test_accuracy,
@@ -257,10 +284,20 @@ pub fn load_splits(path: &Path, seed: u64, limit: Option<usize>) -> Result<Split
 
 /// Accuracy of `model` on `(x, y)` in eval mode under `no_grad` (restores train mode).
 pub fn evaluate(model: &Sequential, x: &Tensor, y: &Tensor) -> Result<f64> {
+    evaluate_with(model, &|x| model.forward(x), x, y)
+}
+
+/// [`evaluate`] through `fwd` (the model itself, or `compile(&model)`).
+pub fn evaluate_with(
+    model: &Sequential,
+    fwd: &dyn Fn(&Tensor) -> Result<Tensor>,
+    x: &Tensor,
+    y: &Tensor,
+) -> Result<f64> {
     model.eval();
     let acc = {
         let _g = autograd::no_grad();
-        let logits = model.forward(x)?;
+        let logits = fwd(x)?;
         correct(&logits, y)? as f64 / y.numel().max(1) as f64
     };
     model.train();
@@ -291,6 +328,18 @@ fn ckpt_err(path: &Path, msg: String) -> Error {
     Error::Io {
         path: path.display().to_string(),
         msg,
+    }
+}
+
+/// The optimiser: SGD with Nesterov momentum 0.9 and weight decay 5e-4.
+pub fn sgd_config(lr: f64) -> SgdConfig {
+    // TODO(fused optimizer): `fused: true` here once SgdConfig has it.
+    SgdConfig {
+        lr,
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 5e-4,
+        ..SgdConfig::default()
     }
 }
 
@@ -338,14 +387,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
 
     crate::manual_seed(cfg.seed);
     let model = cfg.model.build()?;
-    let sgd = SgdConfig {
-        lr: cfg.lr,
-        momentum: 0.9,
-        nesterov: true,
-        weight_decay: 5e-4,
-        ..SgdConfig::default()
-    };
-    let mut opt = SGD::with_params(model.parameters(), sgd)?;
+    let mut opt = SGD::with_params(model.parameters(), sgd_config(cfg.lr))?;
     let mut sched = ExponentialLR::new(&mut opt, LR_GAMMA)?;
     let train_ds = TensorDataset::new(vec![xtr, ytr])?;
     let mut loader = DataLoader::new(train_ds, cfg.batch_size)
@@ -364,6 +406,14 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         first_epoch = ck.epoch;
     }
 
+    // The compiled wrapper borrows `model`: parameters, optimizer state and
+    // checkpoints are the model's own.
+    let compiled = cfg.compile.then(|| crate::compile::compile(&model));
+    let fwd = |x: &Tensor| match &compiled {
+        Some(c) => c.forward(x),
+        None => model.forward(x),
+    };
+    let mut step_times: Vec<Duration> = vec![];
     let show = cfg.progress && std::io::stdout().is_terminal();
     let mut stats = vec![];
     model.train();
@@ -378,13 +428,15 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
             let batch = batch?;
             let (x, y) = (&batch[0], &batch[1]);
             let _step = profiler::record_function("train_step");
-            let logits = model.forward(x)?;
+            let t_step = Instant::now();
+            let logits = fwd(x)?;
             let loss = F::cross_entropy(&logits, y, None, ClassLossOpts::default())?;
             opt.zero_grad();
             loss.backward()?;
             let step = profiler::record_function("optimizer.step");
             opt.step()?;
             drop(step);
+            step_times.push(t_step.elapsed());
             let n = y.numel();
             loss_sum += loss.item()? * n as f64;
             hits += correct(&logits, y)?;
@@ -399,7 +451,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         sched.step(&mut opt)?;
         let test_accuracy = {
             let _eval = profiler::record_function("evaluate");
-            evaluate(&model, &xte, &yte)?
+            evaluate_with(&model, &fwd, &xte, &yte)?
         };
         let prof = prof.map(Profiler::stop);
         let s = EpochStats {
@@ -447,8 +499,14 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     }
     let test_accuracy = match stats.last() {
         Some(s) => s.test_accuracy,
-        None => evaluate(&model, &xte, &yte)?,
+        None => evaluate_with(&model, &fwd, &xte, &yte)?,
     };
+    drop(compiled);
+    let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+    let step_ms_mean = step_times.iter().map(ms).sum::<f64>() / step_times.len().max(1) as f64;
+    let mut sorted: Vec<f64> = step_times.iter().map(ms).collect();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let step_ms_median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     Ok(Outcome {
         model,
         epochs: stats,
@@ -458,6 +516,10 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         train_size: n_train,
         test_size: yte.numel(),
         peak_memory_bytes: crate::memory::max_memory_allocated(),
+        steps: step_times.len(),
+        step_ms_mean,
+        step_ms_median,
+        first_step_ms: step_times.first().map(ms).unwrap_or(0.0),
     })
 }
 
@@ -480,67 +542,4 @@ fn write_profile(p: Profile, path: &Path, epoch: u64, to_stderr: bool) -> Result
 /// The last line `kiln train` prints.
 pub fn accuracy_line(acc: f64) -> String {
     format!("test accuracy: {acc:.4}")
-}
-
-/// The flags of `kiln train`.
-#[derive(clap::Args, Debug)]
-pub struct TrainArgs {
-    #[arg(long, value_enum, default_value_t = ModelKind::Cnn)]
-    pub model: ModelKind,
-    #[arg(long, default_value_t = TrainConfig::default().epochs)]
-    pub epochs: u64,
-    #[arg(long, default_value_t = TrainConfig::default().batch_size)]
-    pub batch_size: usize,
-    /// Initial learning rate (SGD, Nesterov momentum 0.9, x0.85 per epoch).
-    #[arg(long, default_value_t = TrainConfig::default().lr)]
-    pub lr: f64,
-    #[arg(long, default_value_t = TrainConfig::default().seed)]
-    pub seed: u64,
-    /// Write a full checkpoint here at the end of every epoch.
-    #[arg(long)]
-    pub checkpoint: Option<PathBuf>,
-    /// Continue from a checkpoint (up to --epochs in total).
-    #[arg(long)]
-    pub resume: Option<PathBuf>,
-    /// Print a JSON summary line (before the last line), no bar or epoch lines.
-    #[arg(long)]
-    pub json: bool,
-    /// DataLoader worker threads (the batches do not depend on it).
-    #[arg(long, default_value_t = 0)]
-    pub workers: usize,
-    /// The digits file (default: data/digits.safetensors here, else the project's).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// Profile the first epoch: write its Chrome trace (Perfetto,
-    /// chrome://tracing) to this file and print its op/kernel table.
-    #[arg(long, value_name = "TRACE.json")]
-    pub profile: Option<PathBuf>,
-}
-
-/// `kiln train`: runs and prints the summary; the last line is [`accuracy_line`].
-pub fn cli(a: TrainArgs) -> Result<()> {
-    let cfg = TrainConfig {
-        model: a.model,
-        epochs: a.epochs,
-        batch_size: a.batch_size,
-        lr: a.lr,
-        seed: a.seed,
-        checkpoint: a.checkpoint,
-        resume: a.resume,
-        workers: a.workers,
-        data: a.data,
-        limit: None,
-        progress: !a.json,
-        verbose: !a.json,
-        profile: a.profile,
-    };
-    let out = run(&cfg)?;
-    if a.json {
-        println!("{}", out.json(&cfg));
-    } else {
-        let peak = crate::memory::format_bytes(out.peak_memory_bytes);
-        println!("peak memory: {peak} ({} bytes)", out.peak_memory_bytes);
-    }
-    println!("{}", accuracy_line(out.test_accuracy));
-    Ok(())
 }
