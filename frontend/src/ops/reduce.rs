@@ -19,6 +19,37 @@ fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Ten
     p.reshape(&shape)
 }
 
+/// For an associative `kind` whose reduced dims `rd` some leaf cannot merge
+/// into one loop axis without copying, the longest run of innermost reduced
+/// dims every leaf can merge (reduced first, in a kernel of its own).
+fn split_reduced(
+    kind: ReduceKind,
+    value: &Meta,
+    leaves: &[Tensor],
+    rd: &[usize],
+) -> Result<Option<Vec<usize>>> {
+    use ReduceKind::*;
+    if !matches!(kind, Sum | Prod | Max | Min) || rd.len() < 2 {
+        return Ok(None);
+    }
+    let expanded: Vec<Tensor> = leaves
+        .iter()
+        .map(|t| t.expand_to(&value.dims))
+        .collect::<Result<_>>()?;
+    // dims a (outer) and b (inner) merge when a steps over exactly all of b
+    let merges = |a: usize, b: usize| {
+        expanded.iter().all(|t| {
+            let (d, s) = (t.dims(), t.strides());
+            d[a] == 1 || d[b] == 1 || s[a] == s[b] * d[b] as isize
+        })
+    };
+    let mut start = rd.len() - 1;
+    while start > 0 && merges(rd[start - 1], rd[start]) {
+        start -= 1;
+    }
+    Ok((start > 0).then(|| rd[start..].to_vec()))
+}
+
 /// The general eager reduction. `leaves` (each broadcastable to `value.dims`)
 /// are loaded in the kernel; `body(k, loaded)` computes the value to reduce
 /// (of dtype `value.dtype`) per element; it is reduced with `kind` over `dims`
@@ -28,6 +59,57 @@ fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Ten
 /// reduced dims form the innermost loop axis (a view when strides allow).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_expr(
+    name: &str,
+    kind: ReduceKind,
+    value: &Meta,
+    leaves: &[Tensor],
+    dims: Option<&[i64]>,
+    keepdim: bool,
+    out_dtype: DType,
+    body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
+    epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> Vec<usize>,
+) -> Result<Tensor> {
+    let rd = infer::reduce_dims(name, value.dims.len(), dims)?;
+    let n: usize = rd.iter().map(|&d| value.dims[d]).product();
+    if let Some(inner) = split_reduced(kind, value, leaves, &rd)? {
+        // the reduced dims do not merge into one loop axis without a copy
+        // (a per-channel sum of NCHW): reduce the inner group that does,
+        // then the partial result, which is small
+        let acc = out_dtype.compute();
+        let inner: Vec<i64> = inner.iter().map(|&d| d as i64).collect();
+        let partial = reduce_kernel(
+            name,
+            kind,
+            value,
+            leaves,
+            Some(&inner),
+            true,
+            acc,
+            body,
+            |_, a, _| vec![a],
+        )?;
+        let all: Vec<i64> = rd.iter().map(|&d| d as i64).collect();
+        let pm = partial.meta();
+        return reduce_kernel(
+            name,
+            kind,
+            &pm,
+            std::slice::from_ref(&partial),
+            Some(&all),
+            keepdim,
+            out_dtype,
+            |_, v| v[0],
+            |k, a, _| epilogue(k, a, n),
+        );
+    }
+    reduce_kernel(
+        name, kind, value, leaves, dims, keepdim, out_dtype, body, epilogue,
+    )
+}
+
+/// [`reduce_expr`] as one kernel.
+#[allow(clippy::too_many_arguments)]
+fn reduce_kernel(
     name: &str,
     kind: ReduceKind,
     value: &Meta,
