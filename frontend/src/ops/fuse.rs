@@ -90,6 +90,42 @@ impl Lazy {
         k.store_into(&e.name(), v, dst)
     }
 
+    /// Runs several pending expressions as ONE kernel, writing each into its
+    /// destination (all of the same shape): shared subexpressions are
+    /// computed once, and a destination an expression also reads (same
+    /// storage and layout) is updated in place — each element's values are
+    /// computed from the old contents before any is stored.
+    pub fn materialize_many_into(exprs: &[(&Lazy, &Tensor)]) -> Result<()> {
+        Lazy::materialize_many_named(None, exprs)
+    }
+
+    /// [`Lazy::materialize_many_into`] with a kernel name for profiles and
+    /// dumps (`adam_step`), instead of the fused ops' names.
+    pub fn materialize_many_named(name: Option<&str>, exprs: &[(&Lazy, &Tensor)]) -> Result<()> {
+        let dsts: Vec<Tensor> = exprs.iter().map(|(_, d)| (*d).clone()).collect();
+        let mut leaves: Vec<Tensor> = vec![];
+        for (x, _) in exprs {
+            for t in x.leaves() {
+                if !leaves
+                    .iter()
+                    .any(|o| o.shares_storage(&t) && o.layout() == t.layout())
+                {
+                    leaves.push(t);
+                }
+            }
+        }
+        let mut e = Emitter::default();
+        let mut k = KernelCall::with_outputs(&dsts);
+        for l in &leaves {
+            let v = k.load(l);
+            e.leaf_vals.push(v);
+        }
+        e.leaves = leaves;
+        let vals: Vec<usize> = exprs.iter().map(|(x, _)| e.emit(&mut k, x)).collect();
+        let name = name.map_or_else(|| e.name(), str::to_string);
+        k.store_many(&name, &vals)
+    }
+
     /// A 0-dim constant of dtype `dt` (a kernel scalar argument, not a tensor).
     pub fn constant(v: f64, dt: DType) -> Lazy {
         Lazy::new(
