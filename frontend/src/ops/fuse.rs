@@ -492,6 +492,31 @@ mod tests {
         Tensor::from_vec(v, dims).unwrap()
     }
 
+    /// One kernel writes both results, each from the other's old value;
+    /// f16 outputs are widened around the kernel and narrowed back.
+    #[test]
+    fn materialize_many_updates_in_place() {
+        use super::{Fuser, Lazy};
+        use kiln_ir::BinaryOp;
+        use kiln_passes::decompose::Builder;
+        for dt in [DType::F32, DType::F64, DType::F16] {
+            let a = ramp(&[2, 5]).to_dtype(dt).unwrap();
+            let bv: Vec<f32> = (0..10).map(|i| 0.3 * i as f32 - 1.1).collect();
+            let b = Tensor::from_vec(bv, &[2, 5]).unwrap().to_dtype(dt).unwrap();
+            let (want_a, want_b) = (a.add(&b).unwrap(), a.sub(&b).unwrap());
+            let (la, lb) = (Lazy::tensor(&a), Lazy::tensor(&b));
+            let sum = Fuser.binary(BinaryOp::Add, &la, &lb).unwrap();
+            let diff = Fuser.binary(BinaryOp::Sub, &la, &lb).unwrap();
+            let ((), ks) = kiln_runtime::record_kernels(|| {
+                Lazy::materialize_many_into(&[(&sum, &a), (&diff, &b)]).unwrap()
+            });
+            assert_eq!(ks.len(), 1, "{dt}");
+            assert_eq!(ks[0].outputs(), 2);
+            assert_eq!(a.to_f64_vec(), want_a.to_f64_vec(), "{dt}");
+            assert_eq!(b.to_f64_vec(), want_b.to_f64_vec(), "{dt}");
+        }
+    }
+
     /// The one-pass statistics are kept in f32 for f16 inputs; results stay f16.
     #[test]
     fn half_inputs_keep_their_dtype() {
