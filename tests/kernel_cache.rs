@@ -81,3 +81,68 @@ fn eager_composites_fuse_pointwise_chains() {
     // unfused gelu chain of W1 is one kernel per op
     assert_eq!(count(&|| drop(x.gelu(false).unwrap())), 1);
 }
+
+/// `fused: true` optimizers compile one step kernel per dtype, whatever the
+/// parameters' shapes, and an lr schedule or the step count never recompiles.
+#[test]
+fn fused_optimizer_compiles_one_kernel_per_dtype() {
+    use kiln::optim::{AdamConfig, AdamW, Optimizer, SgdConfig, SGD};
+    let _g = SERIAL.lock().unwrap();
+    let shapes: [&[usize]; 6] = [&[4, 5], &[9], &[3, 2, 2], &[33], &[2, 7], &[5, 1, 3]];
+    let make = || -> Vec<Tensor> {
+        shapes
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let dt = if i % 2 == 0 { DType::F32 } else { DType::F64 };
+                Tensor::full(d, 0.1 * i as f64, dt).requires_grad_(true)
+            })
+            .collect()
+    };
+    let grads = |ps: &[Tensor], step: usize| {
+        let gs: Vec<Tensor> = ps
+            .iter()
+            .map(|p| Tensor::full(p.dims(), 0.3 - 0.1 * step as f64, p.dtype()))
+            .collect();
+        for (p, g) in ps.iter().zip(gs) {
+            p.set_grad(Some(g));
+        }
+    };
+    let sgd = SgdConfig {
+        lr: 0.1,
+        momentum: 0.9,
+        weight_decay: 1e-2,
+        nesterov: true,
+        fused: true,
+        ..Default::default()
+    };
+    let adamw = AdamConfig {
+        fused: true,
+        ..AdamConfig::adamw()
+    };
+    let opts: Vec<(&str, Box<dyn Fn(Vec<Tensor>) -> Box<dyn Optimizer>>)> = vec![
+        (
+            "sgd",
+            Box::new(move |ps| Box::new(SGD::with_params(ps, sgd.clone()).unwrap())),
+        ),
+        (
+            "adamw",
+            Box::new(move |ps| Box::new(AdamW::with_params(ps, adamw.clone()).unwrap())),
+        ),
+    ];
+    // reading the `step` counter (a 0-dim f32) is its own one-off kernel
+    Tensor::scalar(1.0f32).item().unwrap();
+    for (name, mk) in opts {
+        let ps = make();
+        let mut opt = mk(ps.clone());
+        for step in 0..4 {
+            grads(&ps, step);
+            opt.param_groups_mut()[0].set_lr(0.1 / (step + 1) as f64);
+            let before = cache_stats().compiles;
+            opt.step().unwrap();
+            let compiled = cache_stats().compiles - before;
+            let want = if step == 0 { 2 } else { 0 };
+            assert_eq!(compiled, want, "{name} step {step}: compiles");
+        }
+    }
+}

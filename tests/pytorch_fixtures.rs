@@ -151,6 +151,10 @@ fn pytorch_optim_sched_fixtures() {
         assert!(total > 0, "suite {suite} has no cases");
         failed.extend(fails);
     }
+    let (pass, total, fails) = fixture_support::optim::run_fused(&fx);
+    let _ = writeln!(err, "fused optim: {pass}/{total}");
+    assert!(total > 0, "no SGD/Adam/AdamW cases for the fused step");
+    failed.extend(fails);
     for line in &failed {
         let _ = writeln!(err, "{line}");
     }

@@ -4,7 +4,9 @@
 //! against, and the definition of what a kernel means:
 //!
 //! - the loop space is `sizes[0..rank]`; dim 0 runs over `start..end` only;
-//! - without a reduction, `out[i] = body(i)` for every index `i`;
+//! - without a reduction, `out[i] = body(i)` for every index `i` (and
+//!   operand `1 + j` gets `extra_out[j]`; all of an index's values are
+//!   computed, from the operands as they were, before any is stored);
 //! - with a reduction the innermost dim (`rank - 1`) is reduced: for every
 //!   index of the other dims, the body values along that dim are combined in
 //!   order (Sum, Prod, NaN-propagating Max/Min, or the first index of the
@@ -285,7 +287,6 @@ unsafe fn point(
 ) {
     let s = &mut Interp;
     let total = k.body.len() + k.epilogue.len();
-    let out_dt = k.operands[0].dtype;
     let leaf_at = |j: usize| {
         move |_: &mut Interp, ins: Instr| -> (Val, DType) {
             match ins {
@@ -304,14 +305,17 @@ unsafe fn point(
         }
     };
     let Some(red) = &k.reduce else {
+        // every value before any store: an output may also be an input
         let mut vals = vec![None; total];
-        let v = eval_value(s, k, k.out, &mut vals, &mut leaf_at(0));
-        write(
-            ptrs[0],
-            offs[0],
-            out_dt,
-            s.cast(v, k.dtype_of(k.out), out_dt),
-        );
+        let stores = k.stores();
+        let got: Vec<Val> = stores
+            .iter()
+            .map(|&(_, _, v)| eval_value(s, k, v, &mut vals, &mut leaf_at(0)))
+            .collect();
+        for (&(op, _, v), x) in stores.iter().zip(got) {
+            let dt = k.operands[op].dtype;
+            write(ptrs[op], offs[op], dt, s.cast(x, k.dtype_of(v), dt));
+        }
         return;
     };
     let vd = k.dtype_of(red.value);

@@ -56,7 +56,7 @@ impl Inner {
     }
 }
 
-/// A tensor operand. Operand 0 is always the output.
+/// A tensor operand. Operand 0 is always an output (see [`Kernel::outputs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Operand {
     /// Storage dtype. Never f16/bf16 (the runtime widens those to f32 around kernels).
@@ -67,7 +67,9 @@ pub struct Operand {
 /// One SSA instruction; its result has the dtype stored beside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Instr {
-    /// Load operand `n` (n >= 1) at the current index, in its storage dtype.
+    /// Load operand `n` at the current index, in its storage dtype. Only a
+    /// pointwise kernel may load an output (n < [`Kernel::outputs`]): it reads
+    /// the value from before this index's stores (an in-place update).
     Load(usize),
     /// Runtime scalar argument `n` (its dtype is `Kernel::scalars[n]`).
     Scalar(usize),
@@ -128,6 +130,13 @@ pub struct Reduction {
 /// A kernel: `out[idx] = body(loads at idx)` over all indices, or with a
 /// reduction, `out[kept idx] = epilogue(reduce over the innermost axis of body)`.
 ///
+/// A pointwise kernel may have several outputs (a fused optimizer step
+/// writes the parameter and its moments in one loop): `extra_out[j]` goes
+/// to operand `1 + j`. At each index every stored value is computed before
+/// any is stored, so an output may also be loaded (`p = p - lr * g`); such
+/// a kernel must then run once per index (disjoint `start..end` splits, and
+/// one call at rank 0, whose single point every call with `start == 0` computes).
+///
 /// Loads in the epilogue read at reduce index 0 (their operands have stride 0
 /// along the reduced axis, e.g. a per-row scale).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -136,7 +145,8 @@ pub struct Kernel {
     pub name: String,
     /// Number of loop dims; with a reduction the last one is reduced.
     pub rank: usize,
-    /// Operand 0 is the output; the rest are inputs.
+    /// The outputs first (operand 0, and 1..=`extra_out.len()` when
+    /// pointwise), then the inputs.
     pub operands: Vec<Operand>,
     /// Dtypes of the runtime scalar arguments.
     pub scalars: Vec<DType>,
@@ -149,6 +159,7 @@ pub struct Kernel {
     /// With a reduction, values stored after `out` at the next elements of
     /// operand 0: each output element is then a tuple of `1 + extra_out.len()`
     /// values (a trailing dim of that size with stride 1), e.g. (mean, rstd).
+    /// Without one, the values stored to operands 1, 2, ... (one each).
     pub extra_out: Vec<ValueId>,
 }
 
@@ -179,6 +190,27 @@ impl Kernel {
         }
     }
 
+    /// Number of output operands (the leading ones): 1 with a reduction
+    /// (a tuple store stays in operand 0), `1 + extra_out.len()` without.
+    pub fn outputs(&self) -> usize {
+        if self.reduce.is_some() {
+            1
+        } else {
+            1 + self.extra_out.len()
+        }
+    }
+
+    /// Every store as (operand, element offset from the index, value), in
+    /// the order backends must evaluate them.
+    pub fn stores(&self) -> Vec<(usize, usize, ValueId)> {
+        let all = std::iter::once(self.out).chain(self.extra_out.iter().copied());
+        if self.reduce.is_some() {
+            all.enumerate().map(|(t, v)| (0, t, v)).collect()
+        } else {
+            all.enumerate().map(|(o, v)| (o, 0, v)).collect()
+        }
+    }
+
     /// The stable text form used by snapshots and `KILN_LOG=kernels`.
     pub fn to_text(&self) -> String {
         let mut s = String::new();
@@ -189,17 +221,19 @@ impl Kernel {
     fn write_text(&self, s: &mut String) -> fmt::Result {
         writeln!(s, "kernel {}(rank={}) {{", self.name, self.rank)?;
         for (k, o) in self.operands.iter().enumerate() {
-            let role = if k == 0 { "out" } else { "in" };
+            let role = if k < self.outputs() { "out" } else { "in" };
             writeln!(s, "  {role}{k}: {} {}", o.dtype, o.inner.name())?;
         }
         for (n, d) in self.scalars.iter().enumerate() {
             writeln!(s, "  scalar{n}: {d}")?;
         }
+        let nout = self.outputs();
         let write_instrs =
             |s: &mut String, instrs: &[(Instr, DType)], base: usize| -> fmt::Result {
                 for (i, (ins, dt)) in instrs.iter().enumerate() {
                     write!(s, "  %{} = ", base + i)?;
                     match ins {
+                        Instr::Load(k) if *k < nout => write!(s, "load out{k}")?,
                         Instr::Load(k) => write!(s, "load in{k}")?,
                         Instr::Scalar(n) => write!(s, "scalar{n}")?,
                         Instr::Const(bits) => write!(s, "const {:?}", f64::from_bits(*bits))?,

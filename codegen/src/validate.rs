@@ -10,7 +10,8 @@ fn bad(msg: String) -> Error {
 
 /// Checks that a kernel is well formed (ids in range and defined before use,
 /// operand/scalar indices valid, no f16/bf16, rank consistent with the
-/// reduction, `acc` parts of the right kind, tuple stores only when reducing).
+/// reduction, `acc` parts of the right kind, an operand for every output,
+/// outputs loaded only by pointwise kernels).
 pub fn validate(k: &Kernel) -> Result<(), Error> {
     let name = &k.name;
     if k.operands.is_empty() {
@@ -47,8 +48,13 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
             }
         }
         match *ins {
-            Instr::Load(o) if o == 0 || o >= k.operands.len() => {
+            Instr::Load(o) if o >= k.operands.len() => {
                 return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
+            }
+            Instr::Load(0) if k.reduce.is_some() => {
+                return Err(bad(format!(
+                    "kernel {name}: %{id} loads the output of a reduction"
+                )));
             }
             Instr::Scalar(n) if n >= k.scalars.len() => {
                 return Err(bad(format!(
@@ -88,9 +94,11 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
                 r.kind, r.dtype
             )));
         }
-    } else if !k.extra_out.is_empty() {
+    } else if k.operands.len() < k.outputs() {
         return Err(bad(format!(
-            "kernel {name}: a tuple store needs a reduction"
+            "kernel {name}: {} outputs but {} operands",
+            k.outputs(),
+            k.operands.len()
         )));
     }
     for &v in std::iter::once(&k.out).chain(&k.extra_out) {

@@ -1,6 +1,7 @@
 //! Compiles CUDA C from the cuda backend with real NVRTC for sm_90: every
 //! unary and binary op, casts between all compute dtypes, every reduction kind,
-//! epilogues, scalars, several ranks and the three snapshot kernels.
+//! epilogues, scalars, several ranks, multi-output in-place kernels and the
+//! three snapshot kernels.
 //!
 //! NVRTC is loaded at run time (cudarc's dynamic loading). When it cannot be
 //! loaded the test says so and passes; `.ci/run` installs it from PyPI
@@ -13,6 +14,9 @@ use kiln_codegen::{AccPart, Inner, Instr, Kernel, KernelBuilder, Operand, Reduct
 use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 use std::io::Write;
 use DType::*;
+
+#[path = "common/multi_out.rs"]
+mod multi_out;
 
 fn op(dtype: DType, inner: Inner) -> Operand {
     Operand { dtype, inner }
@@ -231,6 +235,21 @@ fn corpus() -> Vec<Kernel> {
         }
         ks.push(reduction(kind, F32, 1, true));
         ks.push(reduction(kind, F32, 3, true));
+    }
+    for dt in [F32, F64] {
+        ks.push(multi_out::adam_step(
+            dt,
+            1,
+            Inner::Contiguous,
+            Inner::Contiguous,
+        ));
+        ks.push(multi_out::adam_step(
+            dt,
+            0,
+            Inner::Strided,
+            Inner::Broadcast,
+        ));
+        ks.push(multi_out::swap(dt, Bool, 2, Inner::Strided));
     }
     ks
 }

@@ -52,7 +52,7 @@ fn wrapper(k: &Kernel, ns: &str) -> String {
     let name = cuda_kernel_name(k);
     let mut args = vec![];
     for (i, o) in k.operands.iter().enumerate() {
-        let c = if i == 0 { "" } else { "const " };
+        let c = if i < k.outputs() { "" } else { "const " };
         args.push(format!("({c}{}*)p[{i}]", c_storage_type(o.dtype)));
     }
     for d in 0..k.rank {
@@ -120,15 +120,16 @@ fn build(kernels: &BTreeMap<String, &Kernel>) -> Result<Option<PathBuf>, String>
     Ok(Some(so))
 }
 
-/// Runs one case through the shim and the interpreter; Err describes a mismatch.
+/// Runs one case through the shim and the interpreter (every output, an
+/// in-place one starting from the case's data); Err describes a mismatch.
 fn run_case(lib: &libloading::Library, c: &Case) -> Result<(), String> {
     let k = &c.k;
     let name = format!("{}_launch", cuda_kernel_name(k));
     let f: libloading::Symbol<LaunchFn> =
         unsafe { lib.get(name.as_bytes()) }.map_err(|e| format!("{name}: {e}"))?;
-    let out_dt = k.operands[0].dtype;
-    let mut out_i = c.views[0].1.clone();
-    let mut out_s = c.views[0].1.clone();
+    let nout = k.outputs();
+    let mut out_i: Vec<Vec<u8>> = c.views[..nout].iter().map(|v| v.1.clone()).collect();
+    let mut out_s = out_i.clone();
     let strides: Vec<isize> = c.views.iter().flat_map(|v| v.0.iter().copied()).collect();
     let strides64: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
     let sizes64: Vec<i64> = c.sizes.iter().map(|&s| s as i64).collect();
@@ -138,16 +139,22 @@ fn run_case(lib: &libloading::Library, c: &Case) -> Result<(), String> {
         k.rank
     };
     let n0 = if iter_dims == 0 { 1 } else { c.sizes[0] };
-    let ptrs = |out: &mut Vec<u8>| -> Vec<*mut u8> {
-        std::iter::once(out.as_mut_ptr())
-            .chain(c.views[1..].iter().map(|v| v.1.as_ptr() as *mut u8))
+    let ptrs = |outs: &mut Vec<Vec<u8>>| -> Vec<*mut u8> {
+        outs.iter_mut()
+            .map(|o| o.as_mut_ptr())
+            .chain(c.views[nout..].iter().map(|v| v.1.as_ptr() as *mut u8))
             .collect()
     };
     let pi = ptrs(&mut out_i);
     unsafe { run_kernel(k, &pi, &strides, &c.sizes, &c.scalars, 0, n0) };
     let ps = ptrs(&mut out_s);
-    // dim 0 split in three calls, as the CPU backend's threads do.
-    let cuts = [0, n0 / 3, (2 * n0) / 3, n0];
+    // dim 0 split in three calls, as the CPU backend's threads do (but
+    // one call without a dim to split: in place, it must run once).
+    let cuts = if iter_dims == 0 {
+        vec![0, n0]
+    } else {
+        vec![0, n0 / 3, (2 * n0) / 3, n0]
+    };
     for w in cuts.windows(2) {
         let rc = unsafe {
             f(
@@ -165,16 +172,19 @@ fn run_case(lib: &libloading::Library, c: &Case) -> Result<(), String> {
             return Err(format!("{}: launch returned {rc}", c.label));
         }
     }
-    let sz = out_dt.size();
-    for e in 0..out_i.len() / sz {
-        let a = Val::from_le_bytes(&out_s[e * sz..], out_dt);
-        let b = Val::from_le_bytes(&out_i[e * sz..], out_dt);
-        if !close(a, b, &c.tol) {
-            return Err(format!(
-                "{}: element {e}: shim {a:?} vs interp {b:?}\n{}",
-                c.label,
-                k.to_text()
-            ));
+    for (op, (got, want)) in out_s.iter().zip(&out_i).enumerate() {
+        let dt = k.operands[op].dtype;
+        let sz = dt.size();
+        for e in 0..want.len() / sz {
+            let a = Val::from_le_bytes(&got[e * sz..], dt);
+            let b = Val::from_le_bytes(&want[e * sz..], dt);
+            if !close(a, b, &c.tol) {
+                return Err(format!(
+                    "{}: out{op} element {e}: shim {a:?} vs interp {b:?}\n{}",
+                    c.label,
+                    k.to_text()
+                ));
+            }
         }
     }
     Ok(())

@@ -210,8 +210,8 @@ impl SendPtrs {
 const PARALLEL_MIN: usize = 1 << 15;
 
 /// Runs `template` (its operand dtypes and body; rank and inner patterns are
-/// filled in here) over `views`, which all have the loop dims (operand 0 is the
-/// output; with a reduction it has stride 0 along the last dim).
+/// filled in here) over `views`, which all have the loop dims (the leading
+/// [`Kernel::outputs`] are the outputs; a reduction's has stride 0 along the last dim).
 pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
     // f16/bf16 operands: kernels never see them; widen inputs, narrow the output.
     if views.iter().any(|v| v.dtype().is_half()) {
@@ -287,12 +287,21 @@ fn operand_bytes(v: &View) -> u64 {
 fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
     let mut k = template.clone();
     let mut temps: Vec<(Storage, Layout)> = vec![];
+    let nout = template.outputs();
+    // an output is read first only when the kernel loads it (an in-place update)
+    let loaded = |i: usize| {
+        i >= nout
+            || template
+                .body
+                .iter()
+                .any(|(ins, _)| *ins == kiln_codegen::Instr::Load(i))
+    };
     for (i, v) in views.iter().enumerate() {
         if v.dtype().is_half() {
             k.operands[i].dtype = DType::F32;
             let l = Layout::contiguous(&v.layout.dims);
             let s = Storage::empty(DType::F32, l.numel());
-            if i > 0 {
+            if loaded(i) {
                 convert(
                     *v,
                     View {
@@ -332,8 +341,10 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
         })
         .collect();
     launch(&k, &widened, scalars)?;
-    if views[0].dtype().is_half() {
-        convert(widened[0], views[0]);
+    for (w, v) in widened.iter().zip(views).take(nout) {
+        if v.dtype().is_half() {
+            convert(*w, *v);
+        }
     }
     Ok(())
 }

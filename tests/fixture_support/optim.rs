@@ -28,11 +28,34 @@ pub fn run_suite(fx: &Fixtures, suite: &str) -> (usize, usize, Vec<String>) {
             .expect("case in manifest");
         let r = match suite {
             "optim" if c.op.ends_with("clip_grad_norm_") => clip_case(fx, c),
-            "optim" => optim_case(fx, c, raw),
+            "optim" => optim_case(fx, c, raw, false),
             _ => sched_case(fx, c, raw),
         };
         if let Err(e) = r {
             fails.push(format!("{suite}/{}: {e}", c.case));
+        }
+    }
+    (cases.len() - fails.len(), cases.len(), fails)
+}
+
+/// The SGD, Adam and AdamW cases of the optim suite again with
+/// `fused: true` (options the fused step lacks take the eager fallback and
+/// count too); returns (passed, total, failure lines).
+pub fn run_fused(fx: &Fixtures) -> (usize, usize, Vec<String>) {
+    let fusable = |op: &str| matches!(op.rsplit('.').next(), Some("SGD" | "Adam" | "AdamW"));
+    let cases: Vec<Case> = load_suite(fx, "optim")
+        .into_iter()
+        .filter(|c| fusable(&c.op))
+        .collect();
+    let mut fails = vec![];
+    for c in &cases {
+        let raw = fx
+            .cases
+            .iter()
+            .find(|r| r["suite"] == "optim" && r["case"] == c.case.as_str())
+            .expect("case in manifest");
+        if let Err(e) = optim_case(fx, c, raw, true) {
+            fails.push(format!("fused optim/{}: {e}", c.case));
         }
     }
     (cases.len() - fails.len(), cases.len(), fails)
@@ -52,7 +75,12 @@ fn i(a: &Value, k: &str) -> i64 {
         .unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
 }
 
-fn make_optimizer(op: &str, a: &Value, p: Tensor) -> Result<Box<dyn Optimizer>, String> {
+fn make_optimizer(
+    op: &str,
+    a: &Value,
+    p: Tensor,
+    fused: bool,
+) -> Result<Box<dyn Optimizer>, String> {
     let params = vec![p];
     let name = op.rsplit('.').next().unwrap();
     let betas = |a: &Value| {
@@ -69,6 +97,7 @@ fn make_optimizer(op: &str, a: &Value, p: Tensor) -> Result<Box<dyn Optimizer>, 
                 weight_decay: f(a, "weight_decay"),
                 nesterov: b(a, "nesterov"),
                 maximize: b(a, "maximize"),
+                fused,
             },
         )
         .map(|o| Box::new(o) as Box<dyn Optimizer>),
@@ -80,6 +109,7 @@ fn make_optimizer(op: &str, a: &Value, p: Tensor) -> Result<Box<dyn Optimizer>, 
                 weight_decay: f(a, "weight_decay"),
                 amsgrad: b(a, "amsgrad"),
                 maximize: b(a, "maximize"),
+                fused,
             };
             if name == "AdamW" || b(a, "decoupled_weight_decay") {
                 AdamW::with_params(params, cfg).map(|o| Box::new(o) as Box<dyn Optimizer>)
@@ -117,9 +147,9 @@ fn make_optimizer(op: &str, a: &Value, p: Tensor) -> Result<Box<dyn Optimizer>, 
     r.map_err(|e| format!("kiln error: {e}"))
 }
 
-fn optim_case(fx: &Fixtures, c: &Case, raw: &Value) -> Result<(), String> {
+fn optim_case(fx: &Fixtures, c: &Case, raw: &Value, fused: bool) -> Result<(), String> {
     let p = fx.tensor(c, &c.inputs[0])?.requires_grad_(true);
-    let mut opt = make_optimizer(&c.op, &c.attrs, p.clone())?;
+    let mut opt = make_optimizer(&c.op, &c.attrs, p.clone(), fused)?;
     for t in 1..=5 {
         p.set_grad(Some(fx.tensor(c, &c.inputs[t])?));
         opt.step().map_err(|e| format!("step {t}: {e}"))?;
@@ -248,6 +278,7 @@ fn build(c: &Case) -> Result<(SGD, Sched), String> {
         weight_decay: f(o, "weight_decay"),
         nesterov: b(o, "nesterov"),
         maximize: b(o, "maximize"),
+        fused: false,
     };
     let mut opt = SGD::with_params(vec![p], cfg).map_err(|e| e.to_string())?;
     let ty = c.op.rsplit('.').next().unwrap();

@@ -234,6 +234,18 @@ impl Row<'_> {
         byte_off: i32,
         pre: &[Option<Value>],
     ) -> Value {
+        self.eval_many(em, &[root], i, byte_off, pre)[0]
+    }
+
+    /// [`Row::eval`] of several roots, sharing the values they have in common.
+    pub(crate) fn eval_many(
+        &self,
+        em: &mut Emitter,
+        roots: &[usize],
+        i: Value,
+        byte_off: i32,
+        pre: &[Option<Value>],
+    ) -> Vec<Value> {
         let addrs: Vec<Option<Value>> = (0..self.k.operands.len())
             .map(|op| {
                 (pre[op].is_none() && self.loaded.contains(&op)).then(|| self.addr(em, op, i))
@@ -261,13 +273,21 @@ impl Row<'_> {
             }
         };
         let mut vals = vec![None; k.body.len() + k.epilogue.len()];
-        eval_value(em, k, root, &mut vals, &mut leaf)
+        roots
+            .iter()
+            .map(|&r| eval_value(em, k, r, &mut vals, &mut leaf))
+            .collect()
     }
 }
 
 /// The operands loaded by the body values `root` depends on.
 pub(crate) fn loaded_operands(k: &Kernel, root: usize) -> Vec<usize> {
-    let live = super::plan::live_body(k, &[root]);
+    loaded_by(k, &[root])
+}
+
+/// The operands loaded by the body values `roots` depend on.
+fn loaded_by(k: &Kernel, roots: &[usize]) -> Vec<usize> {
+    let live = super::plan::live_body(k, roots);
     let mut ops: Vec<usize> = k
         .body
         .iter()
@@ -291,7 +311,12 @@ pub(crate) fn store_out(
     addr: Value,
     off: i32,
 ) {
-    let to = k.operands[0].dtype;
+    store_to(k, 0, em, v, from, addr, off)
+}
+
+/// [`store_out`] to output operand `op`.
+fn store_to(k: &Kernel, op: usize, em: &mut Emitter, v: Value, from: DType, addr: Value, off: i32) {
+    let to = k.operands[op].dtype;
     let v = em.cast(v, from, to);
     em.b.ins().store(flags(), v, addr, off);
 }
@@ -305,13 +330,14 @@ fn pointwise_row(
     hi: Value,
     ptrs: &[Value],
 ) {
+    let stores = k.stores();
+    let roots: Vec<usize> = stores.iter().map(|s| s.2).collect();
     let row = Row {
         k,
         fr,
         ptrs,
-        loaded: loaded_operands(k, k.out),
+        loaded: loaded_by(k, &roots),
     };
-    let out_dt = k.dtype_of(k.out);
     let mut tail_lo = lo;
     if plan.lanes > 1 {
         let lanes = plan.lanes as i64;
@@ -328,10 +354,13 @@ fn pointwise_row(
             step,
             |em| row.preload(em),
             |em, i, pre| {
-                let out_addr = row.addr(em, 0, i);
+                let addrs: Vec<Value> = stores.iter().map(|s| row.addr(em, s.0, i)).collect();
                 for u in 0..plan.unroll as i32 {
-                    let v = row.eval(em, k.out, i, u * vbytes, pre);
-                    em.b.ins().store(flags(), v, out_addr, u * vbytes);
+                    // all loads of this vector before its stores (in-place outputs)
+                    let vs = row.eval_many(em, &roots, i, u * vbytes, pre);
+                    for (v, a) in vs.into_iter().zip(&addrs) {
+                        em.b.ins().store(flags(), v, *a, u * vbytes);
+                    }
                 }
             },
         );
@@ -345,9 +374,11 @@ fn pointwise_row(
         1,
         |em| row.preload(em),
         |em, i, pre| {
-            let v = row.eval(em, k.out, i, 0, pre);
-            let a = row.addr(em, 0, i);
-            store_out(k, em, v, out_dt, a, 0);
+            let vs = row.eval_many(em, &roots, i, 0, pre);
+            for (&(op, _, r), v) in stores.iter().zip(vs) {
+                let a = row.addr(em, op, i);
+                store_to(k, op, em, v, k.dtype_of(r), a, 0);
+            }
         },
     );
 }
@@ -360,14 +391,18 @@ fn single_point(k: &Kernel, em: &mut Emitter, fr: &Frame, ptrs: &[Value]) {
     for o in k1.operands.iter_mut() {
         o.inner = Inner::Broadcast;
     }
+    let stores = k.stores();
+    let roots: Vec<usize> = stores.iter().map(|s| s.2).collect();
     let row = Row {
         k: &k1,
         fr,
         ptrs,
-        loaded: loaded_operands(k, k.out),
+        loaded: loaded_by(k, &roots),
     };
     let pre = row.preload(em);
     let i = em.b.ins().iconst(types::I64, 0);
-    let v = row.eval(em, k.out, i, 0, &pre);
-    store_out(k, em, v, k.dtype_of(k.out), ptrs[0], 0);
+    let vs = row.eval_many(em, &roots, i, 0, &pre);
+    for (&(op, _, r), v) in stores.iter().zip(vs) {
+        store_to(k, op, em, v, k.dtype_of(r), ptrs[op], 0);
+    }
 }

@@ -3,7 +3,7 @@
 //! It can when the compute dtype D is f32 (f32x4) or f64 (f64x2), every value
 //! the row computes is of dtype D or bool (a lane mask), every loaded operand
 //! is of dtype D and contiguous or broadcast along the innermost dim, and the
-//! output is a contiguous D (pointwise) or the reduction is a Sum/Prod/Max/Min
+//! outputs are contiguous D (pointwise) or the reduction is a Sum/Prod/Max/Min
 //! (or a one-pass LogSumExp/Welford) accumulating in D. Otherwise the row runs scalar code.
 
 use crate::interp::instr_args;
@@ -59,16 +59,22 @@ pub(crate) fn live_body(k: &Kernel, roots: &[usize]) -> Vec<bool> {
 }
 
 fn vector_dtype(k: &Kernel) -> Option<DType> {
-    let (root, d) = match &k.reduce {
+    let (roots, d) = match &k.reduce {
         None => {
-            let out = k.operands[0];
-            if out.inner != Inner::Contiguous
-                || k.out >= k.body.len()
-                || k.dtype_of(k.out) != out.dtype
-            {
-                return None;
+            let d = k.operands[0].dtype;
+            let mut roots = vec![];
+            for (op, _, v) in k.stores() {
+                let out = k.operands[op];
+                if out.inner != Inner::Contiguous
+                    || out.dtype != d
+                    || v >= k.body.len()
+                    || k.dtype_of(v) != d
+                {
+                    return None;
+                }
+                roots.push(v);
             }
-            (k.out, out.dtype)
+            (roots, d)
         }
         Some(r) => {
             if !matches!(
@@ -85,13 +91,13 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
             if k.dtype_of(r.value) != r.dtype {
                 return None;
             }
-            (r.value, r.dtype)
+            (vec![r.value], r.dtype)
         }
     };
     if !matches!(d, DType::F32 | DType::F64) {
         return None;
     }
-    let live = live_body(k, &[root]);
+    let live = live_body(k, &roots);
     let ok_dt = |t: DType| t == d || t == DType::Bool;
     for (id, (ins, dt)) in k.body.iter().enumerate() {
         if !live[id] {

@@ -12,7 +12,9 @@
 //! argument arrays), in this order:
 //!
 //! - `p0 .. p{N-1}`: operand pointers, already offset by the storage offset
-//!   (`T*` for the output, `const T*` for inputs; bool as `unsigned char`);
+//!   (`T*` for outputs, `const T*` for inputs; bool as `unsigned char`);
+//!   distinct operands never alias (an in-place output is loaded through
+//!   its own pointer), hence `__restrict__`;
 //! - `n0 .. n{R-1}`: loop sizes (`long long`);
 //! - `s{k}_{d}`: stride of operand k along loop dim d, in elements
 //!   (`long long`, operand-major); dims whose operand is `Inner::Contiguous`
@@ -24,7 +26,8 @@
 //! # Launch
 //!
 //! - Pointwise: any 1-D grid and block; a grid-stride loop covers the
-//!   flattened index space `(end - start) * n1 * ... * n{R-1}`.
+//!   flattened index space `(end - start) * n1 * ... * n{R-1}`. Each
+//!   thread computes all of its index's values, then stores them.
 //! - Reduction: one block per output row (grid-stride over rows, so any grid
 //!   works); `blockDim.x` must be a multiple of 32 and at most 1024
 //!   ([`REDUCE_BLOCK`] is the suggested size). Each thread accumulates a
@@ -90,7 +93,7 @@ pub fn cuda_source(k: &Kernel) -> Result<String, Error> {
     s.push_str(&format!("extern \"C\" __global__ void {name}(\n"));
     let mut params = vec![];
     for (i, o) in k.operands.iter().enumerate() {
-        let c = if i == 0 { "" } else { "const " };
+        let c = if i < k.outputs() { "" } else { "const " };
         params.push(format!("{c}{}* __restrict__ p{i}", c_storage_type(o.dtype)));
     }
     for d in 0..k.rank {
@@ -186,22 +189,22 @@ fn load(e: &mut CudaC, k: &Kernel, op: usize, off: &str) -> (Cv, DType) {
     (e.tmp(dt, ex), dt)
 }
 
-/// `p0[o0 + t] = v` (the value `id`, element `t` of the stored tuple)
+/// `p{op}[o{op} + t] = v` (the value `id`, element `t` of the stored tuple)
 /// converted to the output dtype.
-fn store(e: &mut CudaC, k: &Kernel, id: ValueId, v: Cv, t: usize) {
-    let out = k.operands[0].dtype;
+fn store(e: &mut CudaC, k: &Kernel, (op, t, id): (usize, usize, ValueId), v: Cv) {
+    let out = k.operands[op].dtype;
     let vd = k.dtype_of(id);
     let v = if vd == out { v } else { e.cast(v, vd, out) };
     let n = e.name(v).to_string();
     let at = if t == 0 {
-        "o0".to_string()
+        format!("o{op}")
     } else {
-        format!("o0 + {t}")
+        format!("o{op} + {t}")
     };
     let ex = if out == DType::Bool {
-        format!("p0[{at}] = (unsigned char)({n} ? 1 : 0);")
+        format!("p{op}[{at}] = (unsigned char)({n} ? 1 : 0);")
     } else {
-        format!("p0[{at}] = {n};")
+        format!("p{op}[{at}] = {n};")
     };
     e.line(&ex);
 }
@@ -226,8 +229,14 @@ fn pointwise(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         Instr::Scalar(n) => (scal[n], k.scalars[n]),
         _ => unreachable!("acc outside an epilogue"),
     };
-    let v = eval_value(e, k, k.out, &mut vals, &mut leaf);
-    store(e, k, k.out, v, 0);
+    let stores = k.stores();
+    let got: Vec<Cv> = stores
+        .iter()
+        .map(|s| eval_value(e, k, s.2, &mut vals, &mut leaf))
+        .collect();
+    for (&st, v) in stores.iter().zip(got) {
+        store(e, k, st, v);
+    }
     e.indent -= 1;
     e.line("}");
 }
@@ -323,9 +332,9 @@ fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
 /// accumulator, loads and scalars), then closes the row's blocks.
 fn store_epilogue(e: &mut CudaC, k: &Kernel, leaf: &mut Leaf<'_, CudaC>) {
     let mut vals = vec![None; k.body.len() + k.epilogue.len()];
-    for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
-        let v = eval_value(e, k, o, &mut vals, leaf);
-        store(e, k, o, v, t);
+    for st in k.stores() {
+        let v = eval_value(e, k, st.2, &mut vals, leaf);
+        store(e, k, st, v);
     }
     e.indent -= 1;
     e.line("}");

@@ -10,6 +10,8 @@ pub use kiln_ir::{BinaryOp, DType, Float, ReduceKind, UnaryOp};
 pub use std::sync::Mutex;
 pub use DType::*;
 
+pub mod multi_out;
+
 pub static JIT: Mutex<Option<CpuJit>> = Mutex::new(None);
 
 pub fn compile(k: &Kernel) -> kiln_codegen::cpu::CompiledKernel {

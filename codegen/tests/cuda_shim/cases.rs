@@ -8,7 +8,7 @@ pub struct Case {
     pub label: String,
     pub k: Kernel,
     pub sizes: Vec<usize>,
-    /// (strides, storage); `views[0]` is the output.
+    /// (strides, storage); the outputs come first.
     pub views: Vec<(Vec<isize>, Vec<u8>)>,
     pub scalars: Vec<u64>,
     pub tol: Tol,
@@ -447,5 +447,51 @@ pub fn all_cases() -> Vec<Case> {
         32,
         &mut rng,
     );
+    multi_output_cases(&mut cases, &mut rng);
     cases
+}
+
+/// Several outputs in one loop, updated in place (an Adam step; a swap).
+fn multi_output_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
+    use super::common::multi_out::{adam_step, swap, ADAM_SCALARS};
+    let f = |dt: DType| (if dt == F32 { F32TOL } else { F64TOL }, dt);
+    for (rank, inner, l) in [
+        (1, Inner::Contiguous, Layout::Contiguous),
+        (2, Inner::Strided, Layout::Permuted),
+        (0, Inner::Contiguous, Layout::Contiguous),
+    ] {
+        for (tol, dt) in [f(F32), f(F64)] {
+            for (k, scalars) in [
+                (
+                    adam_step(dt, rank, inner, inner),
+                    ADAM_SCALARS.iter().map(|v| v.to_bits()).collect(),
+                ),
+                (swap(dt, F64, rank, inner), vec![]),
+            ] {
+                for sizes in shapes(rank) {
+                    let views = k
+                        .operands
+                        .iter()
+                        .map(|o| {
+                            let (st, len) = layout(&sizes, l);
+                            (st, gen(rng, o.dtype, len, 0.0, 2.0, true))
+                        })
+                        .collect();
+                    cases.push(Case {
+                        label: format!("{} {dt} {sizes:?}", k.name),
+                        k: k.clone(),
+                        sizes,
+                        views,
+                        scalars: scalars.clone(),
+                        tol: Tol {
+                            rtol: tol.rtol,
+                            atol: tol.atol,
+                        },
+                        grid: 3,
+                        block: 64,
+                    });
+                }
+            }
+        }
+    }
 }

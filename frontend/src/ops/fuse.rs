@@ -90,6 +90,42 @@ impl Lazy {
         k.store_into(&e.name(), v, dst)
     }
 
+    /// Runs several pending expressions as ONE kernel, writing each into its
+    /// destination (all of the same shape): shared subexpressions are
+    /// computed once, and a destination an expression also reads (same
+    /// storage and layout) is updated in place — each element's values are
+    /// computed from the old contents before any is stored.
+    pub fn materialize_many_into(exprs: &[(&Lazy, &Tensor)]) -> Result<()> {
+        Lazy::materialize_many_named(None, exprs)
+    }
+
+    /// [`Lazy::materialize_many_into`] with a kernel name for profiles and
+    /// dumps (`adam_step`), instead of the fused ops' names.
+    pub fn materialize_many_named(name: Option<&str>, exprs: &[(&Lazy, &Tensor)]) -> Result<()> {
+        let dsts: Vec<Tensor> = exprs.iter().map(|(_, d)| (*d).clone()).collect();
+        let mut leaves: Vec<Tensor> = vec![];
+        for (x, _) in exprs {
+            for t in x.leaves() {
+                if !leaves
+                    .iter()
+                    .any(|o| o.shares_storage(&t) && o.layout() == t.layout())
+                {
+                    leaves.push(t);
+                }
+            }
+        }
+        let mut e = Emitter::default();
+        let mut k = KernelCall::with_outputs(&dsts);
+        for l in &leaves {
+            let v = k.load(l);
+            e.leaf_vals.push(v);
+        }
+        e.leaves = leaves;
+        let vals: Vec<usize> = exprs.iter().map(|(x, _)| e.emit(&mut k, x)).collect();
+        let name = name.map_or_else(|| e.name(), str::to_string);
+        k.store_many(&name, &vals)
+    }
+
     /// A 0-dim constant of dtype `dt` (a kernel scalar argument, not a tensor).
     pub fn constant(v: f64, dt: DType) -> Lazy {
         Lazy::new(
@@ -454,6 +490,31 @@ mod tests {
         let n: usize = dims.iter().product();
         let v = (0..n).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.4).collect();
         Tensor::from_vec(v, dims).unwrap()
+    }
+
+    /// One kernel writes both results, each from the other's old value;
+    /// f16 outputs are widened around the kernel and narrowed back.
+    #[test]
+    fn materialize_many_updates_in_place() {
+        use super::{Fuser, Lazy};
+        use kiln_ir::BinaryOp;
+        use kiln_passes::decompose::Builder;
+        for dt in [DType::F32, DType::F64, DType::F16] {
+            let a = ramp(&[2, 5]).to_dtype(dt).unwrap();
+            let bv: Vec<f32> = (0..10).map(|i| 0.3 * i as f32 - 1.1).collect();
+            let b = Tensor::from_vec(bv, &[2, 5]).unwrap().to_dtype(dt).unwrap();
+            let (want_a, want_b) = (a.add(&b).unwrap(), a.sub(&b).unwrap());
+            let (la, lb) = (Lazy::tensor(&a), Lazy::tensor(&b));
+            let sum = Fuser.binary(BinaryOp::Add, &la, &lb).unwrap();
+            let diff = Fuser.binary(BinaryOp::Sub, &la, &lb).unwrap();
+            let ((), ks) = kiln_runtime::record_kernels(|| {
+                Lazy::materialize_many_into(&[(&sum, &a), (&diff, &b)]).unwrap()
+            });
+            assert_eq!(ks.len(), 1, "{dt}");
+            assert_eq!(ks[0].outputs(), 2);
+            assert_eq!(a.to_f64_vec(), want_a.to_f64_vec(), "{dt}");
+            assert_eq!(b.to_f64_vec(), want_b.to_f64_vec(), "{dt}");
+        }
     }
 
     /// The one-pass statistics are kept in f32 for f16 inputs; results stay f16.

@@ -10,6 +10,9 @@ use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
 /// Incrementally builds a kernel over tensors and scalars.
 pub(crate) struct KernelCall {
     b: KernelBuilder,
+    /// Destinations known up front ([`KernelCall::with_outputs`]); empty for
+    /// the usual single output chosen at the end.
+    outs: Vec<Tensor>,
     inputs: Vec<Tensor>,
     scalars: Vec<DType>,
     scalar_bits: Vec<u64>,
@@ -24,6 +27,7 @@ impl KernelCall {
     pub fn new() -> KernelCall {
         KernelCall {
             b: KernelBuilder::default(),
+            outs: vec![],
             inputs: vec![],
             scalars: vec![],
             scalar_bits: vec![],
@@ -36,10 +40,26 @@ impl KernelCall {
         self.b.cast(v, compute)
     }
 
+    /// A call storing to several tensors of the same dims in one loop
+    /// ([`KernelCall::store_many`]); a load of one of them (same storage and
+    /// layout) reads it in place, before this index's stores.
+    pub fn with_outputs(outs: &[Tensor]) -> KernelCall {
+        KernelCall {
+            outs: outs.to_vec(),
+            ..KernelCall::new()
+        }
+    }
+
     /// Loads `t` in the dtype kernels see for its storage (f16/bf16 as f32).
     pub fn load(&mut self, t: &Tensor) -> ValueId {
+        let dt = kernel_dtype(t.dtype());
+        let same = |o: &Tensor| o.shares_storage(t) && o.layout() == t.layout();
+        if let Some(j) = self.outs.iter().position(same) {
+            return self.b.load(j, dt);
+        }
         self.inputs.push(t.clone());
-        self.b.load(self.inputs.len(), kernel_dtype(t.dtype()))
+        self.b
+            .load(self.outs.len().max(1) + self.inputs.len() - 1, dt)
     }
 
     /// Casts `a` to `to` (no-op when it already has that dtype).
@@ -119,6 +139,60 @@ impl KernelCall {
             extra_out: vec![],
         };
         let mut views = vec![out.view()];
+        views.extend(
+            self.inputs
+                .iter()
+                .zip(&layouts)
+                .map(|(t, l)| kiln_runtime::View {
+                    storage: &t.storage,
+                    layout: l,
+                }),
+        );
+        kiln_runtime::launch(&k, &views, &self.scalar_bits)
+    }
+
+    /// Writes `values[j]` into output `j` of [`KernelCall::with_outputs`]
+    /// (all of the same dims; inputs broadcast to them), as one kernel.
+    pub fn store_many(mut self, name: &str, values: &[ValueId]) -> Result<()> {
+        self.check_launch(name)?;
+        let outs = std::mem::take(&mut self.outs);
+        if outs.is_empty() || outs.len() != values.len() {
+            kiln_ir::bail!(name, "{} values for {} outputs", values.len(), outs.len());
+        }
+        let dims = outs[0].dims().to_vec();
+        if let Some(o) = outs.iter().find(|o| o.dims() != dims.as_slice()) {
+            kiln_ir::bail!(name, "outputs of shapes {:?} and {:?}", dims, o.dims());
+        }
+        let values: Vec<ValueId> = values
+            .iter()
+            .zip(&outs)
+            .map(|(&v, o)| self.b.cast(v, kernel_dtype(o.dtype())))
+            .collect();
+        let layouts = self
+            .inputs
+            .iter()
+            .map(|t| broadcast_to(t.layout(), &dims).map_err(|e| rename(e, name)))
+            .collect::<Result<Vec<Layout>>>()?;
+        let mut operands: Vec<Operand> = outs
+            .iter()
+            .map(|o| Operand {
+                dtype: kernel_dtype(o.dtype()),
+                inner: Inner::Contiguous,
+            })
+            .collect();
+        operands.extend(self.operands(DType::F32).into_iter().skip(1));
+        let k = Kernel {
+            name: name.to_string(),
+            rank: dims.len(),
+            operands,
+            scalars: self.scalars.clone(),
+            body: std::mem::take(&mut self.b.instrs),
+            reduce: None,
+            epilogue: vec![],
+            out: values[0],
+            extra_out: values[1..].to_vec(),
+        };
+        let mut views: Vec<kiln_runtime::View> = outs.iter().map(|o| o.view()).collect();
         views.extend(
             self.inputs
                 .iter()

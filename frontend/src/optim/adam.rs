@@ -2,6 +2,7 @@
 //! (decoupled weight decay): the single-tensor formulas.
 
 use super::core::{add_scalar, bump_step, full_like, lerp, scale, OptimCore, ParamState};
+use super::fused;
 use super::group::{Dict, ParamGroup};
 use super::Optimizer;
 use crate::Tensor;
@@ -17,6 +18,10 @@ pub struct AdamConfig {
     pub weight_decay: f64,
     pub amsgrad: bool,
     pub maximize: bool,
+    /// One multi-output kernel per parameter, compiled once per dtype
+    /// (see `fused.rs`; amsgrad and what else it does not cover run the
+    /// eager formula).
+    pub fused: bool,
 }
 
 impl Default for AdamConfig {
@@ -28,6 +33,7 @@ impl Default for AdamConfig {
             weight_decay: 0.0,
             amsgrad: false,
             maximize: false,
+            fused: false,
         }
     }
 }
@@ -62,6 +68,7 @@ impl AdamConfig {
             .with("weight_decay", self.weight_decay)
             .with("amsgrad", self.amsgrad)
             .with("maximize", self.maximize)
+            .with("fused", self.fused)
             .options)
     }
 }
@@ -158,8 +165,12 @@ fn update(
 
 impl Optimizer for Adam {
     fn step(&mut self) -> Result<()> {
-        self.core
-            .update(|g, p, grad, st| update(false, g, p, grad, st))
+        self.core.update(|g, p, grad, st| {
+            if fused::wanted(g) && fused::adam(false, g, p, grad, st)? {
+                return Ok(());
+            }
+            update(false, g, p, grad, st)
+        })
     }
     fn core(&self) -> &OptimCore {
         &self.core
@@ -171,8 +182,12 @@ impl Optimizer for Adam {
 
 impl Optimizer for AdamW {
     fn step(&mut self) -> Result<()> {
-        self.core
-            .update(|g, p, grad, st| update(true, g, p, grad, st))
+        self.core.update(|g, p, grad, st| {
+            if fused::wanted(g) && fused::adam(true, g, p, grad, st)? {
+                return Ok(());
+            }
+            update(true, g, p, grad, st)
+        })
     }
     fn core(&self) -> &OptimCore {
         &self.core

@@ -1,7 +1,9 @@
 //! `torch.optim`: the [`Optimizer`] trait, SGD, Adam, AdamW, RMSprop,
 //! Adagrad, gradient clipping, and learning-rate schedulers.
 //!
-//! Optimizers follow PyTorch's single-tensor (`foreach=False`) formulas. They
+//! Optimizers follow PyTorch's single-tensor (`foreach=False`) formulas;
+//! with `fused: true`, SGD, Adam and AdamW run them as one kernel per
+//! parameter (compiled once per dtype). They
 //! do their math under `no_grad` and write each parameter in place
 //! (`p.copy_(new)`), so every clone of a parameter (a model's field) sees the
 //! update. Parameters without a gradient are skipped.
@@ -24,6 +26,9 @@ mod adagrad;
 mod adam;
 mod clip;
 mod core;
+mod fused;
+#[cfg(test)]
+mod fused_tests;
 mod group;
 pub mod lr_scheduler;
 mod rmsprop;

@@ -1,6 +1,8 @@
-//! `torch.optim.SGD`: momentum, dampening, nesterov, weight decay, maximize.
+//! `torch.optim.SGD`: momentum, dampening, nesterov, weight decay, maximize,
+//! and the fused step.
 
 use super::core::{scale, OptimCore, ParamState};
+use super::fused;
 use super::group::{Dict, ParamGroup};
 use super::Optimizer;
 use crate::Tensor;
@@ -15,6 +17,9 @@ pub struct SgdConfig {
     pub weight_decay: f64,
     pub nesterov: bool,
     pub maximize: bool,
+    /// One multi-output kernel per parameter, compiled once per dtype
+    /// (see `fused.rs`; what it does not cover runs the eager formula).
+    pub fused: bool,
 }
 
 impl Default for SgdConfig {
@@ -26,6 +31,7 @@ impl Default for SgdConfig {
             weight_decay: 0.0,
             nesterov: false,
             maximize: false,
+            fused: false,
         }
     }
 }
@@ -39,6 +45,7 @@ impl SgdConfig {
             .with("weight_decay", self.weight_decay)
             .with("nesterov", self.nesterov)
             .with("maximize", self.maximize)
+            .with("fused", self.fused)
             .options
     }
 }
@@ -116,7 +123,12 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
 
 impl Optimizer for SGD {
     fn step(&mut self) -> Result<()> {
-        self.core.update(update)
+        self.core.update(|g, p, grad, st| {
+            if fused::wanted(g) && fused::sgd(g, p, grad, st)? {
+                return Ok(());
+            }
+            update(g, p, grad, st)
+        })
     }
     fn core(&self) -> &OptimCore {
         &self.core
