@@ -103,6 +103,7 @@ fn replay(tr: &Trace, args: &[Tensor]) -> Result<Vec<Tensor>, String> {
         env[id.index()] = vec![match &tr.bindings[k] {
             Binding::Arg(i) => args[*i].clone(),
             Binding::Captured(t) => t.clone(),
+            Binding::Tangent(_) => return Err("a forward trace has no tangents".into()),
         }];
     }
     for (id, node) in g.iter() {
@@ -360,7 +361,7 @@ fn captured_parameters_become_named_inputs() {
     for (k, (n, p)) in names.iter().enumerate() {
         match &t.bindings[k + 1] {
             Binding::Captured(c) => assert!(c.is_same(p), "{n} bound to another tensor"),
-            Binding::Arg(_) => panic!("{n} bound to an argument"),
+            Binding::Arg(_) | Binding::Tangent(_) => panic!("{n} bound to an argument"),
         }
     }
     let text = g.to_text();

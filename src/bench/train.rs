@@ -29,7 +29,9 @@ pub struct TrainWorkload {
     pub unit: &'static str,
     /// Flops per step (gflops).
     pub amount: f64,
-    pub build: fn() -> Result<ModelAndOpt>,
+    /// Builds the model and optimizer; `fused`: the optimizer step as one
+    /// kernel per dtype (compiled mode), else PyTorch's default per-tensor step.
+    pub build: fn(bool) -> Result<ModelAndOpt>,
     pub x: Tensor,
     pub y: Tensor,
 }
@@ -79,15 +81,15 @@ pub fn w5() -> TrainWorkload {
         what: "small CNN train step, batch 256, SGD momentum",
         unit: "",
         amount: 0.0,
-        build: || {
+        build: |fused| {
             crate::manual_seed(1);
             let m = small_cnn()?;
             let cfg = SgdConfig {
                 lr: 0.1,
                 momentum: 0.9,
+                fused,
                 ..SgdConfig::default()
             };
-            // TODO(fused optimizer): `fused: true` here once SgdConfig has it.
             let opt = SGD::with_params(m.parameters(), cfg)?;
             Ok((m, Box::new(opt) as Box<dyn Optimizer>))
         },
@@ -103,15 +105,15 @@ pub fn w6() -> TrainWorkload {
         what: "MLP 784-1024-1024-10 train step, batch 256, AdamW",
         unit: "gflops",
         amount: 3.0 * 2.0 * 256.0 * (784.0 * 1024.0 + 1024.0 * 1024.0 + 1024.0 * 10.0),
-        build: || {
+        build: |fused| {
             crate::manual_seed(1);
             let m = mlp()?;
             let cfg = AdamConfig {
                 lr: 1e-3,
                 weight_decay: 0.01,
+                fused,
                 ..AdamConfig::default()
             };
-            // TODO(fused optimizer): `fused: true` here once AdamConfig has it.
             let opt = AdamW::with_params(m.parameters(), cfg)?;
             Ok((m, Box::new(opt) as Box<dyn Optimizer>))
         },
@@ -138,7 +140,7 @@ pub fn step(
 /// Times `w`'s step eagerly, or with the model compiled (its first step is
 /// reported as `compile_ms`); median of `iters` steps after 2 warm-up steps.
 pub fn measure_train(w: &TrainWorkload, compiled: bool, iters: usize) -> Result<Row> {
-    let (model, mut opt) = (w.build)()?;
+    let (model, mut opt) = (w.build)(compiled)?;
     model.train();
     let (ms, compile_ms) = if compiled {
         let c = crate::compile::compile(&model);

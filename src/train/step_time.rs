@@ -64,8 +64,8 @@ pub fn compare(cfg: &TrainConfig, trained: &Sequential, steps: usize) -> Result<
         Ok(m)
     };
     let (eager, comp) = (copy()?, copy()?);
-    let mut opt_e = SGD::with_params(eager.parameters(), sgd_config(cfg.lr))?;
-    let mut opt_c = SGD::with_params(comp.parameters(), sgd_config(cfg.lr))?;
+    let mut opt_e = SGD::with_params(eager.parameters(), sgd_config(cfg.lr, false))?;
+    let mut opt_c = SGD::with_params(comp.parameters(), sgd_config(cfg.lr, true))?;
     let c = crate::compile::compile(&comp);
     let fwd_e = |x: &Tensor| eager.forward(x);
     let fwd_c = |x: &Tensor| c.forward(x);
