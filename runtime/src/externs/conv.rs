@@ -1,13 +1,15 @@
 //! Convolution on the CPU: `conv2d` (and `conv1d` as `H = 1`) by im2col +
 //! GEMM per group on L2-sized tiles of output positions; depthwise
-//! convolutions by a direct kernel; `conv_transpose2d` by GEMM + col2im.
+//! convolutions by a direct kernel (`conv_transpose2d` is in `conv_transpose.rs`).
 //!
 //! Geometry (stride, asymmetric padding, dilation, groups) comes checked from
 //! `kiln_ir::op::conv::{conv_geometry, conv_transpose_geometry}`.
 
-use super::gemm::{auto_parallelism, gemm_raw, gemm_with, Parallelism};
+use super::gemm::{auto_parallelism, gemm_raw, Parallelism};
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
-use kiln_ir::op::conv::{ConvGeometry, ConvTransposeGeometry};
+use kiln_ir::op::conv::ConvGeometry;
+
+pub use super::conv_transpose::conv_transpose2d;
 use rayon::prelude::*;
 
 /// Bytes of one im2col / col2im tile: small enough to stay in L2 next to the
@@ -15,7 +17,7 @@ use rayon::prelude::*;
 const TILE_BYTES: usize = 256 * 1024;
 
 /// Columns per tile for a `rows`-row column buffer of `T` (a multiple of 16).
-fn tile_cols<T>(rows: usize, total: usize) -> usize {
+pub(super) fn tile_cols<T>(rows: usize, total: usize) -> usize {
     let t = (TILE_BYTES / (rows.max(1) * std::mem::size_of::<T>())).max(16) / 16 * 16;
     t.min(total).max(1)
 }
@@ -23,7 +25,7 @@ fn tile_cols<T>(rows: usize, total: usize) -> usize {
 /// Output positions `o` in `[0, out)` whose input position `o*s + off` lies in
 /// `[0, len)`, as a half-open range.
 #[inline]
-fn valid_range(out: usize, s: usize, off: isize, len: usize) -> (usize, usize) {
+pub(super) fn valid_range(out: usize, s: usize, off: isize, len: usize) -> (usize, usize) {
     let s = s as isize;
     // o*s + off >= 0  <=>  o >= ceil(-off / s)
     let lo = if off >= 0 { 0 } else { ((-off) + s - 1) / s };
@@ -183,7 +185,19 @@ pub fn conv2d_tiled<T: Elem>(
 
 /// Writes the im2col matrix `[C/g * kH * kW, p1 - p0]` of output positions
 /// `p0..p1` (flattened `oh*OW + ow`) of one sample's group `x[C/g, H, W]`.
-pub(super) fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T]) {
+fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T]) {
+    im2col_ld(g, x, p0, p1, col, p1 - p0)
+}
+
+/// [`im2col`] into rows `ld` elements apart (columns of a wider matrix).
+pub(super) fn im2col_ld<T: Elem>(
+    g: &ConvGeometry,
+    x: &[T],
+    p0: usize,
+    p1: usize,
+    col: &mut [T],
+    ld: usize,
+) {
     let [h, w] = g.in_size;
     let ow = g.out_size[1];
     let [kh, kw] = g.kernel;
@@ -195,7 +209,7 @@ pub(super) fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, c
     let ranges: Vec<(usize, usize)> = (0..kw)
         .map(|j| valid_range(ow, sw, (j * dw) as isize - pl, w))
         .collect();
-    let mut rows = col.chunks_exact_mut(cols);
+    let mut rows = col.chunks_mut(ld).map(|r| &mut r[..cols]);
     for c in 0..cpg {
         let plane = &x[c * h * w..][..h * w];
         for i in 0..kh {
@@ -309,156 +323,6 @@ fn depthwise<T: Elem>(
         out.chunks_mut(oh * ow)
             .enumerate()
             .for_each(|(i, o)| plane_then_epilogue(i, o));
-    }
-}
-
-/// `conv_transpose2d` forward: `input[N, C_in, H, W]`, `weight[C_in, C_out/g, kH, kW]`,
-/// `out[N, C_out, OH, OW]`. Per (sample, group): `cols = W_g^T @ X_g` on tiles of
-/// input positions, scattered into the output by col2im.
-pub fn conv_transpose2d<T: Elem>(
-    g: &ConvTransposeGeometry,
-    input: &[T],
-    weight: &[T],
-    bias: Option<&[T]>,
-    out: &mut [T],
-) {
-    let [h, w] = g.in_size;
-    let [oh, ow] = g.out_size;
-    let [kh, kw] = g.kernel;
-    let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
-    assert_eq!(
-        input.len(),
-        g.n * g.c_in * h * w,
-        "conv_transpose2d: input length does not match geometry"
-    );
-    assert_eq!(
-        weight.len(),
-        g.c_in * opg * kh * kw,
-        "conv_transpose2d: weight length does not match geometry"
-    );
-    assert_eq!(
-        out.len(),
-        g.n * g.c_out * oh * ow,
-        "conv_transpose2d: out length does not match geometry"
-    );
-    if let Some(b) = bias {
-        assert_eq!(
-            b.len(),
-            g.c_out,
-            "conv_transpose2d: bias length does not match geometry"
-        );
-    }
-    if out.is_empty() {
-        return;
-    }
-    let kk = opg * kh * kw;
-    let q = h * w;
-    let tile = tile_cols::<T>(kk, q);
-    let work = g.n * g.c_in * q * kk;
-    let run = |item: usize, region: &mut [T], buf: &mut Vec<T>, par: Parallelism| {
-        let (ni, gi) = (item / g.groups, item % g.groups);
-        for oc in 0..opg {
-            region[oc * oh * ow..(oc + 1) * oh * ow]
-                .fill(bias.map_or(T::ZERO, |b| b[gi * opg + oc]));
-        }
-        let x = &input[(ni * g.c_in + gi * cpg) * q..][..cpg * q];
-        let wg = &weight[gi * cpg * kk..][..cpg * kk];
-        let mut q0 = 0;
-        while q0 < q {
-            let q1 = (q0 + tile).min(q);
-            let cols = q1 - q0;
-            buf.resize(kk * cols, T::ZERO);
-            let cbuf = &mut buf[..kk * cols];
-            gemm_with(
-                kk,
-                cpg,
-                cols,
-                wg,
-                1,
-                kk as isize,
-                &x[q0..],
-                q as isize,
-                1,
-                cbuf,
-                cols as isize,
-                1,
-                false,
-                par,
-            );
-            col2im(g, cbuf, q0, q1, region);
-            q0 = q1;
-        }
-    };
-    let region_len = opg * oh * ow;
-    let items = g.n * g.groups;
-    if threads() > 1 && work >= PAR_MIN_WORK && items >= threads() {
-        out.par_chunks_mut(region_len)
-            .enumerate()
-            .for_each_init(Vec::new, |buf, (i, r)| run(i, r, buf, Parallelism::None));
-    } else {
-        let par = if work >= PAR_MIN_WORK {
-            auto_parallelism(kk, cpg, tile)
-        } else {
-            Parallelism::None
-        };
-        let mut buf = Vec::new();
-        out.chunks_mut(region_len)
-            .enumerate()
-            .for_each(|(i, r)| run(i, r, &mut buf, par));
-    }
-}
-
-/// Adds `cols[C_out/g * kH * kW, q1 - q0]` (input positions `q0..q1`) into the
-/// group's output `region[C_out/g, OH, OW]`.
-fn col2im<T: Elem>(g: &ConvTransposeGeometry, cols: &[T], q0: usize, q1: usize, region: &mut [T]) {
-    let w = g.in_size[1];
-    let [oh, ow] = g.out_size;
-    let [kh, kw] = g.kernel;
-    let [sh, sw] = g.stride;
-    let [dh, dw] = g.dilation;
-    let (pt, pl) = (g.padding[0] as isize, g.padding[1] as isize);
-    let n = q1 - q0;
-    let opg = g.c_out_per_group();
-    // Input columns iw whose output column iw*sw + j*dw - pl lies in [0, OW).
-    let ranges: Vec<(usize, usize)> = (0..kw)
-        .map(|j| valid_range(w, sw, (j * dw) as isize - pl, ow))
-        .collect();
-    let mut rows = cols.chunks_exact(n);
-    for oc in 0..opg {
-        let plane = &mut region[oc * oh * ow..][..oh * ow];
-        for i in 0..kh {
-            for (j, &(lo_j, hi_j)) in ranges.iter().enumerate() {
-                let crow = rows.next().expect("col2im: column buffer too small");
-                let mut qq = q0;
-                while qq < q1 {
-                    let (ih, iw0) = (qq / w, qq % w);
-                    let iw1 = w.min(iw0 + (q1 - qq));
-                    let seg = &crow[qq - q0..qq - q0 + (iw1 - iw0)];
-                    qq += iw1 - iw0;
-                    let orow_i = (ih * sh + i * dh) as isize - pt;
-                    if orow_i < 0 || orow_i >= oh as isize {
-                        continue;
-                    }
-                    let orow = &mut plane[orow_i as usize * ow..][..ow];
-                    let lo = lo_j.clamp(iw0, iw1);
-                    let hi = hi_j.clamp(lo, iw1);
-                    if lo >= hi {
-                        continue;
-                    }
-                    let o0 = (lo * sw + j * dw) - pl as usize;
-                    let src = &seg[lo - iw0..hi - iw0];
-                    if sw == 1 {
-                        for (d, s) in orow[o0..o0 + (hi - lo)].iter_mut().zip(src) {
-                            *d += *s;
-                        }
-                    } else {
-                        for (d, s) in orow[o0..].iter_mut().step_by(sw).zip(src) {
-                            *d += *s;
-                        }
-                    }
-                }
-            }
-        }
     }
 }
 

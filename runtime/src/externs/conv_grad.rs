@@ -1,14 +1,20 @@
 //! The weight gradient of `conv2d` (and `conv1d` as `H = 1`):
-//! `dW[C_out, C_in/g, kH, kW] = sum over samples of dY_n @ im2col(x_n)^T`,
-//! one GEMM per sample and group straight from the NCHW tensors (no
-//! transposed copies of x or dY), accumulated per worker and summed.
+//! `dW[C_out, C_in/g, kH, kW] = sum over samples of dY_n @ im2col(x_n)^T`.
+//! Samples go in chunks: the chunk's im2col columns side by side and its
+//! output-gradient rows packed next to each other make one GEMM with
+//! `k = samples * OH * OW` (a GEMM per sample would have `k = OH * OW`, often
+//! 16 or 64, where call overhead dominates). Chunks run in parallel, each
+//! worker accumulating its own dW; the partial sums are added at the end.
 //! The input gradient is a transposed convolution (`conv::conv_transpose2d`).
 
-use super::conv::im2col;
+use super::conv::im2col_ld;
 use super::gemm::{gemm_raw, Parallelism};
 use super::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use rayon::prelude::*;
+
+/// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
+const CHUNK_ELEMS: usize = 64 * 1024;
 
 /// `out[C_out, C_in/g, kH, kW]` = the gradient of `conv2d(input, W)` with
 /// respect to `W`, given the output gradient `grad[N, C_out, OH, OW]`.
@@ -36,27 +42,42 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
     if p == 0 || g.n == 0 {
         return;
     }
-    // adds sample n's contribution to every group of `acc`
-    let sample = |n: usize, acc: &mut [T], cols: &mut Vec<T>| {
-        cols.resize(kk * p, T::ZERO);
+    let work = g.n * g.c_out * p * kk;
+    let par = threads() > 1 && work >= PAR_MIN_WORK && g.n >= 2;
+    let mut per = (CHUNK_ELEMS / (kk * p)).clamp(1, g.n);
+    if par {
+        per = per.min(g.n.div_ceil(2 * threads()));
+    }
+    let chunks = g.n.div_ceil(per);
+    // adds samples of chunk c to every group of `acc`
+    let chunk = |c: usize, acc: &mut [T], cols: &mut Vec<T>, dys: &mut Vec<T>| {
+        let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
+        let ld = (n1 - n0) * p;
+        cols.resize(kk * ld, T::ZERO);
+        dys.resize(opg * ld, T::ZERO);
         for gi in 0..g.groups {
-            let x = &input[(n * g.c_in + gi * cpg) * h * w..][..cpg * h * w];
-            im2col(g, x, 0, p, cols);
-            let dy = &grad[(n * g.c_out + gi * opg) * p..][..opg * p];
+            for (s, n) in (n0..n1).enumerate() {
+                let x = &input[(n * g.c_in + gi * cpg) * h * w..][..cpg * h * w];
+                im2col_ld(g, x, 0, p, &mut cols[s * p..], ld);
+                for o in 0..opg {
+                    let src = &grad[(n * g.c_out + gi * opg + o) * p..][..p];
+                    dys[o * ld + s * p..][..p].copy_from_slice(src);
+                }
+            }
             let dst = &mut acc[gi * opg * kk..][..opg * kk];
-            // SAFETY: dy is [opg, p] (row stride p), cols^T is [p, kk] read
-            // with row stride 1 and column stride p, dst is [opg, kk]; all in bounds.
+            // SAFETY: dys is [opg, ld], cols^T is [ld, kk] (row stride 1,
+            // column stride ld), dst is [opg, kk]; all in bounds.
             unsafe {
                 gemm_raw(
                     opg,
-                    p,
+                    ld,
                     kk,
-                    dy.as_ptr(),
-                    p as isize,
+                    dys.as_ptr(),
+                    ld as isize,
                     1,
                     cols.as_ptr(),
                     1,
-                    p as isize,
+                    ld as isize,
                     dst.as_mut_ptr(),
                     kk as isize,
                     1,
@@ -66,21 +87,20 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
             }
         }
     };
-    let work = g.n * g.c_out * p * kk;
-    if threads() > 1 && work >= PAR_MIN_WORK && g.n >= 2 {
-        let total = (0..g.n)
+    if par {
+        let total = (0..chunks)
             .into_par_iter()
             .fold(
-                || (vec![T::ZERO; out.len()], Vec::new()),
-                |(mut acc, mut cols), n| {
-                    sample(n, &mut acc, &mut cols);
-                    (acc, cols)
+                || (vec![T::ZERO; out.len()], Vec::new(), Vec::new()),
+                |(mut acc, mut cols, mut dys), c| {
+                    chunk(c, &mut acc, &mut cols, &mut dys);
+                    (acc, cols, dys)
                 },
             )
-            .map(|(acc, _)| acc)
+            .map(|(acc, ..)| acc)
             .reduce_with(|mut a, b| {
                 for (x, y) in a.iter_mut().zip(&b) {
-                    *x = *x + *y;
+                    *x += *y;
                 }
                 a
             });
@@ -88,9 +108,9 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
             out.copy_from_slice(&t);
         }
     } else {
-        let mut cols = Vec::new();
-        for n in 0..g.n {
-            sample(n, out, &mut cols);
+        let (mut cols, mut dys) = (Vec::new(), Vec::new());
+        for c in 0..chunks {
+            chunk(c, out, &mut cols, &mut dys);
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use super::super::testutil::{assert_close, Lcg};
 use super::*;
+use kiln_ir::op::conv::ConvTransposeGeometry;
 use kiln_ir::op::conv::{
     conv_geometry, conv_transpose_geometry, ConvParams, ConvTransposeParams, Padding,
 };
@@ -347,6 +348,15 @@ fn conv_transpose_matches_direct() {
         false,
         tp(&[2], &[2], &[1], &[1], 4),
         35,
+    );
+    // many small samples: several chunks, run in parallel (conv2d's input gradient)
+    check_transpose(
+        "conv_transpose2d",
+        &[300, 16, 4, 4],
+        &[16, 8, 3, 3],
+        true,
+        tp(&[2], &[1], &[1], &[1], 1),
+        36,
     );
 }
 
