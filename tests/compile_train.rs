@@ -131,3 +131,90 @@ fn cnn_training_with_batchnorm_matches_eager() {
     let _s = serial();
     same_as_eager(cnn, &randn(&[16, 1, 8, 8], 2));
 }
+
+/// A compiled function's gradients w.r.t. its arguments, on the call after
+/// the one that traced (other values), against eager autograd.
+fn grads_match_eager(
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + Copy,
+    args: &[Tensor],
+) {
+    let fresh = |scale: f64| -> Vec<Tensor> {
+        args.iter()
+            .map(|a| {
+                if a.dtype().is_float() {
+                    (a * scale).requires_grad_(true)
+                } else {
+                    a.clone()
+                }
+            })
+            .collect()
+    };
+    let compiled = kiln::compile::compile_fn("f", f);
+    let first = fresh(0.5);
+    let out = compiled.call(&first).unwrap();
+    assert_eq!(
+        out[0].grad_fn().map(|n| n.name().to_string()).as_deref(),
+        Some("CompiledBackward")
+    );
+    out[0].backward().unwrap();
+    let (eager_args, compiled_args) = (fresh(1.0), fresh(1.0));
+    f(&eager_args).unwrap()[0].backward().unwrap();
+    compiled.call(&compiled_args).unwrap()[0]
+        .backward()
+        .unwrap();
+    for (k, (e, c)) in eager_args.iter().zip(&compiled_args).enumerate() {
+        if e.requires_grad() {
+            assert_close(
+                &format!("grad {k}"),
+                &c.grad().unwrap(),
+                &e.grad().unwrap(),
+                1e-5,
+            );
+        }
+    }
+    let r = compiled.explain();
+    assert_eq!(r.entries.len(), 1, "{r}");
+    assert!(r.entries[0].graph_break.is_none(), "{r}");
+}
+
+/// The backward rules of linear (its saved `weight.t()`), of slices (written
+/// into zeros) and of cross_entropy's class gather are traced as graph ops,
+/// not refused as host work or unrecorded views.
+#[test]
+fn compiled_backward_of_linear_slices_and_class_gather() {
+    let _s = serial();
+    let x = randn(&[6, 5], 3);
+    let w = randn(&[8, 5], 4);
+    let b = randn(&[8], 5);
+    let t = Tensor::from_vec(vec![0i64, 2, 1, 2, 0, 1], &[6]).unwrap();
+    grads_match_eager(
+        |xs| {
+            let y = F::linear(&xs[0], &xs[1], Some(&xs[2]))?;
+            let logits = y.narrow(1, 1, 3)?; // a slice: embed() backward
+            let stepped = y.slice(1, Some(0), Some(8), 3)?.sum(None, false)?;
+            let row = y.select(0, 2)?.sum(None, false)?;
+            let ce = F::cross_entropy(&logits, &xs[3], None, kiln::ClassLossOpts::default())?;
+            Ok(vec![ce.add(&stepped)?.add(&row)?])
+        },
+        &[x, w, b, t],
+    );
+}
+
+/// `eval()` on a container (whose own `is_training()` is always true) must
+/// miss the entry traced in train mode: BatchNorm switches to running stats.
+#[test]
+fn eval_after_train_misses_the_train_entry() {
+    let _s = serial();
+    let model = nn::Sequential::new()
+        .add(nn::BatchNorm::new_2d(3))
+        .add(nn::Activation::relu());
+    let compiled = compile(&model);
+    let x = randn(&[4, 3, 5, 5], 6);
+    let _ng = kiln::autograd::no_grad();
+    compiled.forward(&x).unwrap();
+    model.eval();
+    let got = compiled.forward(&x).unwrap();
+    let want = model.forward(&x).unwrap();
+    assert_close("eval output", &got, &want, 1e-5);
+    assert_eq!(compiled.explain().entries.len(), 2);
+}

@@ -63,11 +63,56 @@ pub fn group(fx: &Fixtures, c: &Case, prefix: &str) -> Vec<(String, Tensor)> {
 /// eval output, train output, loss, every gradient, BN stats, the state after
 /// one and two SGD(0.1, momentum 0.9) steps, the eval output after the step.
 pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    train_protocol(fx, c, false)
+}
+
+/// The same protocol with the model wrapped in `kiln::compile` (every
+/// forward, train and eval, goes through it; loss, backward and the SGD steps
+/// stay eager, as in user code). The train-mode output must carry the
+/// `CompiledBackward` node, and the whole run must end with two entries
+/// (train with grad, eval without), neither a graph break: the second train
+/// step, with the parameters the first step changed in place, reuses the
+/// entry the first one compiled.
+pub fn compiled_train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    train_protocol(fx, c, true)
+}
+
+fn train_protocol(fx: &Fixtures, c: &Case, compiled: bool) -> Result<(), String> {
     use kiln::optim::{Optimizer, SgdConfig, SGD};
     let model = if c.case == "mlp" { mlp() } else { cnn() };
     model
         .load_state_dict(&group(fx, c, "state"), true)
         .map_err(|e| e.to_string())?;
+    let fast = compiled.then(|| kiln::compile::compile(&model));
+    let forward = |x: &Tensor| -> Result<Tensor, String> {
+        let y = match &fast {
+            Some(m) => m.forward(x),
+            None => model.forward(x),
+        }
+        .map_err(|e| format!("{}: {e}", c.case))?;
+        if let Some(m) = &fast {
+            if let Some(b) = m
+                .explain()
+                .entries
+                .iter()
+                .find_map(|e| e.graph_break.clone())
+            {
+                return Err(format!("{}: graph break: {b}", c.case));
+            }
+            // the train-mode forwards are the ones autograd records
+            if kiln::autograd::is_grad_enabled() {
+                let node = y.grad_fn().map(|n| n.name().to_string());
+                if node.as_deref() != Some("CompiledBackward") {
+                    return Err(format!(
+                        "{}: train output's grad_fn is {node:?}, not CompiledBackward:\n{}",
+                        c.case,
+                        m.explain()
+                    ));
+                }
+            }
+        }
+        Ok(y)
+    };
     let one = |n: &str| fx.tensor(c, &format!("{}/{n}", c.case)).unwrap();
     let (x, target) = (one("input"), one("target"));
     let check = |what: &str, got: &Tensor, want: &Tensor| {
@@ -88,11 +133,7 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     model.eval();
     {
         let _g = kiln::autograd::no_grad();
-        check(
-            "out_eval_initial",
-            &model.forward(&x).map_err(|e| e.to_string())?,
-            &one("out_eval_initial"),
-        )?;
+        check("out_eval_initial", &forward(&x)?, &one("out_eval_initial"))?;
     }
     model.train();
     let cfg = SgdConfig {
@@ -101,7 +142,7 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
         ..SgdConfig::default()
     };
     let mut opt = SGD::with_params(model.parameters(), cfg).map_err(|e| e.to_string())?;
-    let y = model.forward(&x).map_err(|e| e.to_string())?;
+    let y = forward(&x)?;
     check("out_train", &y, &one("out_train"))?;
     let loss = ce(&y)?;
     check("loss", &loss, &one("loss"))?;
@@ -120,17 +161,27 @@ pub fn train_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
         let _g = kiln::autograd::no_grad();
         check(
             "out_eval_after_step",
-            &model.forward(&x).map_err(|e| e.to_string())?,
+            &forward(&x)?,
             &one("out_eval_after_step"),
         )?;
     }
     model.train();
-    let loss2 = ce(&model.forward(&x).map_err(|e| e.to_string())?)?;
+    let loss2 = ce(&forward(&x)?)?;
     check("loss_step2", &loss2, &one("loss_step2"))?;
     opt.zero_grad();
     loss2.backward().map_err(|e| e.to_string())?;
     opt.step().map_err(|e| e.to_string())?;
-    check_state("after_step2")
+    check_state("after_step2")?;
+    if let Some(m) = &fast {
+        let r = m.explain();
+        if r.entries.len() != 2 {
+            return Err(format!(
+                "{}: expected one train and one eval entry:\n{r}",
+                c.case
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The eval output of the fixture's initial state, through `kiln::compile`

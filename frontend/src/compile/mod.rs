@@ -67,10 +67,24 @@ pub fn compile<M: Module>(m: &M) -> Compiled<'_> {
         name: "forward".into(),
         f: Box::new(move |xs: &[Tensor]| Ok(vec![m.forward(&xs[0])?])),
         names,
-        training: Box::new(move || m.is_training()),
+        training: Box::new(move || tree_training(m)),
         options: CompileOptions::default(),
         state: Mutex::default(),
     }
+}
+
+/// The mode a module tree runs in: false when any module in it is in eval
+/// mode. (A container such as `Sequential` keeps no flag of its own — its
+/// `is_training()` is always true — so the guard asks every descendant;
+/// otherwise an entry traced in train mode would be reused after `eval()`.)
+fn tree_training(m: &dyn Module) -> bool {
+    let mut on = m.is_training();
+    m.visit(&mut |e| {
+        if let crate::nn::Entry::Child(_, c) = e {
+            on &= tree_training(c);
+        }
+    });
+    on
 }
 
 /// Compiles a function of several tensors returning several tensors.

@@ -181,6 +181,11 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
         &ins(&[Some(x), Some(weight), bias]),
         || {
             let _p = op_scope("linear", &[x, weight]);
+            // with a gradient to record, the primitives (transpose, matmul,
+            // add) record graph nodes while tracing: their backward rules save
+            // `weight.t()`, which must be a graph value of a joint trace
+            let _inline = crate::autograd::needs_grad(&ins(&[Some(x), Some(weight), bias]))
+                .then(trace::inline_decomposition);
             let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
             let y = matmul(x, &weight.t()?)?;
             let y = match bias {

@@ -13,6 +13,16 @@ pub(crate) fn scatter_add(
     index: &Tensor,
     src: &Tensor,
 ) -> Result<Tensor> {
+    let sd = src.dims();
+    let one_per_row = sd.len() == dims.len()
+        && sd[dim] == 1
+        && (0..dims.len()).all(|k| k == dim || sd[k] == dims[k]);
+    if one_per_row && crate::compile::trace::is_tracing() {
+        // one index per row (the gather of cross_entropy / nll_loss): a
+        // one-hot select, in Tensor ops so a traced backward stays in the
+        // graph; the result's size, no more
+        return one_hot_scatter(dims, dim, index, src);
+    }
     let v = src.to_f64_vec();
     let idx = index
         .expand_to(src.dims())?
@@ -20,7 +30,6 @@ pub(crate) fn scatter_add(
         .contiguous()?
         .to_vec::<i64>()?;
     let mut out = vec![0.0f64; dims.iter().product()];
-    let sd = src.dims();
     let mut ostr = vec![1usize; dims.len()];
     for k in (0..dims.len().saturating_sub(1)).rev() {
         ostr[k] = ostr[k + 1] * dims[k + 1];
@@ -44,6 +53,21 @@ pub(crate) fn scatter_add(
         }
     }
     Tensor::from_vec(out, dims)?.to_dtype(src.dtype())
+}
+
+/// [`scatter_add`] when `src` (and `index`) have extent 1 along `dim` and
+/// `dims` elsewhere: `where(index == arange(dims[dim]), src, 0)`.
+fn one_hot_scatter(dims: &[usize], dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let n = dims[dim] as i64;
+    let idx = index.expand_to(src.dims())?.to_dtype(DType::I64)?;
+    let neg = idx.binary_scalar(BinaryOp::Lt, 0, false)?;
+    let idx = Tensor::where_(&neg, &idx.binary_scalar(BinaryOp::Add, n, false)?, &idx)?;
+    let mut shape = vec![1usize; dims.len()];
+    shape[dim] = dims[dim];
+    let classes = Tensor::from_vec((0..n).collect::<Vec<i64>>(), &shape)?;
+    let hit = idx.binary(BinaryOp::Eq, &classes)?;
+    let xs: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    super::keep(&hit, &src.expand(&xs)?)
 }
 
 /// Records `gather(x, dim, index)`.

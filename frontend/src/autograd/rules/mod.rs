@@ -41,6 +41,37 @@ pub(crate) fn embed(
     region: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let z = Tensor::zeros(dims, g.dtype());
-    crate::ops::pointwise::copy_into(g, &region(&z)?)?;
-    Ok(z)
+    if !crate::compile::trace::is_tracing() {
+        crate::ops::pointwise::copy_into(g, &region(&z)?)?;
+        return Ok(z);
+    }
+    // While tracing, an in-place write records no graph node: gather instead.
+    // The region's layout (shapes only, no values) says which element of the
+    // result each element of `g` lands on; the result reads `g` through that
+    // inverse map and is zero elsewhere.
+    let v = region(&z)?;
+    let n: usize = dims.iter().product();
+    let mut from = vec![-1i64; n];
+    let (vd, vs) = (v.dims().to_vec(), v.strides().to_vec());
+    let mut pos = vec![0usize; vd.len()];
+    for i in 0..vd.iter().product::<usize>() {
+        let p = v.offset() as isize
+            + pos
+                .iter()
+                .zip(&vs)
+                .map(|(&k, &s)| k as isize * s)
+                .sum::<isize>();
+        from[p as usize] = i as i64;
+        for k in (0..pos.len()).rev() {
+            pos[k] += 1;
+            if pos[k] < vd[k] {
+                break;
+            }
+            pos[k] = 0;
+        }
+    }
+    let hit = Tensor::from_vec(from.clone(), &[n])?.binary_scalar(BinaryOp::Ge, 0, false)?;
+    let idx = Tensor::from_vec(from.iter().map(|&i| i.max(0)).collect::<Vec<_>>(), &[n])?;
+    let picked = g.reshape(&[-1])?.index_select(0, &idx)?;
+    keep(&hit, &picked)?.reshape_dims(dims)
 }
