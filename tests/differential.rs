@@ -20,6 +20,8 @@
 //! (One process compiles every graph: many thousands of them can exhaust the
 //! JIT's executable memory, so run long searches in chunks.)
 
+#[path = "differential/backward.rs"]
+mod backward;
 #[path = "differential/check.rs"]
 mod check;
 #[path = "differential/gen.rs"]
@@ -33,6 +35,8 @@ use std::io::Write;
 use std::time::Instant;
 
 const GRAPHS: u64 = 1000;
+/// The backward mode runs every `BACKWARD_STRIDE`-th seed of `0..GRAPHS`.
+const BACKWARD_STRIDE: u64 = 3;
 
 /// The first attempt for `seed` whose reference values all stay finite and
 /// moderate (|v| <= 1e5), so that no leg overflows; and its reference.
@@ -194,6 +198,74 @@ fn compiled_eager_and_reference_agree() {
     assert!(
         failures.is_empty(),
         "{} of {} graphs differ (see above)",
+        failures.len(),
+        seeds.len()
+    );
+}
+
+/// The backward mode (`differential/backward.rs`): compiled gradients equal
+/// eager ones, on the traced call and on a cached call with new values.
+/// `KILN_DIFF_SEED=s` runs only seed `s`; `KILN_DIFF_BACKWARD_GRAPHS=n` runs
+/// every `BACKWARD_STRIDE`-th seed below `n` (from `KILN_DIFF_FIRST`).
+#[test]
+fn compiled_and_eager_gradients_agree() {
+    let t0 = Instant::now();
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
+    let seeds: Vec<u64> = match env("KILN_DIFF_SEED") {
+        Some(s) => vec![s],
+        None => {
+            let first = env("KILN_DIFF_FIRST").unwrap_or(0);
+            let n = env("KILN_DIFF_BACKWARD_GRAPHS").unwrap_or(GRAPHS);
+            (first..first + n)
+                .filter(|s| s % BACKWARD_STRIDE == 0)
+                .collect()
+        }
+    };
+    let mut stats = backward::Stats::default();
+    let mut failures = Vec::new();
+    for &seed in &seeds {
+        if let Err(m) = backward::check_seed(seed, &mut stats) {
+            failures.push(m);
+        }
+    }
+    let mut err = std::io::stderr();
+    for f in &failures {
+        writeln!(err, "{f}\n").unwrap();
+    }
+    let breaks: usize = stats.breaks.values().map(|(n, _)| n).sum();
+    let reasons: Vec<String> = stats
+        .breaks
+        .iter()
+        .map(|(r, (n, seeds))| format!("{n}x {r} (seeds {seeds:?}...)"))
+        .collect();
+    writeln!(
+        err,
+        "differential backward: {} seeds, {} without a gradient path, {} calls ({} skipped: a value too close to a branch), {} gradients ({} elements) compared in {:.1}s",
+        seeds.len(),
+        stats.no_grad_path,
+        stats.calls,
+        stats.unsure,
+        stats.grads_compared,
+        stats.elements,
+        t0.elapsed().as_secs_f64()
+    )
+    .unwrap();
+    writeln!(
+        err,
+        "differential backward: {} graphs, {} mismatches, {} graph breaks (by reason: {})",
+        stats.graphs,
+        failures.len(),
+        breaks,
+        if reasons.is_empty() {
+            "none".to_string()
+        } else {
+            reasons.join("; ")
+        }
+    )
+    .unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {} graphs' gradients differ (see above)",
         failures.len(),
         seeds.len()
     );
