@@ -41,7 +41,7 @@ pub struct Stats {
     /// Calls skipped because a value was too close to a branch to call.
     pub unsure: usize,
     /// Graph breaks by reason: how many, and the first seeds that hit each.
-    pub breaks: BTreeMap<String, (usize, Vec<u64>)>,
+    pub breaks: BTreeMap<String, (usize, Vec<String>)>,
 }
 
 /// The graph's values on `inputs` (each a tensor; captured ones included),
@@ -238,6 +238,64 @@ fn compare_grad(got: &Tensor, want: &Tensor) -> std::result::Result<usize, Strin
 /// Checks one seed's backward; `Err` is the failure report.
 pub fn check_seed(seed: u64, stats: &mut Stats) -> std::result::Result<(), String> {
     let (case, reference, _) = crate::accepted(seed);
+    if let Some(b) = check_case(seed, &case, reference, stats)? {
+        let op = first_breaking_node(seed, &case).unwrap_or_else(|| "? e.g. ?".into());
+        let (name, example) = op.split_once(" e.g. ").expect("formatted above");
+        let e = stats
+            .breaks
+            .entry(format!("{b} [first node whose cone breaks: {name}]"))
+            .or_default();
+        e.0 += 1;
+        if e.1.len() < 3 {
+            e.1.push(format!("seed {seed}: {example}"));
+        }
+    }
+    Ok(())
+}
+
+/// The op (and operand types) of the first node whose cone, as a graph of
+/// its own, also breaks the graph: where a graph break comes from.
+fn first_breaking_node(seed: u64, case: &Case) -> Option<String> {
+    let g = &case.graph;
+    for (id, node) in g.iter() {
+        if !matches!(node.op, NodeOp::Op(_)) || node.meta().is_none() {
+            continue;
+        }
+        let (sub, used) = check::cone(g, id);
+        let pick = |v: &[bool]| used.iter().map(|&i| v[i]).collect::<Vec<_>>();
+        let sub_case = Case {
+            inputs: used.iter().map(|&i| case.inputs[i].clone()).collect(),
+            captured: pick(&case.captured),
+            free: pick(&case.free),
+            graph: sub,
+        };
+        let Ok(reference) = eval_nodes(&sub_case.graph, &sub_case.inputs) else {
+            continue;
+        };
+        if let Ok(Some(_)) = check_case(seed, &sub_case, reference, &mut Stats::default()) {
+            let operands: Vec<String> = node
+                .operands
+                .iter()
+                .map(|o| g.meta(*o).map(|m| m.to_string()).unwrap_or_default())
+                .collect();
+            return Some(format!(
+                "{} e.g. {}({})",
+                node.op_name(),
+                node.op_name(),
+                operands.join(", ")
+            ));
+        }
+    }
+    None
+}
+
+/// Checks one case; `Ok(Some(reason))` when compiling it breaks the graph.
+fn check_case(
+    seed: u64,
+    case: &Case,
+    reference: Vec<Option<Bounded>>,
+    stats: &mut Stats,
+) -> std::result::Result<Option<String>, String> {
     let g = &case.graph;
     let head = |what: &str| format!("seed {seed} (backward): {what}\n{}", g.to_text());
     let mut rng = Rng::new(seed ^ 0xb4c6_0000);
@@ -288,7 +346,7 @@ pub fn check_seed(seed: u64, stats: &mut Stats) -> std::result::Result<(), Strin
     let (l0, e0) = eager(&case.inputs)?;
     if !l0.requires_grad() {
         stats.no_grad_path += 1;
-        return Ok(());
+        return Ok(None);
     }
     stats.graphs += 1;
 
@@ -351,12 +409,7 @@ pub fn check_seed(seed: u64, stats: &mut Stats) -> std::result::Result<(), Strin
             )));
         }
         if let Some(b) = &report.entries[0].graph_break {
-            let e = stats.breaks.entry(b.clone()).or_default();
-            e.0 += 1;
-            if e.1.len() < 3 {
-                e.1.push(seed);
-            }
-            return Ok(());
+            return Ok(Some(b.clone()));
         }
         let lc = &lc[0];
         if lc.grad_fn().map(|n| n.name().to_string()).as_deref() != Some("CompiledBackward") {
@@ -396,5 +449,5 @@ pub fn check_seed(seed: u64, stats: &mut Stats) -> std::result::Result<(), Strin
             }
         }
     }
-    Ok(())
+    Ok(None)
 }

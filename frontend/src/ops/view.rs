@@ -144,7 +144,14 @@ impl Tensor {
         };
         trace::record(node, &[self], || {
             let y = self.with_layout(lv::narrow(&self.layout, dim, start, length)?);
-            rules::region("narrow", self, y, move |z| z.narrow(dim, start, length))
+            let size = self.dims()[d_of(dim, self.rank())] as i64;
+            let r = rules::Range {
+                dim: d_of(dim, self.rank()),
+                start: (if start < 0 { start + size } else { start }) as usize,
+                step: 1,
+                keep_dim: true,
+            };
+            rules::region("narrow", self, y, r)
         })
     }
 
@@ -164,7 +171,16 @@ impl Tensor {
         };
         trace::record(node, &[self], || {
             let y = self.with_layout(lv::slice(&self.layout, dim, start, stop, step)?);
-            rules::region("slice", self, y, move |z| z.slice(dim, start, stop, step))
+            let d = d_of(dim, self.rank());
+            let size = self.dims()[d] as i64;
+            let s = start.unwrap_or(0);
+            let r = rules::Range {
+                dim: d,
+                start: (if s < 0 { s + size } else { s }).clamp(0, size) as usize,
+                step: step as usize,
+                keep_dim: true,
+            };
+            rules::region("slice", self, y, r)
         })
     }
 
@@ -174,7 +190,15 @@ impl Tensor {
             &[self],
             || {
                 let y = self.with_layout(lv::select(&self.layout, dim, index)?);
-                rules::region("select", self, y, move |z| z.select(dim, index))
+                let d = d_of(dim, self.rank());
+                let size = self.dims()[d] as i64;
+                let r = rules::Range {
+                    dim: d,
+                    start: (if index < 0 { index + size } else { index }) as usize,
+                    step: 1,
+                    keep_dim: false,
+                };
+                rules::region("select", self, y, r)
             },
         )
     }
@@ -432,4 +456,9 @@ impl Tensor {
         }
         crate::autograd::rules::index::gather(self, d, index, out)
     }
+}
+
+/// `dim` of a tensor of `rank` made non-negative (the view succeeded, so it is valid).
+fn d_of(dim: i64, rank: usize) -> usize {
+    norm_dim("view", dim, rank).unwrap_or(0)
 }

@@ -47,10 +47,14 @@ fn pad4(x: &Tensor, pb: [usize; 2], pe: [usize; 2]) -> Result<Tensor> {
     }
     let d = x.dims();
     let dims = [d[0], d[1], d[2] + pb[0] + pe[0], d[3] + pb[1] + pe[1]];
-    super::embed(x, &dims, |z| {
-        z.narrow(2, pb[0] as i64, d[2])?
-            .narrow(3, pb[1] as i64, d[3])
-    })
+    let r = |dim, start| super::Range {
+        dim,
+        start,
+        step: 1,
+        keep_dim: true,
+    };
+    let x = super::embed(x, &[d[0], d[1], d[2], dims[3]], r(3, pb[1]))?;
+    super::embed(&x, &dims, r(2, pb[0]))
 }
 
 /// Weight gradient of a convolution of `x` [N, Cin, H, W] giving `g` [N, Cout, oh, ow]:

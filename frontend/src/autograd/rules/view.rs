@@ -3,6 +3,7 @@
 //! written into zeros through the same view for narrow/slice/select).
 
 use super::embed;
+pub(crate) use super::Range;
 use crate::autograd::{needs_grad, record};
 use crate::Tensor;
 use kiln_ir::Result;
@@ -27,13 +28,8 @@ pub(crate) fn reshape_like(name: &'static str, x: &Tensor, y: Tensor) -> Result<
 }
 
 /// Views that pick a region: the gradient is zeros with `g` written into that region.
-pub(crate) fn region(
-    name: &'static str,
-    x: &Tensor,
-    y: Tensor,
-    pick: impl Fn(&Tensor) -> Result<Tensor> + Send + Sync + 'static,
-) -> Result<Tensor> {
-    view(name, x, y, move |g, d| embed(g, d, &pick))
+pub(crate) fn region(name: &'static str, x: &Tensor, y: Tensor, r: super::Range) -> Result<Tensor> {
+    view(name, x, y, move |g, d| embed(g, d, r))
 }
 
 /// Records `cat(xs, dim)`: each input's gradient is its slice of `g`.
