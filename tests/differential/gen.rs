@@ -66,6 +66,10 @@ pub struct Case {
     pub graph: Graph,
     pub inputs: Vec<HostTensor>,
     pub captured: Vec<bool>,
+    /// Per input: its values were drawn freely (any value of its dtype is
+    /// valid); `false` for inputs with a domain (variances, class weights,
+    /// class indices), which the backward mode keeps or only rescales.
+    pub free: Vec<bool>,
 }
 
 pub(crate) struct Gen {
@@ -73,6 +77,7 @@ pub(crate) struct Gen {
     pub(crate) g: Graph,
     pub(crate) inputs: Vec<HostTensor>,
     pub(crate) captured: Vec<bool>,
+    pub(crate) free: Vec<bool>,
     /// Values ops may read (every single-valued node so far).
     pub(crate) pool: Vec<NodeId>,
 }
@@ -88,6 +93,28 @@ fn scal(op: BinaryOp, v: f64) -> Op {
         op,
         value: ScalarValue::Float(Float(v)),
         reversed: false,
+    }
+}
+
+/// One random element of a free input of type `dtype`: floats mostly
+/// normal (clamped to +-3), a tenth small integers (exact zeros and ties);
+/// integers in -4..=4; bools 0 or 1.
+pub fn draw(rng: &mut Rng, dtype: DType) -> f64 {
+    match dtype {
+        DType::Bool => rng.below(2) as f64,
+        d if d.is_float() => {
+            let v = if rng.chance(0.1) {
+                rng.range(-2, 2) as f64
+            } else {
+                rng.normal().clamp(-3.0, 3.0)
+            };
+            if d == DType::F32 {
+                v as f32 as f64
+            } else {
+                v
+            }
+        }
+        _ => rng.range(-4, 4) as f64,
     }
 }
 
@@ -138,25 +165,10 @@ impl Gen {
     /// A new graph input with random contents of `meta`'s type.
     pub(crate) fn input(&mut self, meta: Meta, captured: bool) -> NodeId {
         let n: usize = meta.dims.iter().product();
-        let data: Vec<f64> = (0..n)
-            .map(|_| match meta.dtype {
-                DType::Bool => self.rng.below(2) as f64,
-                d if d.is_float() => {
-                    let v = if self.rng.chance(0.1) {
-                        self.rng.range(-2, 2) as f64
-                    } else {
-                        self.rng.normal().clamp(-3.0, 3.0)
-                    };
-                    if d == DType::F32 {
-                        v as f32 as f64
-                    } else {
-                        v
-                    }
-                }
-                _ => self.rng.range(-4, 4) as f64,
-            })
-            .collect();
-        self.input_data(meta, data, captured)
+        let data: Vec<f64> = (0..n).map(|_| draw(&mut self.rng, meta.dtype)).collect();
+        let id = self.input_data(meta, data, captured);
+        *self.free.last_mut().expect("just pushed") = true;
+        id
     }
 
     /// A new graph input holding `data` (values of `meta`'s dtype).
@@ -170,6 +182,7 @@ impl Gen {
         let id = self.g.input(name, meta.clone());
         self.inputs.push(HostTensor { meta, data });
         self.captured.push(captured);
+        self.free.push(false);
         self.pool.push(id);
         id
     }
@@ -448,6 +461,7 @@ pub fn generate(seed: u64, attempt: u64) -> Case {
         g: Graph::new(format!("seed{seed}")),
         inputs: Vec::new(),
         captured: Vec::new(),
+        free: Vec::new(),
         pool: Vec::new(),
     };
     for _ in 0..s.rng.range(1, 3) {
@@ -490,5 +504,6 @@ pub fn generate(seed: u64, attempt: u64) -> Case {
         graph: s.g,
         inputs: s.inputs,
         captured: s.captured,
+        free: s.free,
     }
 }
