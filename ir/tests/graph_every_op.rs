@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 39;
+const VARIANTS: usize = 41;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -55,6 +55,8 @@ fn variant(op: &Op) -> usize {
         Op::Conv { .. } => 17,
         Op::ConvTranspose2d(_) => 18,
         Op::Conv2dWeightGrad { .. } => 38,
+        Op::ScatterAdd { .. } => 39,
+        Op::AvgPool2dBackward { .. } => 40,
         Op::MaxPool2d(_) => 19,
         Op::AvgPool2d { .. } => 20,
         Op::AdaptiveAvgPool2d(_) => 21,
@@ -121,6 +123,7 @@ fn every_op() -> Graph {
     let h = g.input("odd name", Meta::new(DType::BF16, &[4, 5]));
     let t0 = g.input("t0", Meta::new(DType::I64, &[]));
     let dy = g.input("dy", f32m(&[2, 4, 4, 4]));
+    let s42 = g.input("s42", f32m(&[4, 2]));
 
     let mut outs: Vec<NodeId> = Vec::new();
     let mut add = |g: &mut Graph, op: Op, ins: &[NodeId]| -> NodeId {
@@ -187,6 +190,7 @@ fn every_op() -> Graph {
     add(&mut g, Op::Conv { params: conv(vec![1], Padding::Same, vec![2]), spatial: 2 }, &[x, w, b]);
     add(&mut g, Op::Conv { params: conv(vec![1], Padding::Valid, vec![1]), spatial: 1 }, &[seq, w1]);
     add(&mut g, Op::Conv2dWeightGrad { params: conv(vec![2], Padding::Explicit(vec![1]), vec![1]), kernel: [3, 3] }, &[x, dy]);
+    add(&mut g, Op::ScatterAdd { dim: 1, size: vec![4, 5] }, &[idx2, s42]);
     add(&mut g, Op::ConvTranspose2d(ConvTransposeParams::default()), &[x, wt]);
     add(&mut g, Op::ConvTranspose2d(ConvTransposeParams {
         stride: vec![2], padding: vec![1], output_padding: vec![1], dilation: vec![1], groups: 1,
@@ -195,6 +199,10 @@ fn every_op() -> Graph {
     let p = Pool2dParams { kernel: [3, 3], stride: [2, 2], padding: [1, 1], dilation: [1, 1], ceil_mode: true };
     add(&mut g, Op::AvgPool2d { params: p, count_include_pad: false }, &[x]);
     add(&mut g, Op::AdaptiveAvgPool2d([1, 1]), &[x]);
+    let pooled = g.op(Op::AvgPool2d { params: p.clone(), count_include_pad: false }, &[x]).unwrap();
+    add(&mut g, Op::AvgPool2dBackward { input_size: vec![2, 3, 8, 8], params: Some(p.clone()), count_include_pad: false }, &[pooled]);
+    let ada = g.op(Op::AdaptiveAvgPool2d([3, 3]), &[x]).unwrap();
+    add(&mut g, Op::AvgPool2dBackward { input_size: vec![2, 3, 8, 8], params: None, count_include_pad: false }, &[ada]);
     let amp = add(&mut g, Op::AdaptiveMaxPool2d([2, 3]), &[x]);
     add(&mut g, Op::Embedding, &[idx2, emb]);
     add(&mut g, Op::View(vec![-1, 4]), &[m]);

@@ -148,6 +148,37 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
             s => bail!("conv", "{s}-d convolution is not supported (1 or 2)"),
         },
         Op::ConvTranspose2d(p) => one(F::conv_transpose2d(x, &ins[1], ins.get(2), p)),
+        Op::AvgPool2dBackward {
+            input_size,
+            params,
+            count_include_pad,
+        } => {
+            use kiln_ir::op::pool;
+            let geo = match params {
+                Some(p) => pool::pool2d_geometry("avg_pool2d_backward", input_size, p)?,
+                None => {
+                    let o = x.dims();
+                    let hw = [o[o.len() - 2], o[o.len() - 1]];
+                    pool::adaptive_pool2d_geometry("avg_pool2d_backward", input_size, hw)?
+                }
+            };
+            let dt = x.dtype();
+            one(crate::autograd::rules::nn::avg_pool_backward(
+                &geo,
+                params.is_none(),
+                *count_include_pad,
+                None,
+                x,
+                input_size,
+                dt,
+            ))
+        }
+        Op::ScatterAdd { dim, size } => {
+            let d = kiln_ir::shape::norm_dim("scatter_add", *dim, size.len())?;
+            one(crate::autograd::rules::index::scatter_add(
+                size, d, x, &ins[1],
+            ))
+        }
         Op::Conv2dWeightGrad { params, kernel } => {
             one(F::conv2d_weight_grad(x, &ins[1], params, *kernel))
         }

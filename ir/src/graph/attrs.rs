@@ -188,6 +188,15 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             }),
             ("stride", ints(&p.stride)),
         ],
+        Op::AvgPool2dBackward { input_size, params, count_include_pad } => {
+            let mut v = params.as_ref().map(pool).unwrap_or_default();
+            v.push(("adaptive", Bool(params.is_none())));
+            v.push(("count_include_pad", Bool(*count_include_pad)));
+            v.push(("input_size", ints(input_size)));
+            v.sort_by_key(|(k, _)| *k);
+            v
+        }
+        Op::ScatterAdd { dim, size } => vec![("dim", AttrValue::Int(*dim)), ("size", ints(size))],
         Op::MaxPool2d(p) => pool(p),
         Op::AvgPool2d { params, count_include_pad } => {
             let mut v = pool(params);
@@ -229,7 +238,7 @@ pub fn arity(op: &Op) -> (usize, usize) {
         Op::Unary(_) | Op::BinaryScalar { .. } | Op::Cast(_) | Op::Reduce { .. } | Op::Mean { .. }
         | Op::Var { .. } | Op::Std { .. } | Op::LogSumExp { .. } | Op::Softmax { .. }
         | Op::LseParts { .. } | Op::Moments { .. }
-        | Op::LogSoftmax { .. } | Op::MaxPool2d(_) | Op::AvgPool2d { .. }
+        | Op::LogSoftmax { .. } | Op::MaxPool2d(_) | Op::AvgPool2d { .. } | Op::AvgPool2dBackward { .. }
         | Op::AdaptiveAvgPool2d(_) | Op::AdaptiveMaxPool2d(_) | Op::View(_) | Op::Permute(_)
         | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } => (1, 1),
         Op::Binary(_) | Op::Matmul | Op::Embedding | Op::IndexSelect { .. } | Op::Gather { .. } => (2, 2),
@@ -240,7 +249,7 @@ pub fn arity(op: &Op) -> (usize, usize) {
         Op::BatchNorm { .. } => (1, 5),
         // input, weight, then bias
         Op::Linear | Op::Conv { .. } | Op::ConvTranspose2d(_) => (2, 3),
-        Op::Conv2dWeightGrad { .. } => (2, 2),
+        Op::Conv2dWeightGrad { .. } | Op::ScatterAdd { .. } => (2, 2),
         Op::Cat { .. } => (1, usize::MAX),
         // x, mask, then a 0-dim fill tensor when there is no `value`
         Op::MaskedFill { .. } => (2, 3),

@@ -342,6 +342,19 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
             padding: a.usizes("padding")?,
             stride: a.usizes("stride")?,
         }),
+        "avg_pool2d_backward" => Op::AvgPool2dBackward {
+            params: if a.bool("adaptive")? {
+                None
+            } else {
+                Some(pool(a)?)
+            },
+            count_include_pad: a.bool("count_include_pad")?,
+            input_size: a.usizes("input_size")?,
+        },
+        "scatter_add" => Op::ScatterAdd {
+            dim: a.int("dim")?,
+            size: a.usizes("size")?,
+        },
         "conv2d_weight_grad" => Op::Conv2dWeightGrad {
             kernel: a.pair("kernel")?,
             params: conv_params(a)?,

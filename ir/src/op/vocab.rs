@@ -108,6 +108,14 @@ pub enum Op {
         count_include_pad: bool,
     },
     AdaptiveAvgPool2d([usize; 2]),
+    /// The input gradient of `avg_pool2d` (`params: Some`) or of
+    /// `adaptive_avg_pool2d` (`None`) on an input of shape `input_size`.
+    /// Input: the output gradient.
+    AvgPool2dBackward {
+        input_size: Vec<usize>,
+        params: Option<Pool2dParams>,
+        count_include_pad: bool,
+    },
     AdaptiveMaxPool2d([usize; 2]),
     Embedding,
     // layout and data movement
@@ -132,6 +140,12 @@ pub enum Op {
     },
     Gather {
         dim: i64,
+    },
+    /// `zeros(size).scatter_add(dim, index, src)` (gather's backward).
+    /// Inputs: index (integer, broadcast to src's shape), src.
+    ScatterAdd {
+        dim: i64,
+        size: Vec<usize>,
     },
     /// Inputs: x, mask, then (when `value` is `None`) a 0-dim fill tensor.
     MaskedFill {

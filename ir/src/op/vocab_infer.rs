@@ -307,6 +307,33 @@ impl Op {
                     dims: w.iter().copied().collect(),
                 })
             }
+            Op::ScatterAdd { dim, size } => {
+                need(&name, ins, 2)?;
+                let (index, src) = (&ins[0], &ins[1]);
+                let d = crate::shape::norm_dim(&name, *dim, size.len())?;
+                if index.dtype.is_float() || index.dtype == DType::Bool {
+                    bail!(name, "index must be an integer tensor, got {}", index.dtype);
+                }
+                let fits = src.dims.len() == size.len()
+                    && src
+                        .dims
+                        .iter()
+                        .zip(size)
+                        .enumerate()
+                        .all(|(k, (s, n))| k == d || s <= n);
+                if !fits {
+                    bail!(
+                        name,
+                        "src {} does not fit a result of shape {} along dims other than {dim}",
+                        fmt_dims(&src.dims),
+                        fmt_dims(size)
+                    );
+                }
+                one(Meta {
+                    dtype: src.dtype,
+                    dims: size.iter().copied().collect(),
+                })
+            }
             Op::MaxPool2d(p) => {
                 need(&name, ins, 1)?;
                 let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
@@ -326,6 +353,32 @@ impl Op {
                 one(Meta {
                     dtype: ins[0].dtype,
                     dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)?,
+                })
+            }
+            Op::AvgPool2dBackward {
+                input_size, params, ..
+            } => {
+                need(&name, ins, 1)?;
+                let out = match params {
+                    Some(p) => pool::pool2d_shape(&name, input_size, p)?,
+                    None => {
+                        let o = &ins[0].dims;
+                        let hw = [o[o.len().saturating_sub(2)], o[o.len().saturating_sub(1)]];
+                        pool::adaptive_pool2d_geometry(&name, input_size, hw)?.out_shape()
+                    }
+                };
+                if out.as_slice() != ins[0].dims.as_slice() {
+                    bail!(
+                        name,
+                        "output gradient {} does not match the pooling's output {} for input {}",
+                        fmt_dims(&ins[0].dims),
+                        fmt_dims(&out),
+                        fmt_dims(input_size)
+                    );
+                }
+                one(Meta {
+                    dtype: ins[0].dtype,
+                    dims: input_size.iter().copied().collect(),
                 })
             }
             Op::AdaptiveAvgPool2d(o) | Op::AdaptiveMaxPool2d(o) => {

@@ -1,6 +1,7 @@
 //! Backward rules of the indexing ops: gather, index_select and embedding
-//! scatter-add their gradient back. Scatter-add has no tensor-level
-//! expression among kiln's ops, so it is a loop here (one pass over `src`).
+//! scatter-add their gradient back. Scatter-add is one graph op
+//! (`scatter_add`), run by a loop here (one pass over `src`); while tracing,
+//! one index per row becomes a one-hot select that fuses.
 
 use crate::autograd::{needs_grad, record, Saved};
 use crate::Tensor;
@@ -19,10 +20,22 @@ pub(crate) fn scatter_add(
         && (0..dims.len()).all(|k| k == dim || sd[k] == dims[k]);
     if one_per_row && crate::compile::trace::is_tracing() {
         // one index per row (the gather of cross_entropy / nll_loss): a
-        // one-hot select, in Tensor ops so a traced backward stays in the
-        // graph; the result's size, no more
+        // one-hot select in pointwise Tensor ops, which fuse with their
+        // neighbours in a compiled backward; the result's size, no more
         return one_hot_scatter(dims, dim, index, src);
     }
+    let op = || kiln_ir::op::Op::ScatterAdd {
+        dim: dim as i64,
+        size: dims.to_vec(),
+    };
+    crate::compile::trace::record(op, &[index, src], || {
+        scatter_add_loop(dims, dim, index, src)
+    })
+}
+
+/// [`scatter_add`]'s loop.
+fn scatter_add_loop(dims: &[usize], dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    let sd = src.dims();
     let v = src.to_f64_vec();
     let idx = index
         .expand_to(src.dims())?

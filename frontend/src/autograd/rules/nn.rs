@@ -11,6 +11,7 @@ use kiln_ir::op::conv::{
     ConvGeometry, ConvParams, ConvTransposeGeometry, ConvTransposeParams, Padding,
 };
 use kiln_ir::op::pool::Pool2dGeometry;
+use kiln_ir::op::Op;
 use kiln_ir::{DType, Result};
 
 /// Records `matmul(a, b)` (every rank combination; broadcast batches are
@@ -266,21 +267,53 @@ pub(crate) fn avg_pool(
             let xi: Vec<i64> = xd.iter().map(|&d| d as i64).collect();
             return Ok(vec![Some(super::mul_s(&g.expand(&xi)?, 1.0 / n)?)]);
         }
-        let gv = g.to_f64_vec();
-        let mut gx = vec![0.0f64; xd.iter().product()];
-        if adaptive {
-            kiln_runtime::externs::pool_backward::adaptive_avg_pool2d_backward(&geo, &gv, &mut gx);
-        } else {
-            kiln_runtime::externs::pool_backward::avg_pool2d_backward(
+        let run = || {
+            avg_pool_backward(
                 &geo,
-                &gv,
-                &mut gx,
+                adaptive,
                 count_include_pad,
                 divisor_override,
-            );
-        }
-        Ok(vec![Some(
-            Tensor::from_vec(gx, &xd)?.to_dtype(if dt.is_float() { dt } else { DType::F32 })?,
-        )])
+                g,
+                &xd,
+                dt,
+            )
+        };
+        // one graph node (the graph op has no divisor_override: that stays eager)
+        let op = || Op::AvgPool2dBackward {
+            input_size: xd.to_vec(),
+            params: (!adaptive).then(|| geo.params.clone()),
+            count_include_pad,
+        };
+        Ok(vec![Some(match divisor_override {
+            None => crate::compile::trace::record(op, &[g], run)?,
+            Some(_) => run()?,
+        })])
     })
+}
+
+/// The input gradient of an average pool of geometry `geo` (the extern
+/// backward kernels), for an input of shape `xd` and dtype `dt`.
+pub(crate) fn avg_pool_backward(
+    geo: &Pool2dGeometry,
+    adaptive: bool,
+    count_include_pad: bool,
+    divisor_override: Option<i64>,
+    g: &Tensor,
+    xd: &[usize],
+    dt: DType,
+) -> Result<Tensor> {
+    let gv = g.to_f64_vec();
+    let mut gx = vec![0.0f64; xd.iter().product()];
+    if adaptive {
+        kiln_runtime::externs::pool_backward::adaptive_avg_pool2d_backward(geo, &gv, &mut gx);
+    } else {
+        kiln_runtime::externs::pool_backward::avg_pool2d_backward(
+            geo,
+            &gv,
+            &mut gx,
+            count_include_pad,
+            divisor_override,
+        );
+    }
+    Tensor::from_vec(gx, xd)?.to_dtype(if dt.is_float() { dt } else { DType::F32 })
 }
