@@ -90,8 +90,9 @@ fn table_lists_the_ops_of_a_training_step() {
         ("cross_entropy", Category::Op, 3),
         ("linear", Category::Op, 3),
         ("backward", Category::Op, 3),
-        ("conv2d", Category::Op, 6), // forward + the weight gradient
-        ("conv2d", Category::Extern, 6),
+        ("conv2d", Category::Op, 3),
+        ("conv2d", Category::Extern, 3),
+        ("conv2d_weight_grad", Category::Extern, 3),
         ("conv_transpose2d", Category::Extern, 3), // the input gradient
         ("relu", Category::Kernel, 3),
         ("lse", Category::Kernel, 3),

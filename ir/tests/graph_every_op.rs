@@ -197,9 +197,8 @@ fn every_op() -> Graph {
     }), &[x, wt, b]);
     let mp = add(&mut g, Op::MaxPool2d(Pool2dParams::new([2, 2])), &[x]);
     let p = Pool2dParams { kernel: [3, 3], stride: [2, 2], padding: [1, 1], dilation: [1, 1], ceil_mode: true };
-    add(&mut g, Op::AvgPool2d { params: p, count_include_pad: false }, &[x]);
+    let pooled = add(&mut g, Op::AvgPool2d { params: p.clone(), count_include_pad: false }, &[x]);
     add(&mut g, Op::AdaptiveAvgPool2d([1, 1]), &[x]);
-    let pooled = g.op(Op::AvgPool2d { params: p.clone(), count_include_pad: false }, &[x]).unwrap();
     add(&mut g, Op::AvgPool2dBackward { input_size: vec![2, 3, 8, 8], params: Some(p.clone()), count_include_pad: false }, &[pooled]);
     let ada = g.op(Op::AdaptiveAvgPool2d([3, 3]), &[x]).unwrap();
     add(&mut g, Op::AvgPool2dBackward { input_size: vec![2, 3, 8, 8], params: None, count_include_pad: false }, &[ada]);
