@@ -172,6 +172,25 @@ fn log(stage: &str, name: &str, text: &str) {
 }
 
 impl Entry {
+    /// An entry with nothing compiled yet.
+    fn new(guards: Guards, times: StageTimes) -> Entry {
+        Entry {
+            guards,
+            traced: None,
+            rewritten: None,
+            contiguous_outputs: vec![],
+            rewrites: vec![],
+            origin: vec![],
+            exec: None,
+            bindings: vec![],
+            hoist: HoistCache::default(),
+            graph_break: None,
+            times,
+            train: None,
+            mutated: vec![],
+        }
+    }
+
     /// Traces `f` on `args` and compiles it; returns the entry and the call's results.
     pub fn build(
         name: &str,
@@ -197,19 +216,8 @@ impl Entry {
                 log("graph_breaks", name, &b.to_string());
                 let outs = f(args)?;
                 let entry = Entry {
-                    guards,
-                    traced: None,
-                    rewritten: None,
-                    contiguous_outputs: vec![],
-                    rewrites: vec![],
-                    origin: vec![],
-                    exec: None,
-                    bindings: vec![],
-                    hoist: HoistCache::default(),
                     graph_break: Some(b),
-                    times,
-                    train: None,
-                    mutated: vec![],
+                    ..Entry::new(guards, times)
                 };
                 return Ok((entry, outs));
             }
@@ -274,11 +282,7 @@ impl Entry {
             train: None,
             mutated,
         };
-        let before = kiln_runtime::cache_stats().compiles;
-        let t = Instant::now();
-        let outs = entry.run_compiled(args)?;
-        entry.times.first_run = t.elapsed();
-        entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
+        let outs = entry.first_run(args)?;
         entry.shadow(name, args, &outs, &eager_outs, options)?;
         Ok((entry, outs))
     }
@@ -297,21 +301,7 @@ impl Entry {
         let t = Instant::now();
         let traced = joint::trace_joint(name, args, names, f)?;
         times.trace = t.elapsed();
-        let mut entry = Entry {
-            guards,
-            traced: None,
-            rewritten: None,
-            contiguous_outputs: vec![],
-            rewrites: vec![],
-            origin: vec![],
-            exec: None,
-            bindings: vec![],
-            hoist: HoistCache::default(),
-            graph_break: None,
-            times,
-            train: None,
-            mutated: vec![],
-        };
+        let mut entry = Entry::new(guards, times);
         let (mut jt, eager_outs) = match traced {
             Ok(x) => x,
             Err(b) => {
@@ -358,12 +348,18 @@ impl Entry {
         entry.traced = Some(jt.trace.graph);
         entry.bindings = jt.trace.bindings;
         entry.train = Some(plan);
+        let outs = entry.first_run(args)?;
+        Ok((entry, outs))
+    }
+
+    /// The first compiled run, timed, counting the kernels it compiles.
+    fn first_run(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
         let before = kiln_runtime::cache_stats().compiles;
         let t = Instant::now();
-        let outs = entry.run_compiled(args)?;
-        entry.times.first_run = t.elapsed();
-        entry.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
-        Ok((entry, outs))
+        let outs = self.run_compiled(args)?;
+        self.times.first_run = t.elapsed();
+        self.times.kernels_compiled = kiln_runtime::cache_stats().compiles - before;
+        Ok(outs)
     }
 
     fn inputs(&self, args: &[Tensor]) -> (Vec<Tensor>, Vec<u64>) {
