@@ -155,10 +155,10 @@ fn normalize<B: Builder>(
     x: &B::T,
     dims: &[i64],
     eps: f64,
-) -> Result<(B::T, B::T, B::T)> {
+) -> Result<(B::T, Moments<B::T>)> {
     let m = b.moments(x, dims, eps)?;
     let d = b.binary(BinaryOp::Sub, x, &m.mean)?;
-    Ok((b.binary(BinaryOp::Mul, &d, &m.rstd)?, m.mean, m.var))
+    Ok((b.binary(BinaryOp::Mul, &d, &m.rstd)?, m))
 }
 
 /// `F.layer_norm(x, normalized_shape, weight, bias, eps)`.
@@ -193,7 +193,7 @@ pub fn layer_norm<B: Builder>(
         }
     }
     let dims: Vec<i64> = ((shape.len() - k) as i64..shape.len() as i64).collect();
-    let (mut y, _, _) = normalize(b, x, &dims, eps)?;
+    let (mut y, _) = normalize(b, x, &dims, eps)?;
     if let Some(w) = weight {
         y = b.binary(BinaryOp::Mul, &y, w)?;
     }
@@ -260,7 +260,7 @@ pub fn group_norm<B: Builder>(
         );
     }
     let g = b.reshape(x, &[shape[0] as i64, groups as i64, -1])?;
-    let (y, _, _) = normalize(b, &g, &[2], eps)?;
+    let (y, _) = normalize(b, &g, &[2], eps)?;
     let mut y = b.reshape(&y, &ishape(&shape))?;
     if let Some(w) = weight {
         let w = per_channel(b, w, shape.len())?;
@@ -278,6 +278,9 @@ pub struct BatchNormOut<T> {
     pub y: T,
     /// (new running_mean, new running_var) when training with running stats.
     pub running: Option<(T, T)>,
+    /// Training: the batch's (mean, 1 / sqrt(var + eps)), kept dims, for a
+    /// backward rule written in terms of them.
+    pub batch: Option<(T, T)>,
 }
 
 /// `F.batch_norm` on (N, C, *). Training normalises with the batch's biased
@@ -310,6 +313,7 @@ pub fn batch_norm<B: Builder>(
     let rank = shape.len();
     let red: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
     let n: usize = shape.iter().product::<usize>() / c.max(1);
+    let mut batch = None;
     let (mut y, running) = if training {
         if n <= 1 {
             bail!(
@@ -318,11 +322,11 @@ pub fn batch_norm<B: Builder>(
                 fmt_dims(&shape)
             );
         }
-        let (y, mean, var) = normalize(b, x, &red, eps)?;
+        let (y, m) = normalize(b, x, &red, eps)?;
         let running = match (running_mean, running_var) {
             (Some(rm), Some(rv)) => {
-                let mean = b.reshape(&mean, &[c as i64])?;
-                let var = b.reshape(&var, &[c as i64])?;
+                let mean = b.reshape(&m.mean, &[c as i64])?;
+                let var = b.reshape(&m.var, &[c as i64])?;
                 let unbiased = b.scalar(BinaryOp::Mul, &var, n as f64 / (n - 1) as f64)?;
                 let keep_m = b.scalar(BinaryOp::Mul, rm, 1.0 - momentum)?;
                 let new_m = b.scalar(BinaryOp::Mul, &mean, momentum)?;
@@ -334,6 +338,7 @@ pub fn batch_norm<B: Builder>(
             }
             _ => None,
         };
+        batch = Some((m.mean, m.rstd));
         (y, running)
     } else {
         let (Some(rm), Some(rv)) = (running_mean, running_var) else {
@@ -357,5 +362,5 @@ pub fn batch_norm<B: Builder>(
         let bi = per_channel(b, bi, rank)?;
         y = b.binary(BinaryOp::Add, &y, &bi)?;
     }
-    Ok(BatchNormOut { y, running })
+    Ok(BatchNormOut { y, running, batch })
 }

@@ -4,6 +4,7 @@
 use super::{ins, op_scope};
 use crate::amp::{self, Policy};
 use crate::autograd::rules::builder::TensorBuilder;
+use crate::autograd::rules::norm as rules;
 use crate::compile::trace;
 use crate::ops::composite::decomposed;
 use crate::ops::fuse::{Fuser, Lazy};
@@ -137,7 +138,27 @@ fn batch_norm_eager(
     let grad = crate::autograd::needs_grad(&ins(&[Some(x), weight, bias]));
     // a traced gradient comes from the primitives: they record, not batch_norm
     let _inline = grad.then(trace::inline_decomposition);
-    let (y, running) = if grad {
+    let (y, running) = if grad && training {
+        // the forward as primitives without autograd, then one node whose
+        // backward is the closed form over the batch stats (two reductions)
+        let r = {
+            let _ng = crate::autograd::no_grad();
+            decompose::batch_norm(
+                &mut TensorBuilder,
+                x,
+                running_mean,
+                running_var,
+                weight,
+                bias,
+                training,
+                momentum,
+                eps,
+            )?
+        };
+        let (mean, rstd) = r.batch.expect("training keeps the batch stats");
+        let y = rules::batch_norm_train(x, weight, bias, &mean, &rstd, r.y)?;
+        (y, r.running)
+    } else if grad {
         let r = decompose::batch_norm(
             &mut TensorBuilder,
             x,

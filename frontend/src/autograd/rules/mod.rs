@@ -6,6 +6,7 @@
 pub(crate) mod builder;
 pub(crate) mod index;
 pub(crate) mod nn;
+pub(crate) mod norm;
 pub(crate) mod pointwise;
 pub(crate) mod reduce;
 pub(crate) mod view;
