@@ -109,9 +109,6 @@ pub fn conv2d_tiled<T: Elem>(
     let p = oh * ow;
     let pointwise =
         kh == 1 && kw == 1 && g.stride == [1, 1] && g.pad_begin == [0, 0] && g.pad_end == [0, 0];
-    if epilogue.is_none() && !pointwise && super::conv_small::suits(g, kk) {
-        return super::conv_small::conv2d_batched(g, input, weight, bias, out);
-    }
     let tile = tile_cols::<T>(kk, p);
     let n_tiles = p.div_ceil(tile);
     let items = g.n * g.groups * n_tiles;

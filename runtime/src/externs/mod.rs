@@ -9,7 +9,6 @@
 
 pub mod conv;
 pub mod conv_grad;
-mod conv_small;
 pub mod conv_transpose;
 pub mod embedding;
 pub mod gemm;

@@ -85,23 +85,6 @@ fn cp(stride: &[usize], padding: Padding, dilation: &[usize], groups: usize) -> 
 #[test]
 fn conv2d_matches_direct() {
     use Padding::*;
-    // many small samples: chunks of samples per GEMM, in parallel (conv_small.rs)
-    check_conv(
-        "conv2d",
-        &[300, 8, 8, 8],
-        &[16, 8, 3, 3],
-        true,
-        cp(&[2], Explicit(vec![1]), &[1], 1),
-        40,
-    );
-    check_conv(
-        "conv2d",
-        &[5, 4, 6, 6],
-        &[6, 2, 3, 3],
-        false,
-        cp(&[1], Explicit(vec![1]), &[1], 2),
-        41,
-    );
     check_conv(
         "conv2d",
         &[2, 3, 7, 6],
