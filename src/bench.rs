@@ -255,6 +255,28 @@ pub fn dump(name: &str, stage: &str) -> Result<String> {
     c.dump(crate::compile::Stage::parse(stage)?, &w.inputs)
 }
 
+/// `kiln dump --train`: `stage` of the digits model `name` (cnn, mlp)
+/// compiled for training (joint graph, forward and backward halves).
+pub fn dump_train(name: &str, stage: &str) -> Result<String> {
+    use crate::nn::ModuleExt;
+    let kind = crate::train::ModelKind::parse(&name.to_ascii_lowercase()).ok_or_else(|| {
+        crate::Error::op(
+            "dump",
+            format!("--train needs a model (cnn or mlp), got `{name}`"),
+        )
+    })?;
+    crate::manual_seed(0);
+    let m = kind.build()?;
+    m.train();
+    let c = crate::compile::compile(&m);
+    let x = [randn(&[256, 1, 8, 8], 17)];
+    if stage == "explain" {
+        c.dump_training(crate::compile::Stage::Graph, &x)?;
+        return Ok(c.explain().to_string());
+    }
+    c.dump_training(crate::compile::Stage::parse(stage)?, &x)
+}
+
 /// Compile latency of a digits model (first call of a fresh `compile`, which
 /// traces, runs the passes, compiles kernels and runs): `cold` in a process
 /// that has compiled nothing (run it first; the plan disk cache is bypassed),

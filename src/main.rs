@@ -45,9 +45,13 @@ enum Cmd {
         /// cnn, mlp, W1, W2, W3 or W4.
         #[arg(long)]
         model: String,
-        /// graph, rewritten, fused, kernels, clif, or explain (the compile report).
+        /// graph, rewritten, fused, backward, kernels, clif, or explain (the compile report).
         #[arg(long, default_value = "fused")]
         stage: String,
+        /// The training step of cnn or mlp: the joint graph (`graph`), the
+        /// forward (`fused`) and backward (`backward`) halves.
+        #[arg(long)]
+        train: bool,
     },
     /// Train a CNN or MLP on the shipped digits (8x8, 10 classes); the last
     /// line printed is `test accuracy: 0.xxxx`.
@@ -78,7 +82,15 @@ fn main() {
                 std::process::exit(1);
             }
         },
-        Cmd::Dump { model, stage } => match kiln::bench::dump(&model, &stage) {
+        Cmd::Dump {
+            model,
+            stage,
+            train,
+        } => match if train {
+            kiln::bench::dump_train(&model, &stage)
+        } else {
+            kiln::bench::dump(&model, &stage)
+        } {
             Ok(text) => print!("{text}"),
             Err(e) => {
                 eprintln!("kiln dump: {e}");

@@ -97,7 +97,7 @@ impl ModelKind {
         })
     }
 
-    fn parse(s: &str) -> Option<ModelKind> {
+    pub fn parse(s: &str) -> Option<ModelKind> {
         match s {
             "cnn" => Some(ModelKind::Cnn),
             "mlp" => Some(ModelKind::Mlp),

@@ -218,3 +218,15 @@ fn eval_after_train_misses_the_train_entry() {
     assert_close("eval output", &got, &want, 1e-5);
     assert_eq!(compiled.explain().entries.len(), 2);
 }
+
+#[test]
+fn kiln_dump_train_prints_the_backward_half() {
+    let _s = serial();
+    let b = kiln::bench::dump_train("cnn", "backward").unwrap();
+    assert!(b.contains("graph forward.backward("), "{b}");
+    assert!(b.contains("conv2d_weight_grad") && b.contains("kernel 0"), "{b}");
+    // the digits MLP has Dropout: random numbers are a graph break, said so
+    let e = kiln::bench::dump_train("mlp", "backward").unwrap_err().to_string();
+    assert!(e.contains("did not compile") && e.contains("graph break"), "{e}");
+    assert!(kiln::bench::dump_train("W1", "graph").is_err());
+}

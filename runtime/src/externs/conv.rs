@@ -210,6 +210,37 @@ pub(super) fn im2col_ld<T: Elem>(
         .map(|j| valid_range(ow, sw, (j * dw) as isize - pl, w))
         .collect();
     let mut rows = col.chunks_mut(ld).map(|r| &mut r[..cols]);
+    if p0 == 0 && p1 == g.out_size[0] * ow {
+        // whole planes (small images): output rows in order, no divisions
+        for c in 0..cpg {
+            let plane = &x[c * h * w..][..h * w];
+            for i in 0..kh {
+                for (j, &(lo, hi)) in ranges.iter().enumerate() {
+                    let row = rows.next().expect("im2col: column buffer too small");
+                    let iw0 = (lo * sw + j * dw) as isize - pl;
+                    for (r, seg) in row.chunks_exact_mut(ow).enumerate() {
+                        let ih = (r * sh + i * dh) as isize - pt;
+                        if ih < 0 || ih >= h as isize || lo >= hi {
+                            seg.fill(T::ZERO);
+                            continue;
+                        }
+                        let xrow = &plane[ih as usize * w..][..w];
+                        seg[..lo].fill(T::ZERO);
+                        seg[hi..].fill(T::ZERO);
+                        let src = &xrow[iw0 as usize..];
+                        if sw == 1 {
+                            seg[lo..hi].copy_from_slice(&src[..hi - lo]);
+                        } else {
+                            for (k, d) in seg[lo..hi].iter_mut().enumerate() {
+                                *d = src[k * sw];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        return;
+    }
     for c in 0..cpg {
         let plane = &x[c * h * w..][..h * w];
         for i in 0..kh {
