@@ -224,9 +224,69 @@ fn kiln_dump_train_prints_the_backward_half() {
     let _s = serial();
     let b = kiln::bench::dump_train("cnn", "backward").unwrap();
     assert!(b.contains("graph forward.backward("), "{b}");
-    assert!(b.contains("conv2d_weight_grad") && b.contains("kernel 0"), "{b}");
+    assert!(
+        b.contains("conv2d_weight_grad") && b.contains("kernel 0"),
+        "{b}"
+    );
     // the digits MLP has Dropout: random numbers are a graph break, said so
-    let e = kiln::bench::dump_train("mlp", "backward").unwrap_err().to_string();
-    assert!(e.contains("did not compile") && e.contains("graph break"), "{e}");
+    let e = kiln::bench::dump_train("mlp", "backward")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("did not compile") && e.contains("graph break"),
+        "{e}"
+    );
     assert!(kiln::bench::dump_train("W1", "graph").is_err());
+}
+
+#[test]
+fn eager_layers_before_and_after_a_compiled_module_get_their_gradients() {
+    let _s = serial();
+    let build = || -> (nn::Linear, nn::Sequential, nn::Linear) {
+        kiln::manual_seed(9);
+        (
+            nn::Linear::new(6, 64, true).unwrap(),
+            mlp().unwrap(),
+            nn::Linear::new(10, 3, true).unwrap(),
+        )
+    };
+    let (a0, m0, b0) = build();
+    let (a1, m1, b1) = build();
+    let compiled = compile(&m1);
+    let x = randn(&[5, 6], 4);
+    let eager = b0
+        .forward(&m0.forward(&a0.forward(&x).unwrap()).unwrap())
+        .unwrap();
+    let mid = compiled.forward(&a1.forward(&x).unwrap()).unwrap();
+    assert_eq!(mid.grad_fn().unwrap().name(), "CompiledBackward");
+    let mixed = b1.forward(&mid).unwrap();
+    eager.sum(None, false).unwrap().backward().unwrap();
+    mixed.sum(None, false).unwrap().backward().unwrap();
+    for (e, c) in [(&a0, &a1)]
+        .iter()
+        .flat_map(|(e, c)| e.parameters().into_iter().zip(c.parameters()))
+    {
+        assert_close(
+            "eager layer before",
+            &c.grad().unwrap(),
+            &e.grad().unwrap(),
+            1e-5,
+        );
+    }
+    for (e, c) in m0.parameters().iter().zip(m1.parameters()) {
+        assert_close(
+            "compiled module",
+            &c.grad().unwrap(),
+            &e.grad().unwrap(),
+            1e-5,
+        );
+    }
+    for (e, c) in b0.parameters().iter().zip(b1.parameters()) {
+        assert_close(
+            "eager layer after",
+            &c.grad().unwrap(),
+            &e.grad().unwrap(),
+            1e-5,
+        );
+    }
 }
