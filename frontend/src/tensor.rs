@@ -106,7 +106,9 @@ impl Tensor {
         let t = Tensor::empty(dims, dtype);
         {
             let src = Tensor::scalar(value);
-            let src = src.expand_to(dims).expect("scalar expands anywhere");
+            // a host-side fill: nothing for a tracer to record
+            let src = crate::compile::trace::untraced(|| src.expand_to(dims))
+                .expect("scalar expands anywhere");
             kiln_runtime::convert(src.view(), t.view());
         }
         t

@@ -567,3 +567,15 @@ pub fn tangent_input(t: &Tensor, i: usize) {
         tr.keep.push(t.clone());
     });
 }
+
+/// Runs `f` (host-side work such as filling a new tensor) without recording
+/// the ops it calls.
+pub fn untraced<R>(f: impl FnOnce() -> R) -> R {
+    if !is_tracing() {
+        return f();
+    }
+    with(|t| t.depth += 1);
+    let r = f();
+    with(|t| t.depth -= 1);
+    r
+}
