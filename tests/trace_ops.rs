@@ -104,6 +104,7 @@ fn replay(tr: &Trace, args: &[Tensor]) -> Result<Vec<Tensor>, String> {
             Binding::Arg(i) => args[*i].clone(),
             Binding::Captured(t) => t.clone(),
             Binding::Tangent(_) => return Err("a forward trace has no tangents".into()),
+            Binding::Random(spec) => spec.draw().map_err(|e| e.to_string())?,
         }];
     }
     for (id, node) in g.iter() {
@@ -277,7 +278,7 @@ fn reading_a_traced_value_is_a_graph_break() {
 }
 
 #[test]
-fn random_ops_are_refused() {
+fn random_ops_are_refused_but_dropout_masks_are_inputs() {
     let b = expect_break(trace::trace("f", &[x23()], &[], |a| {
         let r = kiln::random::rand(&[2, 3], None);
         Ok(vec![a[0].add(&r)?])
@@ -302,11 +303,19 @@ fn random_ops_are_refused() {
         Ok(vec![a[0].add(&t)?])
     }));
     assert_eq!(b.op, "uniform_");
+    // Dropout's mask is a random graph input (drawn again on every call),
+    // and the generator is put back after the trace
     let drop = kiln::nn::Dropout::new(0.5).unwrap();
-    let b = expect_break(trace::trace("f", &[x23()], &[], |a| {
-        Ok(vec![drop.forward(&a[0])?])
-    }));
-    assert_eq!(b.op, "dropout");
+    kiln::manual_seed(4);
+    let before = kiln::random::get_rng_state();
+    let (mut t, _) = trace_ok("f", &[x23()], &[], |a| Ok(vec![drop.forward(&a[0])?])).unwrap();
+    assert!(
+        matches!(t.bindings[1], Binding::Random(_)),
+        "{}",
+        t.graph.to_text()
+    );
+    t.undo_side_effects().unwrap();
+    assert_eq!(kiln::random::get_rng_state(), before);
     // in eval mode dropout is the identity and traces
     drop.set_own_training(false);
     let (t, _) = trace_ok("f", &[x23()], &[], |a| Ok(vec![drop.forward(&a[0])?])).unwrap();
@@ -364,7 +373,9 @@ fn captured_parameters_become_named_inputs() {
     for (k, (n, p)) in names.iter().enumerate() {
         match &t.bindings[k + 1] {
             Binding::Captured(c) => assert!(c.is_same(p), "{n} bound to another tensor"),
-            Binding::Arg(_) | Binding::Tangent(_) => panic!("{n} bound to an argument"),
+            Binding::Arg(_) | Binding::Tangent(_) | Binding::Random(_) => {
+                panic!("{n} bound to an argument")
+            }
         }
     }
     let text = g.to_text();

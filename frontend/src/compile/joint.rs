@@ -88,7 +88,7 @@ pub(crate) fn trace_joint(
     let meta_of = |b: &Binding| match b {
         Binding::Arg(i) => leaves[*i].autograd.clone(),
         Binding::Captured(t) => t.autograd.clone(),
-        Binding::Tangent(_) => None,
+        Binding::Tangent(_) | Binding::Random(_) => None,
     };
     let mut grad_of = vec![];
     for m in &metas {

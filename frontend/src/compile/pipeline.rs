@@ -362,38 +362,41 @@ impl Entry {
         Ok(outs)
     }
 
-    fn inputs(&self, args: &[Tensor]) -> (Vec<Tensor>, Vec<u64>) {
+    /// One tensor per graph input (None for a tangent: the backward's) and
+    /// the captured tensors' version counters; random inputs are drawn now.
+    fn bound_inputs(&self, args: &[Tensor]) -> Result<(Vec<Option<Tensor>>, Vec<u64>)> {
         let mut versions = vec![];
         let ins = self
             .bindings
             .iter()
-            .map(|b| match b {
-                Binding::Arg(i) => args[*i].clone(),
-                Binding::Captured(t) => {
-                    versions.push(t.version.get());
-                    t.clone()
-                }
-                Binding::Tangent(_) => unreachable!("only joint graphs have tangents"),
-            })
-            .collect();
-        (ins, versions)
-    }
-
-    fn run_compiled(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        if let Some(plan) = &self.train {
-            let mut versions = vec![];
-            let ins: Vec<Option<Tensor>> = self
-                .bindings
-                .iter()
-                .map(|b| match b {
+            .map(|b| {
+                Ok(match b {
                     Binding::Arg(i) => Some(args[*i].clone()),
                     Binding::Captured(t) => {
                         versions.push(t.version.get());
                         Some(t.clone())
                     }
                     Binding::Tangent(_) => None,
+                    Binding::Random(spec) => Some(spec.draw()?),
                 })
-                .collect();
+            })
+            .collect::<Result<_>>()?;
+        Ok((ins, versions))
+    }
+
+    /// [`Entry::bound_inputs`] of an inference entry (no tangents).
+    fn inputs(&self, args: &[Tensor]) -> Result<(Vec<Tensor>, Vec<u64>)> {
+        let (ins, versions) = self.bound_inputs(args)?;
+        let ins = ins
+            .into_iter()
+            .map(|t| t.expect("only joint graphs have tangents"))
+            .collect();
+        Ok((ins, versions))
+    }
+
+    fn run_compiled(&mut self, args: &[Tensor]) -> Result<Vec<Tensor>> {
+        if let Some(plan) = &self.train {
+            let (ins, versions) = self.bound_inputs(args)?;
             let forward = self.exec.as_ref().expect("compiled entry");
             return plan.run(
                 forward,
@@ -404,7 +407,7 @@ impl Entry {
             );
         }
         let exec = self.exec.as_ref().expect("compiled entry");
-        let (ins, versions) = self.inputs(args);
+        let (ins, versions) = self.inputs(args)?;
         let mut outs = exec.run(&ins, &versions, &mut self.hoist)?;
         let updates = outs.split_off(outs.len() - self.mutated.len());
         write_back(&self.mutated, &ins, &updates)?;
@@ -450,7 +453,15 @@ impl Entry {
         else {
             return Ok(());
         };
-        let (ins, _) = self.inputs(args);
+        // eager's run drew its own random numbers: nothing to compare
+        if self
+            .bindings
+            .iter()
+            .any(|b| matches!(b, Binding::Random(_)))
+        {
+            return Ok(());
+        }
+        let (ins, _) = self.inputs(args)?;
         super::shadow::check(name, traced, exec, &self.origin, &ins, compiled, eager, tol)
     }
 }

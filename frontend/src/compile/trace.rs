@@ -54,6 +54,31 @@ pub enum Binding {
     /// The gradient flowing into the `i`-th differentiable output (joint
     /// forward+backward graphs only; see [`tangent_input`]).
     Tangent(usize),
+    /// Random numbers drawn afresh on every call, from the default generator
+    /// in trace order (Dropout's mask; see [`random_input`]).
+    Random(RandomSpec),
+}
+
+/// What a [`Binding::Random`] input draws.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RandomSpec {
+    /// `bernoulli_mask(dims, p)` as `dtype`: 1 with probability `p`.
+    Bernoulli {
+        dims: Vec<usize>,
+        p: f64,
+        dtype: kiln_ir::DType,
+    },
+}
+
+impl RandomSpec {
+    /// Draws from the default generator (what eager code at this point would).
+    pub fn draw(&self) -> Result<Tensor> {
+        match self {
+            RandomSpec::Bernoulli { dims, p, dtype } => {
+                crate::random::bernoulli_mask(dims, *p, *dtype, None)
+            }
+        }
+    }
 }
 
 /// A finished trace: the graph and what each of its inputs is bound to.
@@ -67,6 +92,8 @@ pub struct Trace {
     /// In-place updates recorded as values (see [`record_mutation`]): the
     /// graph input written and the node holding its new value.
     pub mutations: Vec<(NodeId, NodeId)>,
+    /// The default generator's state before the trace drew random numbers.
+    rng: Option<crate::random::GeneratorState>,
 }
 
 impl Trace {
@@ -76,6 +103,10 @@ impl Trace {
         let _ng = crate::autograd::no_grad();
         for (t, old) in self.restore.drain(..).rev() {
             t.copy_(&old)?;
+        }
+        // the compiled run draws the same numbers again
+        if let Some(s) = self.rng.take() {
+            crate::random::set_rng_state(&s);
         }
         Ok(())
     }
@@ -124,6 +155,7 @@ struct Tracer {
     /// [`inline_decomposition`]), so its primitives recorded instead.
     inlined: Vec<bool>,
     mutations: Vec<(NodeId, NodeId)>,
+    rng: Option<crate::random::GeneratorState>,
 }
 
 thread_local! {
@@ -177,6 +209,7 @@ pub fn trace(
         copies: Default::default(),
         inlined: vec![],
         mutations: vec![],
+        rng: None,
     };
     for (i, a) in args.iter().enumerate() {
         let id = tr.graph.input(format!("x{i}"), a.meta());
@@ -193,23 +226,24 @@ pub fn trace(
         .with(|t| t.borrow_mut().take())
         .expect("tracer installed");
     // a failed trace leaves no side effects: the caller reruns eagerly
-    let undo = |restore: Vec<(Tensor, Tensor)>| {
+    let undo = |restore: Vec<(Tensor, Tensor)>, rng| {
         Trace {
             graph: Graph::new(""),
             bindings: vec![],
             restore,
             mutations: vec![],
+            rng,
         }
         .undo_side_effects()
     };
     if let Some(b) = tr.broken.take() {
-        undo(tr.restore)?;
+        undo(tr.restore, tr.rng)?;
         return Ok(Err(b));
     }
     let outs = match result {
         Ok(o) => o,
         Err(e) => {
-            undo(tr.restore)?;
+            undo(tr.restore, tr.rng)?;
             return Err(e);
         }
     };
@@ -218,7 +252,7 @@ pub fn trace(
         ids.push(tr.value_of(o));
     }
     if let Some(b) = tr.broken.take() {
-        undo(tr.restore)?;
+        undo(tr.restore, tr.rng)?;
         return Ok(Err(b));
     }
     for id in ids {
@@ -230,6 +264,7 @@ pub fn trace(
             bindings: tr.bindings,
             restore: tr.restore,
             mutations: tr.mutations,
+            rng: tr.rng,
         },
         outs,
     )))
@@ -578,4 +613,34 @@ pub fn untraced<R>(f: impl FnOnce() -> R) -> R {
     let r = f();
     with(|t| t.depth -= 1);
     r
+}
+
+/// Draws `spec`'s random numbers; while tracing, the result becomes a graph
+/// input bound to [`Binding::Random`], drawn again on every compiled call
+/// (in trace order, from the default generator, as the eager code would),
+/// and the generator is put back after the trace so the first compiled call
+/// draws what the traced run did.
+pub fn random_input(spec: RandomSpec) -> Result<Tensor> {
+    if !is_recording() {
+        return spec.draw();
+    }
+    with(|t| {
+        if t.rng.is_none() {
+            t.rng = Some(crate::random::get_rng_state());
+        }
+        t.depth += 1;
+    });
+    let r = spec.draw();
+    with(|t| t.depth -= 1);
+    let r = r?;
+    with(|tr| {
+        let id = tr
+            .graph
+            .input(format!("rand{}", tr.bindings.len()), r.meta());
+        tr.bindings.push(Binding::Random(spec));
+        tr.values.insert(key(&r), id);
+        tr.graph_storages.insert(storage_of(&r));
+        tr.keep.push(r.clone());
+    });
+    Ok(r)
 }

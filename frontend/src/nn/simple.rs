@@ -111,11 +111,13 @@ impl Module for Dropout {
         if self.p == 1.0 {
             return x.binary_scalar(kiln_ir::BinaryOp::Mul, 0.0, false);
         }
-        crate::compile::trace::unsupported(
-            "dropout",
-            "draws random numbers in training mode, which a traced graph cannot express yet",
-        )?;
-        let keep = crate::random::bernoulli_mask(x.dims(), 1.0 - self.p, x.dtype(), None)?;
+        // a graph input drawn afresh on every compiled call
+        let keep =
+            crate::compile::trace::random_input(crate::compile::trace::RandomSpec::Bernoulli {
+                dims: x.dims().to_vec(),
+                p: 1.0 - self.p,
+                dtype: x.dtype(),
+            })?;
         x.mul(&keep)?
             .binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p), false)
     }
