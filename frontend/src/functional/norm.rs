@@ -138,11 +138,12 @@ fn batch_norm_eager(
     let grad = crate::autograd::needs_grad(&ins(&[Some(x), weight, bias]));
     // a traced gradient comes from the primitives: they record, not batch_norm
     let _inline = grad.then(trace::inline_decomposition);
-    let (y, running) = if grad && training {
-        // the forward as primitives without autograd, then one node whose
-        // backward is the closed form over the batch stats (two reductions)
+    let (y, running) = if grad {
+        // training: the forward as primitives without autograd, then one
+        // node whose backward is the closed form over the batch stats (two
+        // reductions); eval: autograd through the primitives
         let r = {
-            let _ng = crate::autograd::no_grad();
+            let _ng = training.then(crate::autograd::no_grad);
             decompose::batch_norm(
                 &mut TensorBuilder,
                 x,
@@ -155,22 +156,11 @@ fn batch_norm_eager(
                 eps,
             )?
         };
-        let (mean, rstd) = r.batch.expect("training keeps the batch stats");
-        let y = rules::batch_norm_train(x, weight, bias, &mean, &rstd, r.y)?;
-        (y, r.running)
-    } else if grad {
-        let r = decompose::batch_norm(
-            &mut TensorBuilder,
-            x,
-            running_mean,
-            running_var,
-            weight,
-            bias,
-            training,
-            momentum,
-            eps,
-        )?;
-        (r.y, r.running.map(|(m, v)| (m.detach(), v.detach())))
+        let y = match &r.batch {
+            Some((mean, rstd)) => rules::batch_norm_train(x, weight, bias, mean, rstd, r.y)?,
+            None => r.y,
+        };
+        (y, r.running.map(|(m, v)| (m.detach(), v.detach())))
     } else {
         let (rm, rv, w, b) = (
             lazy(running_mean),
