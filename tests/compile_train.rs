@@ -257,33 +257,14 @@ fn eager_layers_before_and_after_a_compiled_module_get_their_gradients() {
     let mixed = b1.forward(&mid).unwrap();
     eager.sum(None, false).unwrap().backward().unwrap();
     mixed.sum(None, false).unwrap().backward().unwrap();
-    for (e, c) in [(&a0, &a1)]
-        .iter()
-        .flat_map(|(e, c)| e.parameters().into_iter().zip(c.parameters()))
-    {
-        assert_close(
-            "eager layer before",
-            &c.grad().unwrap(),
-            &e.grad().unwrap(),
-            1e-5,
-        );
-    }
-    for (e, c) in m0.parameters().iter().zip(m1.parameters()) {
-        assert_close(
-            "compiled module",
-            &c.grad().unwrap(),
-            &e.grad().unwrap(),
-            1e-5,
-        );
-    }
-    for (e, c) in b0.parameters().iter().zip(b1.parameters()) {
-        assert_close(
-            "eager layer after",
-            &c.grad().unwrap(),
-            &e.grad().unwrap(),
-            1e-5,
-        );
-    }
+    let same_grads = |what: &str, eager: Vec<Tensor>, mixed: Vec<Tensor>| {
+        for (e, c) in eager.iter().zip(&mixed) {
+            assert_close(what, &c.grad().unwrap(), &e.grad().unwrap(), 1e-5);
+        }
+    };
+    same_grads("eager layer before", a0.parameters(), a1.parameters());
+    same_grads("compiled module", m0.parameters(), m1.parameters());
+    same_grads("eager layer after", b0.parameters(), b1.parameters());
 }
 
 #[test]
