@@ -39,6 +39,7 @@
 
 mod online;
 pub mod scalar;
+pub mod shim;
 
 use crate::interp::{eval_value, reduce_identity, validate, Leaf};
 use crate::kernel::{Inner, Instr, Kernel, ValueId};
