@@ -20,8 +20,9 @@ pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;
 pub use kiln_frontend::random::manual_seed;
 pub use kiln_frontend::{data, random, serialize};
-pub use kiln_frontend::{DType, Element, Error, Result, Scalar, Tensor};
+pub use kiln_frontend::{host_fallbacks, DType, Device, Element, Error, Result, Scalar, Tensor};
 pub use kiln_passes::{ClassLossOpts, Reduction};
+pub use kiln_runtime::cuda;
 
 /// The IR vocabulary (dtypes, shapes, ops, op parameters).
 pub use kiln_ir as ir;

@@ -4,6 +4,7 @@ pub mod amp;
 pub mod autograd;
 pub mod compile;
 pub mod data;
+mod device;
 pub mod functional;
 pub mod nn;
 pub mod ops;
@@ -13,6 +14,8 @@ pub mod serialize;
 mod tensor;
 pub mod warnings;
 
+pub use device::host_fallbacks;
 pub use kiln_ir::{DType, Error, Result};
+pub use kiln_runtime::Device;
 pub use ops::pointwise::Scalar;
 pub use tensor::{Element, Tensor};

@@ -196,6 +196,9 @@ impl Tensor {
                 T::DTYPE
             );
         }
+        if self.device().is_cuda() {
+            return self.on_host()?.to_vec();
+        }
         // not `contiguous()`: a host read is no op of the traced function
         let c = if self.is_contiguous() {
             self.clone()
@@ -225,7 +228,8 @@ impl Tensor {
     /// recorded (for reads while tracing).
     fn host_copy(&self, dtype: DType) -> Tensor {
         let out = Tensor::empty(self.dims(), dtype);
-        kiln_runtime::convert(self.view(), out.view());
+        let src = self.on_host().expect("a copy to the host");
+        kiln_runtime::convert(src.view(), out.view());
         out
     }
 
@@ -257,6 +261,7 @@ impl Tensor {
         } else {
             self.contiguous().expect("contiguous copy")
         };
+        let c = c.on_host().expect("a copy to the host");
         let sz = c.dtype().size();
         let b = unsafe { c.storage.bytes() };
         b[c.layout.offset * sz..(c.layout.offset + c.numel()) * sz].to_vec()
@@ -269,7 +274,7 @@ impl Tensor {
     }
 
     fn copy_eager(&self) -> Result<Tensor> {
-        let out = Tensor::empty(self.dims(), self.dtype());
+        let out = Tensor::empty_on(self.dims(), self.dtype(), self.device())?;
         crate::ops::pointwise::copy_into(self, &out)?;
         crate::autograd::rules::view::view("clone", self, out, |g, _| Ok(g.clone()))
     }

@@ -93,6 +93,15 @@ pub fn record_kernels<R>(f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
     (out, got)
 }
 
+/// Adds `k` (as specialised for launch) to this thread's [`record_kernels`].
+pub(crate) fn note_launched(k: &Kernel) {
+    RECORDING.with(|r| {
+        if let Some(v) = r.borrow_mut().as_mut() {
+            v.push(k.clone())
+        }
+    });
+}
+
 /// Whether `KILN_LOG` (comma-separated stages, as `TORCH_LOGS`) names `what`.
 pub fn log_enabled(what: &str) -> bool {
     static LOG: OnceLock<String> = OnceLock::new();
@@ -213,6 +222,10 @@ const PARALLEL_MIN: usize = 1 << 15;
 /// filled in here) over `views`, which all have the loop dims (the leading
 /// [`Kernel::outputs`] are the outputs; a reduction's has stride 0 along the last dim).
 pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
+    let dev = crate::cuda::launch::launch_device(&template.name, views)?;
+    if dev.is_cuda() {
+        return crate::cuda::launch::launch(dev, template, views, scalars);
+    }
     // f16/bf16 operands: kernels never see them; widen inputs, narrow the output.
     if views.iter().any(|v| v.dtype().is_half()) {
         return launch_widened(template, views, scalars);
@@ -234,11 +247,7 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     for (op, s) in k.operands.iter_mut().zip(&cs) {
         op.inner = Inner::of_stride(*s.last().unwrap());
     }
-    RECORDING.with(|r| {
-        if let Some(v) = r.borrow_mut().as_mut() {
-            v.push(k.clone())
-        }
-    });
+    note_launched(&k);
     let f = compiled(&k)?;
     let ptrs = SendPtrs(
         views
@@ -349,7 +358,8 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
     Ok(())
 }
 
-/// Host-side elementwise conversion between any two dtypes, with
+/// Host-side elementwise conversion between any two dtypes (CPU storages
+/// only: on a device a conversion is a kernel like any other), with
 /// round-to-nearest-even into f16/bf16 (crate `half`). Views must have equal dims
 /// (broadcast strides in `src` are fine; a reduced output view is written once per element).
 pub fn convert(src: View, dst: View) {

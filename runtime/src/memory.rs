@@ -12,10 +12,10 @@
 //!   4 KiB grain) plus the buffers cached by the caching allocator;
 //! * **cached**: the caching allocator's free buffers (`reserved - live buffers`).
 //!
-//! The free functions report on the default device ([`Device::Cpu`], the only
-//! one today), like PyTorch's `device=None`; `Device::Cpu.memory_stats()`
-//! and friends name the device explicitly, so a CUDA device slots in as
-//! another variant with its own counters.
+//! The free functions report on the default device ([`Device::Cpu`]), like
+//! PyTorch's `device=None`; `Device::Cuda(0).memory_stats()` and friends name
+//! the device explicitly (each CUDA device has its own counters; its caching
+//! is the driver's stream-ordered memory pool, so `cached` is 0 there).
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,12 +25,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub enum Device {
     #[default]
     Cpu,
+    /// A CUDA device by ordinal (at most [`MAX_CUDA_DEVICES`]); see [`crate::cuda`].
+    Cuda(u8),
+}
+
+/// CUDA ordinals kiln accounts for.
+pub const MAX_CUDA_DEVICES: usize = 8;
+
+impl Device {
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
 }
 
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
         }
     }
 }
@@ -116,11 +128,14 @@ impl Counters {
 }
 
 static CPU: Counters = Counters::new();
+static CUDA: [Counters; MAX_CUDA_DEVICES] = [const { Counters::new() }; MAX_CUDA_DEVICES];
 
 /// The counters of `device`.
 pub(crate) fn counters(device: Device) -> &'static Counters {
     match device {
         Device::Cpu => &CPU,
+        // ordinals past the last are refused when the device is opened
+        Device::Cuda(n) => &CUDA[n as usize % MAX_CUDA_DEVICES],
     }
 }
 
@@ -149,6 +164,7 @@ impl Device {
     pub fn memory_cached(self) -> usize {
         match self {
             Device::Cpu => crate::storage::pool_state().0,
+            Device::Cuda(_) => 0,
         }
     }
 
@@ -162,6 +178,7 @@ impl Device {
         let c = counters(self);
         let (cached, cached_blocks) = match self {
             Device::Cpu => crate::storage::pool_state(),
+            Device::Cuda(_) => (0, vec![]),
         };
         let allocated = c.live.load(Ordering::Relaxed);
         MemoryStats {

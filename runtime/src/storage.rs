@@ -1,7 +1,8 @@
-//! CPU storage: one dtype, a byte buffer, shared by every view of it.
+//! Storage: one dtype, a byte buffer on one device, shared by every view of it.
 
+use crate::cuda::Buffer;
 use crate::memory::{counters, Device};
-use kiln_ir::DType;
+use kiln_ir::{DType, Result};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -86,11 +87,14 @@ fn give_back(v: Vec<u128>) {
 ///
 /// Tensors share it through `Arc<Storage>`; views alias it. Writes go through raw
 /// pointers (kernels, in-place ops), so the frontend is responsible for ordering,
-/// exactly as a PyTorch storage is.
+/// exactly as a PyTorch storage is. CPU storages live in host memory; CUDA
+/// storages in device memory ([`crate::cuda::Buffer`]), which host code never
+/// reads: [`Storage::ptr`] on one panics, [`Storage::to_device`] copies.
 pub struct Storage {
     dtype: DType,
     len: usize,
     data: UnsafeCell<Vec<u128>>,
+    cuda: Option<(u8, Buffer)>,
 }
 
 // Safety: kernels write disjoint regions; aliasing rules are the frontend's
@@ -127,7 +131,79 @@ impl Storage {
             dtype,
             len,
             data: UnsafeCell::new(data),
+            cuda: None,
         }
+    }
+
+    /// Zero-filled storage on `device`.
+    pub fn zeros_on(device: Device, dtype: DType, len: usize) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::zeros(dtype, len)),
+            Device::Cuda(n) => {
+                let buf = crate::cuda::gpu(n)?.alloc(len * dtype.size())?;
+                counters(device).on_alloc(len * dtype.size(), buf.bytes);
+                Ok(Storage {
+                    dtype,
+                    len,
+                    data: UnsafeCell::new(vec![]),
+                    cuda: Some((n, buf)),
+                })
+            }
+        }
+    }
+
+    /// Storage on `device` whose contents are unspecified (see [`Storage::empty`]).
+    pub fn empty_on(device: Device, dtype: DType, len: usize) -> Result<Storage> {
+        match device {
+            Device::Cpu => Ok(Storage::empty(dtype, len)),
+            // device memory is zeroed by the allocation (one memset, stream-ordered)
+            Device::Cuda(_) => Storage::zeros_on(device, dtype, len),
+        }
+    }
+
+    pub fn device(&self) -> Device {
+        match &self.cuda {
+            None => Device::Cpu,
+            Some((n, _)) => Device::Cuda(*n),
+        }
+    }
+
+    /// The address kernels on this storage's device use (a device address on CUDA).
+    pub fn device_ptr(&self) -> u64 {
+        match &self.cuda {
+            None => self.ptr() as u64,
+            Some((_, b)) => b.ptr,
+        }
+    }
+
+    /// A copy of the whole storage on `device`.
+    pub fn to_device(&self, device: Device) -> Result<Storage> {
+        let out = Storage::empty_on(device, self.dtype, self.len)?;
+        let n = self.nbytes();
+        match (&self.cuda, &out.cuda) {
+            // SAFETY: both host buffers hold `n` bytes.
+            (None, None) => unsafe { std::ptr::copy_nonoverlapping(self.ptr(), out.ptr(), n) },
+            (None, Some((d, b))) => {
+                // SAFETY: no kernel writes a host storage while it is copied.
+                let src = unsafe { self.bytes() };
+                crate::cuda::gpu(*d)?.copy_to_device(src, b.ptr)?;
+            }
+            (Some((d, b)), None) => {
+                // SAFETY: the fresh host buffer is ours alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr(), n) };
+                crate::cuda::gpu(*d)?.copy_to_host(b.ptr, dst)?;
+            }
+            (Some((d, b)), Some((e, c))) if d == e => {
+                crate::cuda::gpu(*d)?.copy_on_device(b.ptr, c.ptr, n)?;
+            }
+            (Some((d, b)), Some((e, c))) => {
+                // between devices, through the host
+                let mut tmp = vec![0u8; n];
+                crate::cuda::gpu(*d)?.copy_to_host(b.ptr, &mut tmp)?;
+                crate::cuda::gpu(*e)?.copy_to_device(&tmp, c.ptr)?;
+            }
+        }
+        Ok(out)
     }
 
     /// Storage holding a copy of `bytes` (little-endian elements of `dtype`).
@@ -157,8 +233,16 @@ impl Storage {
         self.len * self.dtype.size()
     }
 
-    /// Base pointer of the buffer.
+    /// Base pointer of the host buffer. Panics on a CUDA storage: host code
+    /// reading device memory is a bug to catch here, not a wild read later.
     pub fn ptr(&self) -> *mut u8 {
+        if let Some((n, _)) = &self.cuda {
+            panic!(
+                "host access to cuda:{n} memory ({} x {}): copy it to the CPU first \
+                 (Tensor::to_device(Device::Cpu))",
+                self.dtype, self.len
+            );
+        }
         // Safety: only the pointer is taken; no reference to the Vec escapes.
         unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 }
     }
@@ -193,6 +277,10 @@ impl Storage {
 
 impl Drop for Storage {
     fn drop(&mut self) {
+        if let Some((_, b)) = &self.cuda {
+            counters(self.device()).on_free(self.nbytes(), b.bytes);
+            return;
+        }
         let buffer_bytes = self.data.get_mut().len() * 16;
         counters(Device::Cpu).on_free(self.nbytes(), buffer_bytes);
         give_back(std::mem::take(self.data.get_mut()));
@@ -201,7 +289,13 @@ impl Drop for Storage {
 
 impl std::fmt::Debug for Storage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Storage({} x {})", self.dtype, self.len)
+        write!(
+            f,
+            "Storage({} x {} on {})",
+            self.dtype,
+            self.len,
+            self.device()
+        )
     }
 }
 

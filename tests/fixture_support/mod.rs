@@ -82,10 +82,19 @@ impl Fixtures {
 
     /// The case's inputs, each through its `input_view` expression when given.
     pub fn inputs(&self, c: &Case) -> Result<Vec<Tensor>, String> {
+        self.inputs_on(c, kiln::Device::Cpu)
+    }
+
+    /// The inputs with their stored tensors on `device` (views are taken
+    /// there, so a strided input stays strided).
+    pub fn inputs_on(&self, c: &Case, device: kiln::Device) -> Result<Vec<Tensor>, String> {
         let stored = c
             .inputs
             .iter()
-            .map(|n| self.tensor(c, n))
+            .map(|n| {
+                self.tensor(c, n)
+                    .and_then(|t| t.to_device(device).map_err(|e| e.to_string()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         (0..stored.len())
             .map(|k| match c.input_view.get(&format!("in{k}")) {

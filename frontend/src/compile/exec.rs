@@ -317,7 +317,9 @@ impl Executable {
             NodeOp::Const(c) => {
                 let n = c.meta.dims.iter().product::<usize>();
                 let vals: Vec<f64> = (0..n).map(|k| c.value(k)).collect();
-                let t = Tensor::from_vec(vals, &c.meta.dims)?.to_dtype(c.meta.dtype)?;
+                let t = Tensor::from_vec(vals, &c.meta.dims)?
+                    .to_dtype(c.meta.dtype)?
+                    .to_device(crate::device::device_of(inputs))?;
                 Lazy::tensor(&t)
             }
             NodeOp::Project(k) => match &vals[node.operands[0].index()] {

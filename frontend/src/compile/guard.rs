@@ -4,13 +4,16 @@
 use crate::Tensor;
 use kiln_ir::shape::{fmt_dims, Dims};
 use kiln_ir::DType;
+use kiln_runtime::Device;
 use std::fmt;
 
 /// The facts a compiled entry was specialised for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Guards {
-    /// Per argument: dtype, shape, requires_grad (all on the CPU device).
+    /// Per argument: dtype, shape, requires_grad.
     pub args: Vec<(DType, Dims, bool)>,
+    /// Per argument: its device (a graph's kernels run where its inputs are).
+    pub devices: Vec<Device>,
     /// The module's train/eval mode.
     pub training: bool,
     /// Autograd would record this call (compiled backward is not used yet).
@@ -50,6 +53,11 @@ pub enum RecompileReason {
     Training {
         expected: bool,
         actual: bool,
+    },
+    Device {
+        input: usize,
+        expected: Device,
+        actual: Device,
     },
 }
 
@@ -110,6 +118,11 @@ impl fmt::Display for RecompileReason {
                 f,
                 "module mode changed: expected training={expected}, got training={actual}"
             ),
+            Device {
+                input,
+                expected,
+                actual,
+            } => write!(f, "input {input}: expected device {expected}, got {actual}"),
         }
     }
 }
@@ -121,6 +134,7 @@ impl Guards {
                 .iter()
                 .map(|a| (a.dtype(), a.dims_vec(), a.requires_grad()))
                 .collect(),
+            devices: args.iter().map(Tensor::device).collect(),
             training,
             needs_grad,
         }
@@ -147,6 +161,15 @@ impl Guards {
                 && a.1.len() == b.1.len()
                 && a.1[1.min(a.1.len())..] == b.1[1.min(b.1.len())..]
         });
+        for (input, (e, a)) in self.devices.iter().zip(&actual.devices).enumerate() {
+            if e != a {
+                return Device {
+                    input,
+                    expected: *e,
+                    actual: *a,
+                };
+            }
+        }
         for (input, (e, a)) in self.args.iter().zip(&actual.args).enumerate() {
             if e.0 != a.0 {
                 return DType {

@@ -23,6 +23,11 @@ pub fn conv2d_weight_grad(
         kernel,
     };
     trace::record(op, &[x, grad], || {
+        if let Some(r) = crate::device::via_host("conv2d_weight_grad", &[x, grad], |h| {
+            conv2d_weight_grad(&h[0], &h[1], params, kernel)
+        }) {
+            return r;
+        }
         let _p = op_scope("conv2d_weight_grad", &[x, grad]);
         trace::check_launch("conv2d_weight_grad", &[x, grad])?;
         let dt = float_dtype("conv2d_weight_grad", &[x, grad])?;

@@ -12,6 +12,7 @@ pub use norm::*;
 use crate::amp::{self, Policy};
 use crate::autograd::rules::nn as rules;
 use crate::compile::trace;
+use crate::device::via_host;
 use crate::Tensor;
 use kiln_ir::op::conv::{self, ConvParams, ConvTransposeParams};
 use kiln_ir::op::pool::{self, Pool2dGeometry, Pool2dParams};
@@ -124,6 +125,9 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 fn matmul_eager(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if let Some(r) = via_host("matmul", &[a, b], |h| matmul_eager(&h[0], &h[1])) {
+        return r;
+    }
     let _p = op_scope("matmul", &[a, b]);
     trace::check_launch("matmul", &[a, b])?;
     let dt = float_dtype("matmul", &[a, b])?;
@@ -234,6 +238,11 @@ fn conv_eager(
     bias: Option<&Tensor>,
     p: &ConvParams,
 ) -> Result<Tensor> {
+    if let Some(r) = via_host(op, &ins(&[Some(x), Some(w), bias]), |h| {
+        conv_eager(op, &h[0], &h[1], h.get(2), p)
+    }) {
+        return r;
+    }
     let _p = op_scope(op, &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
@@ -318,6 +327,11 @@ fn conv_transpose2d_eager(
     bias: Option<&Tensor>,
     p: &ConvTransposeParams,
 ) -> Result<Tensor> {
+    if let Some(r) = via_host("conv_transpose2d", &ins(&[Some(x), Some(w), bias]), |h| {
+        conv_transpose2d_eager(&h[0], &h[1], h.get(2), p)
+    }) {
+        return r;
+    }
     let _p = op_scope("conv_transpose2d", &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
@@ -350,8 +364,11 @@ fn pool_with_indices(
     op: &'static str,
     x: &Tensor,
     g: &Pool2dGeometry,
-    run: impl Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
+    run: &dyn Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
 ) -> Result<(Tensor, Tensor)> {
+    if let Some(r) = via_host(op, &[x], |h| pool_with_indices(op, &h[0], g, run)) {
+        return r;
+    }
     let _p = op_scope(op, &[x]);
     trace::check_launch(op, &[x])?;
     let dt = float_dtype(op, &[x])?;
@@ -379,7 +396,7 @@ pub fn max_pool2d(x: &Tensor, p: &Pool2dParams) -> Result<(Tensor, Tensor)> {
                 "max_pool2d",
                 x,
                 &g,
-                |g, xc, out, idx, dt| unsafe {
+                &|g, xc: &Tensor, out: &Tensor, idx: &Tensor, dt| unsafe {
                     dispatch_float!(dt, T => externs::pool::max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
                 },
             ))
@@ -409,7 +426,7 @@ pub fn adaptive_max_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<(Tenso
             "adaptive_max_pool2d",
             x,
             &g,
-            |g, xc, out, idx, dt| unsafe {
+            &|g, xc: &Tensor, out: &Tensor, idx: &Tensor, dt| unsafe {
                 dispatch_float!(dt, T => externs::pool::adaptive_max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
             },
         ))
@@ -444,6 +461,11 @@ fn avg_pool2d_eager(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
+    if let Some(r) = via_host("avg_pool2d", &[x], |h| {
+        avg_pool2d_eager(&h[0], p, count_include_pad, divisor_override)
+    }) {
+        return r;
+    }
     let _p = op_scope("avg_pool2d", &[x]);
     trace::check_launch("avg_pool2d", &[x])?;
     let dt = float_dtype("avg_pool2d", &[x])?;
@@ -471,6 +493,11 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor
 }
 
 fn adaptive_avg_pool2d_eager(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
+    if let Some(r) = via_host("adaptive_avg_pool2d", &[x], |h| {
+        adaptive_avg_pool2d_eager(&h[0], output_size)
+    }) {
+        return r;
+    }
     let _p = op_scope("adaptive_avg_pool2d", &[x]);
     trace::check_launch("adaptive_avg_pool2d", &[x])?;
     let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
@@ -499,6 +526,11 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
 }
 
 fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
+    if let Some(r) = via_host("embedding", &[indices, weight], |h| {
+        embedding_eager(&h[0], &h[1], padding_idx)
+    }) {
+        return r;
+    }
     let _p = op_scope("embedding", &[indices, weight]);
     trace::check_launch("embedding", &[indices, weight])?;
     let shape = emb::embedding_shape(weight.dims(), indices.dims(), indices.dtype())?;

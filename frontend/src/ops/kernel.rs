@@ -96,6 +96,11 @@ impl KernelCall {
         self.b.instrs[v].1
     }
 
+    /// Where the result goes: the inputs' device.
+    fn device(&self) -> kiln_runtime::Device {
+        crate::device::device_of(self.inputs.iter().chain(&self.outs))
+    }
+
     /// The tracer's safety net: a launch on a traced value outside any
     /// recording op would bake that value into the graph as a constant.
     fn check_launch(&self, name: &str) -> Result<()> {
@@ -213,7 +218,7 @@ impl KernelCall {
         dims: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
-        let out = Tensor::empty(dims, dtype);
+        let out = Tensor::empty_on(dims, dtype, self.device())?;
         self.store_into(name, value, &out)?;
         Ok(out)
     }
@@ -254,7 +259,7 @@ impl KernelCall {
             debug_assert!(!out_dtype.is_half());
             out_dims.push(res.len());
         }
-        let out = Tensor::empty(&out_dims, out_dtype);
+        let out = Tensor::empty_on(&out_dims, out_dtype, self.device())?;
         let mut out_layout = out.layout().clone();
         out_layout.dims.truncate(kept.len());
         out_layout.strides.truncate(kept.len());

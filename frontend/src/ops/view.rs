@@ -284,7 +284,11 @@ impl Tensor {
             dims[d] += t.dims()[d];
             dtype = promote_types(dtype, t.dtype());
         }
-        let out = Tensor::empty(&dims, dtype);
+        let out = Tensor::empty_on(
+            &dims,
+            dtype,
+            crate::device::device_of(tensors.iter().copied()),
+        )?;
         let mut at = 0;
         for t in tensors {
             let n = t.dims()[d];
@@ -350,7 +354,7 @@ impl Tensor {
                 );
             }
         }
-        let out = Tensor::empty(&dims, self.dtype());
+        let out = Tensor::empty_on(&dims, self.dtype(), self.device())?;
         let x = self.detach();
         for (j, &i) in idx.iter().enumerate() {
             let i = if i < 0 { i + n } else { i };
@@ -372,6 +376,11 @@ impl Tensor {
     }
 
     fn gather_eager(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
+        if let Some(r) =
+            crate::device::via_host("gather", &[self, index], |h| h[0].gather_eager(dim, &h[1]))
+        {
+            return r;
+        }
         let d = norm_dim("gather", dim, self.rank())?;
         if index.rank() != self.rank() || index.dtype() != DType::I64 {
             bail!(

@@ -1,24 +1,144 @@
-//! The CUDA device, opened without ever panicking.
+//! CUDA devices: opening one without ever panicking, its memory, its kernels.
 //!
-//! `cudarc` loads libcuda and libnvrtc at run time and panics when a library
-//! is missing, so [`cuda_device`] checks that each library can be loaded
-//! before touching it. A machine without the driver, without a device, or
-//! without NVRTC gets an ordinary [`Error`] that says which is missing.
+//! Two implementations of [`Gpu`] stand behind `Device::Cuda(n)`:
+//!
+//! - [`driver::DriverGpu`]: a real NVIDIA device through `cudarc` (libcuda and
+//!   NVRTC loaded at run time; kernels compiled to CUBIN and cached by
+//!   [`nvrtc`]);
+//! - [`emulator::Emulator`]: the same CUDA C run on the CPU through the C++
+//!   shim of `kiln_codegen::cuda::shim`; its "device memory" is host buffers
+//!   that only kernels and copies touch (host code reading it is a panic, as
+//!   on a real device it would be a wild read).
+//!
+//! Tests and CI open the emulator ([`use_emulator`] before the first use, or
+//! `KILN_CUDA=emulator`), so the whole device path — allocation, copies, and
+//! launches of generated CUDA C with a grid and a block — runs on machines
+//! without a GPU. `cudarc` panics when it cannot load a library, so
+//! [`open_driver`] checks for each library first: a machine without the
+//! driver, a device or NVRTC gets an ordinary [`Error`] that says which.
 
-use kiln_ir::Error;
-use std::sync::Arc;
+pub mod driver;
+pub mod emulator;
+pub mod launch;
 
-/// An opened CUDA device: its context and compute capability (for the kernel cache key).
+use crate::memory::{Device, MAX_CUDA_DEVICES};
+use kiln_codegen::Kernel;
+use kiln_ir::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Device memory: a base address the device understands plus what frees it.
+pub struct Buffer {
+    /// Device address (on the emulator, a host address only kernels use).
+    pub ptr: u64,
+    pub bytes: usize,
+    pub(crate) owner: BufferOwner,
+}
+
+pub(crate) enum BufferOwner {
+    Driver(Arc<driver::DriverGpu>),
+    Host(#[allow(dead_code)] Vec<u128>),
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let BufferOwner::Driver(g) = &self.owner {
+            g.free(self.ptr);
+        }
+    }
+}
+
+/// The arguments of one launch, in the kernel's ABI (see `kiln_codegen::cuda`):
+/// operand addresses (already offset), loop sizes, strides operand-major, scalar bits.
 #[derive(Debug, Clone)]
-pub struct CudaDevice {
-    pub ordinal: usize,
-    pub ctx: Arc<cudarc::driver::CudaContext>,
-    /// (major, minor), e.g. (9, 0) on an H200.
-    pub compute_capability: (i32, i32),
+pub struct LaunchArgs {
+    pub ptrs: Vec<u64>,
+    pub sizes: Vec<i64>,
+    pub strides: Vec<i64>,
+    pub scalars: Vec<u64>,
+    pub start: i64,
+    pub end: i64,
+    pub grid: u32,
+    pub block: u32,
+}
+
+/// What kiln needs from a CUDA device. All work is ordered on one stream per
+/// device; copies to the host wait for it.
+pub trait Gpu: Send + Sync {
+    /// For messages: "NVIDIA H200 (sm_90)", "CPU emulator (C++ shim)".
+    fn describe(&self) -> String;
+    /// Zero-filled memory.
+    fn alloc(&self, bytes: usize) -> Result<Buffer>;
+    fn copy_to_device(&self, src: &[u8], dst: u64) -> Result<()>;
+    fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<()>;
+    fn copy_on_device(&self, src: u64, dst: u64, bytes: usize) -> Result<()>;
+    /// Compiles `k` (cached) and launches it.
+    fn launch(&self, k: &Kernel, args: &LaunchArgs) -> Result<()>;
+    fn synchronize(&self) -> Result<()>;
+    /// Compiles kernels ahead of their launches (the emulator batches them
+    /// into one `c++` run per core); the driver compiles on first launch.
+    fn prepare(&self, _kernels: &[Kernel]) -> Result<()> {
+        Ok(())
+    }
+}
+
+static EMULATE: AtomicBool = AtomicBool::new(false);
+type Slot = Option<Arc<dyn Gpu>>;
+static DEVICES: Mutex<[Slot; MAX_CUDA_DEVICES]> = Mutex::new([const { None }; MAX_CUDA_DEVICES]);
+
+/// Makes every CUDA device opened from now on the CPU emulator.
+pub fn use_emulator() {
+    EMULATE.store(true, Ordering::Relaxed);
+}
+
+fn emulating() -> bool {
+    EMULATE.load(Ordering::Relaxed) || std::env::var("KILN_CUDA").as_deref() == Ok("emulator")
 }
 
 fn err(msg: String) -> Error {
     Error::op("cuda", msg)
+}
+
+/// The opened device `ordinal` (opening it on first use).
+pub fn gpu(ordinal: u8) -> Result<Arc<dyn Gpu>> {
+    let i = ordinal as usize;
+    if i >= MAX_CUDA_DEVICES {
+        return Err(err(format!(
+            "device cuda:{ordinal} unavailable: kiln supports ordinals below {MAX_CUDA_DEVICES}"
+        )));
+    }
+    let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = &d[i] {
+        return Ok(g.clone());
+    }
+    let g: Arc<dyn Gpu> = if emulating() {
+        Arc::new(emulator::Emulator::new(ordinal)?)
+    } else {
+        open_driver(ordinal)?
+    };
+    d[i] = Some(g.clone());
+    Ok(g)
+}
+
+impl Device {
+    /// CUDA device `ordinal`, opened now so that a machine without one gets a
+    /// clear error here rather than at the first op.
+    ///
+    /// ```
+    /// use kiln_runtime::Device;
+    /// match Device::cuda(0) {
+    ///     Ok(d) => assert_eq!(d.to_string(), "cuda:0"),
+    ///     Err(e) => assert!(e.to_string().starts_with("cuda: device cuda:0")),
+    /// }
+    /// ```
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        let o = u8::try_from(ordinal).map_err(|_| {
+            err(format!(
+                "device cuda:{ordinal} unavailable: ordinal out of range"
+            ))
+        })?;
+        gpu(o).map(|_| Device::Cuda(o))
+    }
 }
 
 /// Whether the CUDA driver library (libcuda) can be loaded.
@@ -33,8 +153,8 @@ pub fn nvrtc_present() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Opens CUDA device `ordinal`, or says what is missing.
-pub fn cuda_device(ordinal: usize) -> Result<CudaDevice, Error> {
+/// Opens a real device `ordinal`, or says what is missing.
+pub fn open_driver(ordinal: u8) -> Result<Arc<driver::DriverGpu>> {
     if !driver_present() {
         return Err(err(format!(
             "device cuda:{ordinal} unavailable: the CUDA driver library (libcuda.so) \
@@ -43,7 +163,7 @@ pub fn cuda_device(ordinal: usize) -> Result<CudaDevice, Error> {
     }
     // `cudarc` ≥ 0.19 initialises the driver here; with a driver but no device it returns
     // CUDA_ERROR_NO_DEVICE (or INVALID_DEVICE for an ordinal past the last device).
-    let ctx = cudarc::driver::CudaContext::new(ordinal)
+    let ctx = cudarc::driver::CudaContext::new(ordinal as usize)
         .map_err(|e| err(format!("device cuda:{ordinal} unavailable: {e:?}")))?;
     if !nvrtc_present() {
         return Err(err(format!(
@@ -51,14 +171,7 @@ pub fn cuda_device(ordinal: usize) -> Result<CudaDevice, Error> {
              compiled; install nvidia-cuda-nvrtc or put the CUDA toolkit's lib64 on LD_LIBRARY_PATH"
         )));
     }
-    let compute_capability = ctx
-        .compute_capability()
-        .map_err(|e| err(format!("device cuda:{ordinal}: {e:?}")))?;
-    Ok(CudaDevice {
-        ordinal,
-        ctx,
-        compute_capability,
-    })
+    driver::DriverGpu::new(ordinal, ctx)
 }
 
 #[cfg(test)]
@@ -66,8 +179,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cuda_device_is_an_error_or_a_device_never_a_panic() {
-        match cuda_device(0) {
+    fn a_real_device_is_an_error_or_a_device_never_a_panic() {
+        match open_driver(0) {
             Ok(d) => assert!(d.compute_capability.0 >= 1),
             Err(e) => {
                 let m = e.to_string();
@@ -79,7 +192,11 @@ mod tests {
         }
         // An ordinal no machine has is always an error.
         if driver_present() {
-            assert!(cuda_device(1 << 20).is_err());
+            assert!(open_driver(200).is_err());
         }
+        assert!(gpu(200)
+            .unwrap_err()
+            .to_string()
+            .contains("ordinals below 8"));
     }
 }

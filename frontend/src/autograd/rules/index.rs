@@ -65,7 +65,9 @@ fn scatter_add_loop(dims: &[usize], dim: usize, index: &Tensor, src: &Tensor) ->
             pos[k] = 0;
         }
     }
-    Tensor::from_vec(out, dims)?.to_dtype(src.dtype())
+    Tensor::from_vec(out, dims)?
+        .to_dtype(src.dtype())?
+        .to_device(src.device())
 }
 
 /// [`scatter_add`] when `src` (and `index`) have extent 1 along `dim` and
@@ -77,7 +79,8 @@ fn one_hot_scatter(dims: &[usize], dim: usize, index: &Tensor, src: &Tensor) -> 
     let idx = Tensor::where_(&neg, &idx.binary_scalar(BinaryOp::Add, n, false)?, &idx)?;
     let mut shape = vec![1usize; dims.len()];
     shape[dim] = dims[dim];
-    let classes = Tensor::from_vec((0..n).collect::<Vec<i64>>(), &shape)?;
+    let classes =
+        Tensor::from_vec((0..n).collect::<Vec<i64>>(), &shape)?.to_device(idx.device())?;
     let hit = idx.binary(BinaryOp::Eq, &classes)?;
     let xs: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
     super::keep(&hit, &src.expand(&xs)?)

@@ -41,7 +41,7 @@ pub(crate) fn embed(
     dims: &[usize],
     region: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
-    let z = Tensor::zeros(dims, g.dtype());
+    let z = Tensor::zeros_on(dims, g.dtype(), g.device())?;
     if !crate::compile::trace::is_tracing() {
         crate::ops::pointwise::copy_into(g, &region(&z)?)?;
         return Ok(z);
@@ -71,8 +71,11 @@ pub(crate) fn embed(
             pos[k] = 0;
         }
     }
-    let hit = Tensor::from_vec(from.clone(), &[n])?.binary_scalar(BinaryOp::Ge, 0, false)?;
-    let idx = Tensor::from_vec(from.iter().map(|&i| i.max(0)).collect::<Vec<_>>(), &[n])?;
+    let hit = Tensor::from_vec(from.clone(), &[n])?
+        .binary_scalar(BinaryOp::Ge, 0, false)?
+        .to_device(g.device())?;
+    let idx = Tensor::from_vec(from.iter().map(|&i| i.max(0)).collect::<Vec<_>>(), &[n])?
+        .to_device(g.device())?;
     let picked = g.reshape(&[-1])?.index_select(0, &idx)?;
     keep(&hit, &picked)?.reshape_dims(dims)
 }

@@ -315,5 +315,7 @@ pub(crate) fn avg_pool_backward(
             divisor_override,
         );
     }
-    Tensor::from_vec(gx, xd)?.to_dtype(if dt.is_float() { dt } else { DType::F32 })
+    Tensor::from_vec(gx, xd)?
+        .to_dtype(if dt.is_float() { dt } else { DType::F32 })?
+        .to_device(g.device())
 }

@@ -36,7 +36,7 @@ fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<
             let e = x.square()?.neg()?.exp()?;
             g.mul(&mul_s(&e, 2.0 / std::f64::consts::PI.sqrt())?)?
         }
-        Floor => Tensor::zeros(x.dims(), dt),
+        Floor => Tensor::zeros_on(x.dims(), dt, x.device())?,
         Not => return Ok(None),
         Sigmoid => g.mul(&rsub_s(y, 1.0)?)?.mul(y)?,
         Relu => keep(&gt0(y)?, g)?,
@@ -223,7 +223,7 @@ pub(crate) fn binary_scalar(
             (Mul, _) => mul_s(g, v)?,
             (Div, false) => g.binary_scalar(Div, v, false)?,
             (Div, true) => mul_s(&g.neg()?, v)?.div(&x.mul(&x)?)?,
-            (Pow, false) if v == 0.0 => Tensor::zeros(x.dims(), g.dtype()),
+            (Pow, false) if v == 0.0 => Tensor::zeros_on(x.dims(), g.dtype(), g.device())?,
             (Pow, false) => g.mul(&mul_s(&x.binary_scalar(Pow, v - 1.0, false)?, v)?)?,
             (Pow, true) if v == 0.0 => {
                 let y = sy.get()?;

@@ -1,0 +1,135 @@
+//! Launching KernelIR over views on a CUDA device: the same dim collapsing
+//! and specialisation as the CPU path (so both backends see the same
+//! kernels), then one launch with a grid and a block instead of a split of
+//! dim 0 across threads. f16/bf16 operands stay f16/bf16: the CUDA C loads
+//! and stores them natively, where the CPU path widens them on the host.
+
+use super::LaunchArgs;
+use crate::launch::{collapse, note_launched, View};
+use crate::memory::Device;
+use crate::profiler::{self, Category};
+use crate::storage::Storage;
+use kiln_codegen::cuda::{POINTWISE_BLOCK, REDUCE_BLOCK};
+use kiln_codegen::{Inner, Kernel};
+use kiln_ir::op::Layout;
+use kiln_ir::{bail, Result, Strides};
+
+/// Most blocks per launch: kernels loop over the rest (grid-stride).
+const MAX_GRID: usize = 1 << 16;
+
+/// The device every operand is on, or an error naming the two that differ.
+/// A one-element CPU operand (a scalar tensor) may join a CUDA launch, as in PyTorch.
+pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
+    let cuda = views
+        .iter()
+        .map(|v| v.storage.device())
+        .find(|d| d.is_cuda());
+    let Some(dev) = cuda else {
+        return Ok(Device::Cpu);
+    };
+    for (i, v) in views.iter().enumerate() {
+        let d = v.storage.device();
+        if d != dev && !(d == Device::Cpu && v.layout.numel() == 1 && i > 0) {
+            bail!(
+                name,
+                "expected all tensors on one device, got {dev} and {d} (operand {i}, shape {:?})",
+                v.layout.dims
+            );
+        }
+    }
+    Ok(dev)
+}
+
+/// Threads per block and blocks for `k` over loop dims `dims`.
+pub fn launch_shape(k: &Kernel, dims: &[usize]) -> (u32, u32) {
+    match k.reduce {
+        None => {
+            let total: usize = dims.iter().product();
+            let block = POINTWISE_BLOCK as usize;
+            (
+                total.div_ceil(block).clamp(1, MAX_GRID) as u32,
+                block as u32,
+            )
+        }
+        Some(_) => {
+            let (rows, len) = dims.split_at(dims.len() - 1);
+            let rows: usize = rows.iter().product();
+            // a short row needs no more threads than elements (in whole warps)
+            let block = (len[0].div_ceil(32) * 32).clamp(32, REDUCE_BLOCK as usize);
+            (rows.clamp(1, MAX_GRID) as u32, block as u32)
+        }
+    }
+}
+
+/// Runs `template` over `views` on `dev` (see [`crate::launch::launch`]).
+pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
+    let Device::Cuda(ordinal) = dev else {
+        unreachable!("cuda launch on {dev}")
+    };
+    let _p = profiler::scope_with(Category::Kernel, || template.name.clone());
+    let dims = &views[0].layout.dims;
+    if dims.contains(&0) && template.reduce.is_none() {
+        return Ok(());
+    }
+    let strides: Vec<Strides> = views.iter().map(|v| v.layout.strides.clone()).collect();
+    let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
+    if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
+        return Ok(());
+    }
+    let mut k = template.clone();
+    k.rank = cd.len();
+    for ((op, s), v) in k.operands.iter_mut().zip(&cs).zip(views) {
+        op.inner = Inner::of_stride(*s.last().unwrap());
+        if v.dtype().is_half() {
+            op.dtype = v.dtype();
+        }
+    }
+    note_launched(&k);
+    // scalar operands from the CPU travel with the launch
+    let mut uploads: Vec<Storage> = vec![];
+    let mut ptrs = vec![];
+    for v in views {
+        let base = if v.storage.device() == dev {
+            v.storage.device_ptr()
+        } else {
+            let one = Layout::contiguous(&[]);
+            let host = Storage::empty(v.dtype(), 1);
+            crate::launch::convert(
+                View {
+                    storage: v.storage,
+                    layout: &Layout {
+                        offset: v.layout.offset,
+                        ..one.clone()
+                    },
+                },
+                View {
+                    storage: &host,
+                    layout: &one,
+                },
+            );
+            uploads.push(host.to_device(dev)?);
+            uploads.last().unwrap().device_ptr()
+        };
+        let offset = if v.storage.device() == dev {
+            v.layout.offset
+        } else {
+            0
+        };
+        ptrs.push(base + (offset * v.dtype().size()) as u64);
+    }
+    let (grid, block) = launch_shape(&k, &cd);
+    let args = LaunchArgs {
+        ptrs,
+        sizes: cd.iter().map(|&n| n as i64).collect(),
+        strides: cs
+            .iter()
+            .flat_map(|s| s.iter().map(|&x| x as i64))
+            .collect(),
+        scalars: scalars.to_vec(),
+        start: 0,
+        end: cd[0] as i64,
+        grid,
+        block,
+    };
+    super::gpu(ordinal)?.launch(&k, &args)
+}
