@@ -5,6 +5,10 @@
 //! before touching it. A machine without the driver, without a device, or
 //! without NVRTC gets an ordinary [`Error`] that says which is missing.
 
+pub mod nvrtc;
+
+pub use nvrtc::{compile_cubin, KernelCache};
+
 use kiln_ir::Error;
 use std::sync::Arc;
 
