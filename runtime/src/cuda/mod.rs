@@ -20,6 +20,9 @@
 pub mod driver;
 pub mod emulator;
 pub mod launch;
+pub mod nvrtc;
+
+pub use nvrtc::{compile_cubin, KernelCache};
 
 use crate::memory::{Device, MAX_CUDA_DEVICES};
 use kiln_codegen::Kernel;
