@@ -11,14 +11,14 @@ use crate::profiler::{self, Category};
 use crate::storage::Storage;
 use kiln_codegen::cuda::{POINTWISE_BLOCK, REDUCE_BLOCK};
 use kiln_codegen::{Inner, Kernel};
-use kiln_ir::op::Layout;
 use kiln_ir::{bail, Result, Strides};
 
 /// Most blocks per launch: kernels loop over the rest (grid-stride).
 const MAX_GRID: usize = 1 << 16;
 
 /// The device every operand is on, or an error naming the two that differ.
-/// A one-element CPU operand (a scalar tensor) may join a CUDA launch, as in PyTorch.
+/// A one-element CPU input (a scalar tensor, broadcast or not) may join a
+/// CUDA launch, as in PyTorch; it is uploaded with the launch.
 pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
     let cuda = views
         .iter()
@@ -29,7 +29,8 @@ pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
     };
     for (i, v) in views.iter().enumerate() {
         let d = v.storage.device();
-        if d != dev && !(d == Device::Cpu && v.layout.numel() == 1 && i > 0) {
+        // (a one-element storage: every index of its view reads element 0)
+        if d != dev && !(d == Device::Cpu && v.storage.len() == 1 && i > 0) {
             bail!(
                 name,
                 "expected all tensors on one device, got {dev} and {d} (operand {i}, shape {:?})",
@@ -92,30 +93,10 @@ pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -
         let base = if v.storage.device() == dev {
             v.storage.device_ptr()
         } else {
-            let one = Layout::contiguous(&[]);
-            let host = Storage::empty(v.dtype(), 1);
-            crate::launch::convert(
-                View {
-                    storage: v.storage,
-                    layout: &Layout {
-                        offset: v.layout.offset,
-                        ..one.clone()
-                    },
-                },
-                View {
-                    storage: &host,
-                    layout: &one,
-                },
-            );
-            uploads.push(host.to_device(dev)?);
+            uploads.push(v.storage.to_device(dev)?);
             uploads.last().unwrap().device_ptr()
         };
-        let offset = if v.storage.device() == dev {
-            v.layout.offset
-        } else {
-            0
-        };
-        ptrs.push(base + (offset * v.dtype().size()) as u64);
+        ptrs.push(base + (v.layout.offset * v.dtype().size()) as u64);
     }
     let (grid, block) = launch_shape(&k, &cd);
     let args = LaunchArgs {

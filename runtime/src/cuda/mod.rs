@@ -197,9 +197,7 @@ mod tests {
         if driver_present() {
             assert!(open_driver(200).is_err());
         }
-        assert!(gpu(200)
-            .unwrap_err()
-            .to_string()
-            .contains("ordinals below 8"));
+        let e = gpu(200).err().map(|e| e.to_string());
+        assert!(e.unwrap_or_default().contains("ordinals below 8"));
     }
 }
