@@ -173,3 +173,105 @@ fn forward_fixtures_on_cuda() {
         failed.join("\n")
     );
 }
+
+fn close(a: &Tensor, b: &Tensor, tol: f64) {
+    let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+    assert_eq!(a.len(), b.len());
+    for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+        assert!(
+            (x - y).abs() <= tol * (1.0 + y.abs()),
+            "element {i}: {x} vs {y}"
+        );
+    }
+}
+
+#[test]
+fn copies_placement_and_mixing_errors() {
+    let Some((dev, _)) = device() else { return };
+    let before = dev.memory_stats().allocations;
+    let x = Tensor::from_vec((0..12).map(|i| i as f32).collect(), &[3, 4]).unwrap();
+    let d = x.t().unwrap().to_device(dev).unwrap(); // a strided view crosses as a dense copy
+    assert_eq!(d.device(), dev);
+    assert!(d.is_contiguous());
+    assert!(dev.memory_stats().allocations > before);
+    let back = d.to_device(Device::Cpu).unwrap();
+    assert_eq!(
+        back.to_vec::<f32>().unwrap(),
+        x.t()
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    );
+    // host reads copy implicitly; results stay on the device
+    let y = d.exp().unwrap().sum(None, false).unwrap();
+    assert_eq!(y.device(), dev);
+    let want: f64 = (0..12).map(|i| (i as f64).exp()).sum();
+    assert!((y.item().unwrap() - want).abs() < 1e-6 * want);
+    // a CPU scalar may join; a CPU matrix may not
+    assert_eq!(d.mul(&Tensor::scalar(2.0f32)).unwrap().device(), dev);
+    let e = d
+        .add(&Tensor::zeros(&[4, 3], DType::F32))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("add:") && e.contains("cuda:0") && e.contains("cpu"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gradients_flow_back_across_devices() {
+    let Some((dev, _)) = device() else { return };
+    let mut g = kiln::random::Generator::new(7);
+    let x = kiln::random::randn(&[2, 3, 6, 6], Some(&mut g));
+    let w = kiln::random::randn(&[4, 3, 3, 3], Some(&mut g)).requires_grad_(true);
+    let p = kiln::ir::op::conv::ConvParams {
+        padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
+        stride: vec![2],
+        ..Default::default()
+    };
+    let loss = |x: &Tensor, w: &Tensor| {
+        kiln::functional::conv2d(x, w, None, &p)
+            .and_then(|y| y.relu())
+            .and_then(|y| y.sum(None, false))
+            .unwrap()
+    };
+    let cpu = loss(&x, &w);
+    cpu.backward().unwrap();
+    let gw_cpu = w.grad().unwrap();
+    w.set_grad(None);
+    // the leaf stays on the CPU; its device copy is differentiable
+    let on_dev = loss(&x.to_device(dev).unwrap(), &w.to_device(dev).unwrap());
+    assert_eq!(on_dev.device(), dev);
+    close(&on_dev, &cpu, 1e-5);
+    on_dev.backward().unwrap();
+    let gw = w.grad().unwrap();
+    assert_eq!(gw.device(), Device::Cpu);
+    close(&gw, &gw_cpu, 1e-5);
+}
+
+#[test]
+fn compiled_conv_relu_on_the_device_matches_the_cpu() {
+    let Some((dev, _)) = device() else { return };
+    let mut g = kiln::random::Generator::new(3);
+    let x = kiln::random::randn(&[2, 3, 8, 8], Some(&mut g));
+    let w = kiln::random::randn(&[5, 3, 3, 3], Some(&mut g));
+    let b = kiln::random::randn(&[5], Some(&mut g));
+    let f = |xs: &[Tensor]| -> kiln::Result<Vec<Tensor>> {
+        let p = kiln::ir::op::conv::ConvParams::default();
+        let y = kiln::functional::conv2d(&xs[0], &xs[1], Some(&xs[2]), &p)?;
+        Ok(vec![y.relu()?.mul(&Tensor::scalar(0.5f32))?])
+    };
+    let want = f(&[x.clone(), w.clone(), b.clone()]).unwrap().remove(0);
+    let c = kiln::compile::compile_fn("conv_relu", f);
+    let ins: Vec<Tensor> = [x, w, b]
+        .iter()
+        .map(|t| t.to_device(dev).unwrap())
+        .collect();
+    let got = c.call(&ins).unwrap().remove(0);
+    assert!(c.explain().entries[0].graph_break.is_none());
+    assert_eq!(got.device(), dev);
+    close(&got, &want, 1e-5);
+}

@@ -223,12 +223,15 @@ impl Executable {
         }
         let n = self.graph.len();
         let mut vals: Vec<Option<Val>> = (0..n).map(|_| None).collect();
+        // conv epilogues applied per output tile are a CPU (GEMM tile) technique;
+        // on a device the conv and its epilogue are separate kernels
+        let tiles = !crate::device::device_of(inputs).is_cuda();
         for (id, node) in self.graph.iter() {
             let i = id.index();
             let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
-            let v = if self.deferred[i] {
+            let v = if self.deferred[i] && tiles {
                 None
-            } else if let Some(k) = self.tiled_root[i] {
+            } else if let Some(k) = self.tiled_root[i].filter(|_| tiles) {
                 let value = |o: NodeId| match &vals[o.index()] {
                     Some(v) => v.lazy()?.materialize(),
                     None => bail!("compile", "conv operand {o:?} was freed"),

@@ -125,9 +125,6 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 }
 
 fn matmul_eager(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if let Some(r) = via_host("matmul", &[a, b], |h| matmul_eager(&h[0], &h[1])) {
-        return r;
-    }
     let _p = op_scope("matmul", &[a, b]);
     trace::check_launch("matmul", &[a, b])?;
     let dt = float_dtype("matmul", &[a, b])?;
@@ -158,6 +155,10 @@ fn matmul_eager(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     let (brs, bcs) = (be.strides()[bl], be.strides()[bl + 1]);
     let mut full: Vec<usize> = plan.batch.to_vec();
     full.extend([plan.m, plan.n]);
+    if ae.device().is_cuda() || be.device().is_cuda() {
+        let out = matmul_kernel::matmul_kernel(&ae, &be, dt)?;
+        return rules::matmul(a0, b0, out.reshape_dims(&plan.out)?);
+    }
     let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
         dispatch_float!(dt, T => externs::gemm::batched_matmul_offsets::<T>(
             plan.m, plan.k, plan.n,
@@ -238,11 +239,6 @@ fn conv_eager(
     bias: Option<&Tensor>,
     p: &ConvParams,
 ) -> Result<Tensor> {
-    if let Some(r) = via_host(op, &ins(&[Some(x), Some(w), bias]), |h| {
-        conv_eager(op, &h[0], &h[1], h.get(2), p)
-    }) {
-        return r;
-    }
     let _p = op_scope(op, &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
@@ -251,6 +247,10 @@ fn conv_eager(
     let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
+    if ts.iter().any(|t| t.device().is_cuda()) {
+        let y = conv_kernel::conv_kernel(&g, &xc, &wc, bc.as_ref(), dt.compute())?;
+        return rules::conv(g, x, w, bias, y.to_dtype(dt)?);
+    }
     let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv2d::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
@@ -548,3 +548,5 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
 }
 
 mod conv_grad;
+mod conv_kernel;
+mod matmul_kernel;

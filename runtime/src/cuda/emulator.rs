@@ -167,6 +167,13 @@ impl Gpu for Emulator {
         Ok(())
     }
 
+    /// One warp: every emulated thread of a reduction is a pthread meeting
+    /// at barriers, so fewer threads is much faster here (the combine across
+    /// warps is covered by kiln-codegen's shim tests, which launch 32-1024).
+    fn max_reduce_block(&self) -> u32 {
+        32
+    }
+
     fn prepare(&self, ks: &[Kernel]) -> Result<()> {
         self.build(ks)
     }

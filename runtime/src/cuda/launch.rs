@@ -9,7 +9,7 @@ use crate::launch::{collapse, note_launched, View};
 use crate::memory::Device;
 use crate::profiler::{self, Category};
 use crate::storage::Storage;
-use kiln_codegen::cuda::{POINTWISE_BLOCK, REDUCE_BLOCK};
+use kiln_codegen::cuda::POINTWISE_BLOCK;
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::{bail, Result, Strides};
 
@@ -41,8 +41,9 @@ pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
     Ok(dev)
 }
 
-/// Threads per block and blocks for `k` over loop dims `dims`.
-pub fn launch_shape(k: &Kernel, dims: &[usize]) -> (u32, u32) {
+/// Blocks and threads per block for `k` over loop dims `dims` (a reduction's
+/// block at most `max_reduce_block` threads).
+pub fn launch_shape(k: &Kernel, dims: &[usize], max_reduce_block: u32) -> (u32, u32) {
     match k.reduce {
         None => {
             let total: usize = dims.iter().product();
@@ -56,7 +57,7 @@ pub fn launch_shape(k: &Kernel, dims: &[usize]) -> (u32, u32) {
             let (rows, len) = dims.split_at(dims.len() - 1);
             let rows: usize = rows.iter().product();
             // a short row needs no more threads than elements (in whole warps)
-            let block = (len[0].div_ceil(32) * 32).clamp(32, REDUCE_BLOCK as usize);
+            let block = (len[0].div_ceil(32) * 32).clamp(32, max_reduce_block as usize);
             (rows.clamp(1, MAX_GRID) as u32, block as u32)
         }
     }
@@ -98,7 +99,8 @@ pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -
         };
         ptrs.push(base + (v.layout.offset * v.dtype().size()) as u64);
     }
-    let (grid, block) = launch_shape(&k, &cd);
+    let gpu = super::gpu(ordinal)?;
+    let (grid, block) = launch_shape(&k, &cd, gpu.max_reduce_block());
     let args = LaunchArgs {
         ptrs,
         sizes: cd.iter().map(|&n| n as i64).collect(),
@@ -112,5 +114,5 @@ pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -
         grid,
         block,
     };
-    super::gpu(ordinal)?.launch(&k, &args)
+    gpu.launch(&k, &args)
 }

@@ -78,6 +78,10 @@ pub trait Gpu: Send + Sync {
     /// Compiles `k` (cached) and launches it.
     fn launch(&self, k: &Kernel, args: &LaunchArgs) -> Result<()>;
     fn synchronize(&self) -> Result<()>;
+    /// The most threads a reduction's block gets (a multiple of 32).
+    fn max_reduce_block(&self) -> u32 {
+        kiln_codegen::cuda::REDUCE_BLOCK
+    }
     /// Compiles kernels ahead of their launches (the emulator batches them
     /// into one `c++` run per core); the driver compiles on first launch.
     fn prepare(&self, _kernels: &[Kernel]) -> Result<()> {

@@ -1,0 +1,73 @@
+//! conv1d/conv2d on a CUDA device from generated kernels: the input copied
+//! into a zero-padded buffer, its patches gathered by one copy kernel through
+//! a strided view (im2col with no index arithmetic of its own: stride and
+//! dilation are just strides of the view), then the matrix product of
+//! [`super::matmul_kernel`] per group, and the bias added by a pointwise kernel.
+
+use super::matmul_kernel::matmul_kernel;
+use crate::ops::pointwise::copy_into;
+use crate::Tensor;
+use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::op::Layout;
+use kiln_ir::{DType, Result};
+
+/// `conv(x, w) + bias` for `g` (tensors already in the compute dtype, contiguous).
+pub(super) fn conv_kernel(
+    g: &ConvGeometry,
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    dt: DType,
+) -> Result<Tensor> {
+    let dev = x.device();
+    let [h, wd] = g.in_size;
+    let [kh, kw] = g.kernel;
+    let [oh, ow] = g.out_size;
+    let (n, c, groups) = (g.n, g.c_in, g.groups);
+    let (cg, cog) = (g.c_in_per_group(), g.c_out_per_group());
+    let (hp, wp) = (
+        h + g.pad_begin[0] + g.pad_end[0],
+        wd + g.pad_begin[1] + g.pad_end[1],
+    );
+    let padded = Tensor::zeros_on(&[n, c, hp, wp], dt, dev)?;
+    let inner = padded
+        .narrow(2, g.pad_begin[0] as i64, h)?
+        .narrow(3, g.pad_begin[1] as i64, wd)?;
+    copy_into(
+        &x.reshape(&[n as i64, c as i64, h as i64, wd as i64])?,
+        &inner,
+    )?;
+    // [n, groups, oh, ow, cg, kh, kw] over the padded buffer
+    let (sn, sc, sh) = ((c * hp * wp) as isize, (hp * wp) as isize, wp as isize);
+    let [st0, st1] = g.stride.map(|s| s as isize);
+    let [d0, d1] = g.dilation.map(|d| d as isize);
+    let view = padded.with_layout(Layout {
+        dims: [n, groups, oh, ow, cg, kh, kw].into_iter().collect(),
+        strides: [sn, cg as isize * sc, sh * st0, st1, sc, sh * d0, d1]
+            .into_iter()
+            .collect(),
+        offset: padded.offset(),
+    });
+    let patches = Tensor::empty_on(view.dims(), dt, dev)?;
+    copy_into(&view, &patches)?;
+    let k = (cg * kh * kw) as i64;
+    let patches = patches.reshape(&[n as i64, groups as i64, (oh * ow) as i64, k])?;
+    let wk = w
+        .reshape(&[groups as i64, cog as i64, k])?
+        .transpose(-1, -2)?
+        .unsqueeze(0)?
+        .expand(&[n as i64, groups as i64, k, cog as i64])?;
+    let y = matmul_kernel(&patches, &wk, dt)?; // [n, groups, oh*ow, cog]
+    let y = y.permute(&[0, 1, 3, 2])?.contiguous()?.reshape(&[
+        n as i64,
+        (groups * cog) as i64,
+        oh as i64,
+        ow as i64,
+    ])?;
+    let y = match bias {
+        Some(b) => y.add(&b.reshape(&[1, -1, 1, 1])?)?,
+        None => y,
+    };
+    let dims: Vec<i64> = g.out_shape().iter().map(|&d| d as i64).collect();
+    y.reshape(&dims)
+}
