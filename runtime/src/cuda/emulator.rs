@@ -167,11 +167,11 @@ impl Gpu for Emulator {
         Ok(())
     }
 
-    /// One warp: every emulated thread of a reduction is a pthread meeting
-    /// at barriers, so fewer threads is much faster here (the combine across
-    /// warps is covered by kiln-codegen's shim tests, which launch 32-1024).
+    /// Two warps: the combine across warps still runs, while every emulated
+    /// thread is a fiber that each barrier switches (kiln-codegen's shim
+    /// tests launch blocks of 32 to 1024).
     fn max_reduce_block(&self) -> u32 {
-        32
+        64
     }
 
     fn prepare(&self, ks: &[Kernel]) -> Result<()> {
