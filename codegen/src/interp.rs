@@ -24,6 +24,9 @@
 //! - a value is converted to the dtype its user needs with the cast rules of
 //!   [`kiln_ir::scalar::ScalarOps::cast`] (load dtype -> instruction dtype,
 //!   result -> output dtype);
+//! - f16/bf16 operands are read and written with crate `half` (round to
+//!   nearest even); a value of dtype f16/bf16 is rounded to it after every
+//!   primitive, so an op computed in f32 and cast to f16 rounds once;
 //! - only instructions the result depends on are evaluated; an epilogue may
 //!   use body values, which are then evaluated at reduce index 0.
 
@@ -517,6 +520,39 @@ mod tests {
                 assert_eq!(got, *w, "{kind} row {i}");
             }
         }
+    }
+
+    /// f16 out = f16(f32(bf16 x) * 3): half operands are read and written,
+    /// the arithmetic runs in f32, overflow gives inf.
+    #[test]
+    fn half_operands() {
+        let mut b = KernelBuilder::default();
+        let x = b.load(1, DType::BF16);
+        let x = b.cast(x, DType::F32);
+        let three = b.constant(3.0, DType::F32);
+        let y = b.binary(BinaryOp::Mul, x, three, DType::F32);
+        let h = b.cast(y, DType::F16);
+        let k = Kernel {
+            name: "half".into(),
+            rank: 1,
+            operands: vec![
+                op(DType::F16, Inner::Contiguous),
+                op(DType::BF16, Inner::Contiguous),
+            ],
+            scalars: vec![],
+            body: b.instrs,
+            reduce: None,
+            epilogue: vec![],
+            out: h,
+            extra_out: vec![],
+        };
+        // bf16 1.0, 0.10009765625 (0.1 rounded), 29952 (30000 rounded)
+        let xs: [u16; 3] = [0x3f80, 0x3dcd, 0x46ea];
+        let mut o = [0u16; 3];
+        let ptrs = [o.as_mut_ptr() as *mut u8, xs.as_ptr() as *mut u8];
+        unsafe { run_kernel(&k, &ptrs, &[1, 1], &[3], &[], 0, 3) };
+        // f16 3.0, 0.30029296875 (exact), inf
+        assert_eq!(o, [0x4200, 0x34ce, 0x7c00]);
     }
 
     #[test]

@@ -59,7 +59,8 @@ impl Inner {
 /// A tensor operand. Operand 0 is always an output (see [`Kernel::outputs`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Operand {
-    /// Storage dtype. Never f16/bf16 (the runtime widens those to f32 around kernels).
+    /// Storage dtype. f16/bf16 only for backends that have them (the interpreter,
+    /// CUDA); for the CPU JIT the runtime widens those to f32 around kernels.
     pub dtype: DType,
     pub inner: Inner,
 }

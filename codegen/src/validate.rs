@@ -9,26 +9,13 @@ fn bad(msg: String) -> Error {
 }
 
 /// Checks that a kernel is well formed (ids in range and defined before use,
-/// operand/scalar indices valid, no f16/bf16, rank consistent with the
+/// operand/scalar indices valid, rank consistent with the
 /// reduction, `acc` parts of the right kind, an operand for every output,
 /// outputs loaded only by pointwise kernels).
 pub fn validate(k: &Kernel) -> Result<(), Error> {
     let name = &k.name;
     if k.operands.is_empty() {
         return Err(bad(format!("kernel {name}: no output operand")));
-    }
-    let halfs = k
-        .operands
-        .iter()
-        .map(|o| o.dtype)
-        .chain(k.scalars.iter().copied());
-    let instrs = k.body.iter().chain(k.epilogue.iter());
-    for dt in halfs.chain(instrs.map(|(_, d)| *d)) {
-        if dt.is_half() {
-            return Err(bad(format!(
-                "kernel {name}: {dt} must be widened to f32 by the caller"
-            )));
-        }
     }
     if k.reduce.is_some() && k.rank == 0 {
         return Err(bad(format!("kernel {name}: a reduction needs rank >= 1")));
@@ -105,6 +92,25 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
         if v >= total {
             return Err(bad(format!(
                 "kernel {name}: stored value %{v} does not exist"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Rejects f16/bf16 anywhere in `k` (operands, scalars, values, the
+/// accumulator), for backends that have no half type: the CPU JIT, whose
+/// callers widen half tensors to f32 temporaries around the kernel.
+pub(crate) fn reject_half(k: &Kernel, backend: &str) -> Result<(), Error> {
+    let name = &k.name;
+    let dts = k.operands.iter().map(|o| o.dtype);
+    let dts = dts.chain(k.scalars.iter().copied());
+    let dts = dts.chain(k.body.iter().chain(&k.epilogue).map(|(_, d)| *d));
+    let dts = dts.chain(k.reduce.as_ref().map(|r| r.dtype));
+    for dt in dts {
+        if dt.is_half() {
+            return Err(bad(format!(
+                "kernel {name}: {dt} must be widened to f32 by the caller ({backend} has no {dt})"
             )));
         }
     }

@@ -177,6 +177,33 @@ fn binary_ops() {
     }
 }
 
+/// The CPU JIT has no f16/bf16 (its callers widen half tensors to f32), and
+/// says so instead of computing in the wrong type.
+#[test]
+fn cpu_jit_rejects_half_operands() {
+    for dt in [F16, BF16] {
+        let mut b = KernelBuilder::default();
+        let x = b.load(1, dt);
+        let y = b.unary(UnaryOp::Neg, x, F32);
+        let k = Kernel {
+            name: "neg".into(),
+            rank: 1,
+            operands: vec![op(F32, Inner::Contiguous), op(dt, Inner::Contiguous)],
+            scalars: vec![],
+            body: b.instrs,
+            reduce: None,
+            epilogue: vec![],
+            out: y,
+            extra_out: vec![],
+        };
+        let mut g = JIT.lock().unwrap_or_else(|e| e.into_inner());
+        let jit = g.get_or_insert_with(|| CpuJit::new().unwrap());
+        let e = jit.compile(&k).map(|_| ()).expect_err("half rejected");
+        let e = e.to_string();
+        assert!(e.contains("must be widened to f32"), "{e}");
+    }
+}
+
 #[test]
 fn casts_between_all_dtypes() {
     let dts = [F32, F64, I64, I32, I16, I8, U8, Bool];

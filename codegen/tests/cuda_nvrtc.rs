@@ -1,7 +1,9 @@
-//! Compiles CUDA C from the cuda backend with real NVRTC for sm_90: every
-//! unary and binary op, casts between all compute dtypes, every reduction kind,
-//! epilogues, scalars, several ranks, multi-output in-place kernels and the
-//! three snapshot kernels.
+//! Compiles CUDA C from the cuda backend with real NVRTC for sm_90 (to CUBIN,
+//! so ptxas checks the inline PTX too): every unary and binary op (also in
+//! f16/bf16), casts between all dtypes, every reduction kind (also over half
+//! inputs), epilogues, scalars, several ranks, multi-output in-place kernels,
+//! the vector path of rank-1 contiguous kernels for every dtype, and the
+//! snapshot kernels.
 //!
 //! NVRTC is loaded at run time (cudarc's dynamic loading). When it cannot be
 //! loaded the test says so and passes; `.ci/run` installs it from PyPI
@@ -44,8 +46,6 @@ fn binary_ops() -> Vec<BinaryOp> {
     BinaryOp::ALL.to_vec()
 }
 
-const DTYPES: [DType; 8] = [Bool, U8, I8, I16, I32, I64, F32, F64];
-
 fn unary(u: UnaryOp, dt: DType) -> Kernel {
     let mut b = KernelBuilder::default();
     let x = b.load(1, dt);
@@ -74,6 +74,59 @@ fn cast(from: DType, to: DType) -> Kernel {
     let y = b.cast(x, to);
     let ops = vec![op(to, Inner::Contiguous), op(from, Inner::Contiguous)];
     pointwise(&format!("cast.{from}.{to}"), 1, ops, b, y)
+}
+
+/// Rank 1, every operand contiguous (the vector path): `x + y`, `x && y` for bool.
+fn vector(dt: DType) -> Kernel {
+    let mut b = KernelBuilder::default();
+    let x = b.load(1, dt);
+    let y = b.load(2, dt);
+    let o = if dt == Bool {
+        BinaryOp::And
+    } else {
+        BinaryOp::Add
+    };
+    let z = b.binary(o, x, y, dt);
+    let ops = vec![op(dt, Inner::Contiguous); 3];
+    pointwise(&format!("vector.{dt}"), 1, ops, b, z)
+}
+
+/// `out = half(f32(x) * y + s0)` as the frontend builds it, x in `dt`, y f32:
+/// the half snapshot kernel when `dt` is f16.
+fn half_axpy(dt: DType) -> Kernel {
+    let mut b = KernelBuilder::default();
+    let x = b.load(1, dt);
+    let x = b.cast(x, F32);
+    let y = b.load(2, F32);
+    let s = b.scalar(0, F32);
+    let m = b.binary(BinaryOp::Mul, x, y, F32);
+    let a = b.binary(BinaryOp::Add, m, s, F32);
+    let h = b.cast(a, dt);
+    let ops = vec![
+        op(dt, Inner::Contiguous),
+        op(dt, Inner::Contiguous),
+        op(F32, Inner::Contiguous),
+    ];
+    let mut k = pointwise(&format!("axpy.{dt}"), 1, ops, b, h);
+    k.scalars = vec![F32];
+    k
+}
+
+/// A row sum of a half input in f32, stored as a half (as the frontend does).
+fn half_sum(dt: DType, rank: usize) -> Kernel {
+    let mut b = KernelBuilder::default();
+    let x = b.load(1, dt);
+    let v = b.cast(x, F32);
+    let n = b.instrs.len();
+    let ops = vec![op(dt, Inner::Broadcast), op(dt, Inner::Strided)];
+    let mut k = pointwise(&format!("sum.{dt}.f32"), rank, ops, b, n + 1);
+    k.reduce = Some(Reduction {
+        kind: ReduceKind::Sum,
+        value: v,
+        dtype: F32,
+    });
+    k.epilogue = vec![(Instr::Acc, F32), (Instr::Cast(n), dt)];
+    k
 }
 
 /// `where(x > s0, x * s1, c)` with runtime scalars, at rank 0 and 4.
@@ -207,27 +260,33 @@ fn corpus() -> Vec<Kernel> {
         }
     }
     ks.push(unary(UnaryOp::Not, Bool));
+    for u in unary_ops() {
+        if u != UnaryOp::Not {
+            ks.push(unary(u, F16));
+            ks.push(unary(u, BF16));
+        }
+    }
     for o in binary_ops() {
-        for dt in [F32, F64, I32, I64, U8, I8] {
+        for dt in [F32, F64, I32, I64, U8, I8, F16, BF16] {
             ks.push(binary(o, dt));
         }
     }
     for o in [BinaryOp::And, BinaryOp::Or, BinaryOp::Eq, BinaryOp::Ne] {
         ks.push(binary(o, Bool));
     }
-    for from in DTYPES {
-        for to in DTYPES {
+    for from in DType::ALL {
+        for to in DType::ALL {
             if from != to {
                 ks.push(cast(from, to));
             }
         }
     }
-    for dt in [F32, F64, I32, I64] {
+    for dt in [F32, F64, I32, I64, F16, BF16] {
         ks.push(scalars(dt, 0));
         ks.push(scalars(dt, 4));
     }
     for kind in ReduceKind::ALL {
-        for dt in [F32, F64, I64, I32, U8] {
+        for dt in [F32, F64, I64, I32, U8, F16, BF16] {
             if kind.float_only() && !dt.is_float() {
                 continue;
             }
@@ -251,6 +310,21 @@ fn corpus() -> Vec<Kernel> {
         ));
         ks.push(multi_out::swap(dt, Bool, 2, Inner::Strided));
     }
+    for dt in DType::ALL {
+        ks.push(vector(dt));
+    }
+    for dt in [F16, BF16] {
+        ks.push(half_axpy(dt));
+        ks.push(half_sum(dt, 1));
+        ks.push(half_sum(dt, 3));
+        ks.push(multi_out::adam_step(
+            dt,
+            1,
+            Inner::Contiguous,
+            Inner::Contiguous,
+        ));
+        ks.push(multi_out::swap(dt, F32, 1, Inner::Contiguous));
+    }
     ks
 }
 
@@ -268,6 +342,8 @@ fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
+/// Compiles for sm_90 (a real architecture: NVRTC runs ptxas, so inline PTX
+/// is checked too, as a load on the GPU would).
 fn compile(name: &str, src: &str) -> Result<(), String> {
     let opts = CompileOptions {
         arch: Some("sm_90"),
@@ -306,6 +382,9 @@ fn nvrtc_compiles_every_kernel() {
     // The check can fail: NVRTC rejects broken code with a readable log.
     let bad = compile("bad", "extern \"C\" __global__ void f() { undeclared(); }");
     assert!(bad.unwrap_err().contains("undeclared"));
+    // and ptxas runs: the half helpers' inline PTX is checked, not just passed through
+    let asm = "extern \"C\" __global__ void f(float* p) { float x; asm(\"bogus.f32 %0;\" : \"=f\"(x)); p[0] = x; }";
+    assert!(compile("asm", asm).is_err(), "inline PTX went unchecked");
     let mut failed = vec![];
     for chunk in srcs.chunks(48) {
         let batch: String = chunk

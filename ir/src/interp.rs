@@ -85,11 +85,12 @@ impl Val {
         };
         let n = dt.size();
         match (dt, v) {
+            // `v` is already rounded to `dt` (by the cast above)
             (DType::F16, v) => {
-                out[..n].copy_from_slice(&half::f16::from_f64(v.as_f64()).to_le_bytes())
+                out[..n].copy_from_slice(&half::f16::from_f32(v.as_f64() as f32).to_le_bytes())
             }
             (DType::BF16, v) => {
-                out[..n].copy_from_slice(&half::bf16::from_f64(v.as_f64()).to_le_bytes())
+                out[..n].copy_from_slice(&half::bf16::from_f32(v.as_f64() as f32).to_le_bytes())
             }
             (DType::F32, v) => out[..n].copy_from_slice(&(v.as_f64() as f32).to_le_bytes()),
             (DType::F64, v) => out[..n].copy_from_slice(&v.as_f64().to_le_bytes()),
@@ -130,11 +131,15 @@ pub fn wrap(v: i64, dt: DType) -> i64 {
 }
 
 /// Rounds an f64 to the precision of the float dtype `dt` (identity for f64).
+/// f16 and bf16 round the f32 nearest `v` (twice rounded, as PyTorch's
+/// `c10::Half(float)` and the runtime's `convert`): crate `half`'s own f64
+/// conversion differs by machine (through f32 with F16C, else it ignores the
+/// low 32 bits of the f64 mantissa).
 pub fn round_to(v: f64, dt: DType) -> f64 {
     match dt {
         DType::F32 => v as f32 as f64,
-        DType::F16 => half::f16::from_f64(v).to_f64(),
-        DType::BF16 => half::bf16::from_f64(v).to_f64(),
+        DType::F16 => half::f16::from_f32(v as f32).to_f64(),
+        DType::BF16 => half::bf16::from_f32(v as f32).to_f64(),
         _ => v,
     }
 }

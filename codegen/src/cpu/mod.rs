@@ -110,6 +110,7 @@ fn build_function(
     pool_index: u32,
 ) -> Result<(plan::Plan, Vec<u8>), Error> {
     crate::interp::validate(k)?;
+    crate::validate::reject_half(k, "the CPU JIT")?;
     let plan = plan::Plan::of(k);
     let name = func.declare_imported_user_function(UserExternalName {
         namespace: 1,

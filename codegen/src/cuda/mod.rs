@@ -12,7 +12,8 @@
 //! argument arrays), in this order:
 //!
 //! - `p0 .. p{N-1}`: operand pointers, already offset by the storage offset
-//!   (`T*` for outputs, `const T*` for inputs; bool as `unsigned char`);
+//!   (`T*` for outputs, `const T*` for inputs; bool as `unsigned char`, f16
+//!   and bf16 as their bits, `unsigned short` — see [`c_storage_type`]);
 //!   distinct operands never alias (an in-place output is loaded through
 //!   its own pointer), hence `__restrict__`;
 //! - `n0 .. n{R-1}`: loop sizes (`long long`);
@@ -27,7 +28,12 @@
 //!
 //! - Pointwise: any 1-D grid and block; a grid-stride loop covers the
 //!   flattened index space `(end - start) * n1 * ... * n{R-1}`. Each
-//!   thread computes all of its index's values, then stores them.
+//!   thread computes all of its index's values, then stores them. A rank-1
+//!   kernel whose operands are all contiguous first checks at run time that
+//!   every pointer `p{k} + start` is aligned to a vector of [`vector_width`]
+//!   elements (16 bytes of the widest operand); if so, threads grid-stride
+//!   over whole vectors, one aligned load per operand and one store per
+//!   output, and the scalar loop does only the tail (`pointwise.rs`).
 //! - Reduction: one block per output row (grid-stride over rows, so any grid
 //!   works); `blockDim.x` must be a multiple of 32 and at most 1024
 //!   ([`REDUCE_BLOCK`] is the suggested size). Each thread accumulates a
@@ -36,8 +42,17 @@
 //!   Float sums are therefore added in a tree order, not PyTorch's CPU order.
 //!   LogSumExp and Welford shuffle and merge their running states the same
 //!   way (see `online.rs`). A tuple store (`extra_out`) writes `p0[o0 + t]`.
+//!
+//! # f16 and bf16
+//!
+//! Operands may be f16/bf16: loads widen to float, arithmetic runs in float
+//! (f32 for an op computed in f32, and rounded back to the half type after
+//! each primitive of dtype f16/bf16, as the interpreter does), stores round to
+//! nearest even. No CUDA header is needed (`half.rs`).
 
+mod half;
 mod online;
+mod pointwise;
 pub mod scalar;
 pub mod shim;
 
@@ -45,6 +60,7 @@ use crate::interp::{eval_value, reduce_identity, validate, Leaf};
 use crate::kernel::{Inner, Instr, Kernel, ValueId};
 use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, Error, ReduceKind};
+pub use pointwise::vector_width;
 pub use scalar::{c_literal, c_storage_type, c_type, CudaC, Cv};
 
 /// Suggested threads per block for pointwise kernels.
@@ -80,7 +96,7 @@ pub fn cuda_source(k: &Kernel) -> Result<String, Error> {
     e.indent = 1;
     let scal = declare_scalars(&mut e, k);
     match &k.reduce {
-        None => pointwise(&mut e, k, &scal),
+        None => pointwise::pointwise(&mut e, k, &scal),
         Some(_) => reduction(&mut e, k, &scal),
     }
     let mut s = String::new();
@@ -181,65 +197,50 @@ fn decompose(e: &mut CudaC, k: &Kernel, flat: &str, dims: usize, inner_is_last: 
 
 /// A load of operand `op` at offset expression `off`, as (value, storage dtype).
 fn load(e: &mut CudaC, k: &Kernel, op: usize, off: &str) -> (Cv, DType) {
+    load_elem(e, k, op, &format!("p{op}[{off}]"))
+}
+
+/// A load of operand `op`'s element `elem` (an lvalue of its storage type,
+/// such as `p1[o1]`), as (value, storage dtype).
+fn load_elem(e: &mut CudaC, k: &Kernel, op: usize, elem: &str) -> (Cv, DType) {
     let dt = k.operands[op].dtype;
-    let ex = if dt == DType::Bool {
-        format!("p{op}[{off}] != 0")
-    } else {
-        format!("p{op}[{off}]")
+    let v = match dt {
+        DType::Bool => e.tmp(dt, format!("{elem} != 0")),
+        DType::F16 | DType::BF16 => e.load_half(elem, dt),
+        _ => e.tmp(dt, elem.to_string()),
     };
-    (e.tmp(dt, ex), dt)
+    (v, dt)
 }
 
 /// `p{op}[o{op} + t] = v` (the value `id`, element `t` of the stored tuple)
 /// converted to the output dtype.
 fn store(e: &mut CudaC, k: &Kernel, (op, t, id): (usize, usize, ValueId), v: Cv) {
-    let out = k.operands[op].dtype;
-    let vd = k.dtype_of(id);
-    let v = if vd == out { v } else { e.cast(v, vd, out) };
-    let n = e.name(v).to_string();
     let at = if t == 0 {
         format!("o{op}")
     } else {
         format!("o{op} + {t}")
     };
-    let ex = if out == DType::Bool {
-        format!("p{op}[{at}] = (unsigned char)({n} ? 1 : 0);")
-    } else {
-        format!("p{op}[{at}] = {n};")
-    };
-    e.line(&ex);
+    store_elem(e, k, (op, id), v, &format!("p{op}[{at}]"));
 }
 
-fn pointwise(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
-    let mut total = if k.rank == 0 {
-        "(start == 0 ? 1LL : 0LL)".to_string()
+/// `elem = v` (an lvalue of operand `op`'s storage type; `v` is the value
+/// `id`) converted to the operand's dtype.
+fn store_elem(e: &mut CudaC, k: &Kernel, (op, id): (usize, ValueId), v: Cv, elem: &str) {
+    let out = k.operands[op].dtype;
+    let vd = k.dtype_of(id);
+    if out.is_half() {
+        let b = e.half_bits_expr(v, vd, out);
+        e.line(&format!("{elem} = {b};"));
+        return;
+    }
+    let v = if vd == out { v } else { e.cast(v, vd, out) };
+    let n = e.name(v).to_string();
+    let ex = if out == DType::Bool {
+        format!("{elem} = (unsigned char)({n} ? 1 : 0);")
     } else {
-        "(end > start ? end - start : 0LL)".to_string()
+        format!("{elem} = {n};")
     };
-    for d in 1..k.rank {
-        total.push_str(&format!(" * n{d}"));
-    }
-    e.line(&format!("const long long total = {total};"));
-    e.line("for (long long flat = (long long)blockIdx.x * blockDim.x + threadIdx.x; flat < total;");
-    e.line("     flat += (long long)gridDim.x * blockDim.x) {");
-    e.indent += 1;
-    decompose(e, k, "flat", k.rank, k.rank > 0);
-    let mut vals = vec![None; k.body.len()];
-    let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
-        Instr::Load(op) => load(e, k, op, &format!("o{op}")),
-        Instr::Scalar(n) => (scal[n], k.scalars[n]),
-        _ => unreachable!("acc outside an epilogue"),
-    };
-    let stores = k.stores();
-    let got: Vec<Cv> = stores
-        .iter()
-        .map(|s| eval_value(e, k, s.2, &mut vals, &mut leaf))
-        .collect();
-    for (&st, v) in stores.iter().zip(got) {
-        store(e, k, st, v);
-    }
-    e.indent -= 1;
-    e.line("}");
+    e.line(&ex);
 }
 
 fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {

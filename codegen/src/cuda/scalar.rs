@@ -15,15 +15,18 @@
 //!   implementation-defined in C++17; NVRTC (and gcc/clang) wrap modulo 2^bits;
 //! - transcendental functions are CUDA's libdevice ones (`expf` within 2 ulp,
 //!   `erff` within 2 ulp), not the CPU's, so compare with a tolerance. NVRTC
-//!   also fuses `a * b + c` into FMA unless compiled with `--fmad=false`.
+//!   also fuses `a * b + c` into FMA unless compiled with `--fmad=false`;
+//! - f16/bf16 values are `float`s; a primitive or cast whose dtype is f16/bf16
+//!   rounds its result to that type (to nearest even) and widens it back, as
+//!   the interpreter rounds after every primitive (`half.rs`).
 
 use kiln_ir::scalar::{Cmp, Prim1, Prim2, ScalarOps};
 use kiln_ir::DType;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write;
 
 /// A C value: an index into [`CudaC::names`] (a temporary `tN` or a named variable).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Cv(pub(crate) u32);
 
 /// Device helper functions, emitted before the kernel only when used.
@@ -33,6 +36,12 @@ pub(crate) enum Helper {
     MaxMinF64,
     F2I,
     IPow,
+    /// f16 <-> f32 ([`super::half::F16`]).
+    F16,
+    /// bf16 <-> f32 ([`super::half::BF16`]).
+    BF16,
+    /// `kiln_vec<T, N>`: N elements loaded or stored as one aligned access.
+    Vec,
 }
 
 impl Helper {
@@ -89,11 +98,21 @@ __device__ __forceinline__ long long kiln_ipow(long long a, long long b) {
 }
 "
             }
+            Helper::F16 => super::half::F16,
+            Helper::BF16 => super::half::BF16,
+            Helper::Vec => {
+                "// N elements of T as one aligned struct, so that a copy of it is one vector access.
+template <class T, int N> struct alignas(sizeof(T) * N) kiln_vec {
+  T v[N];
+};
+"
+            }
         }
     }
 }
 
-/// The C type of a compute dtype.
+/// The C type of a value of dtype `dt`: f16 and bf16 values are `float`s
+/// holding a number of the half type (see [`super::half`]).
 pub fn c_type(dt: DType) -> &'static str {
     match dt {
         DType::Bool => "bool",
@@ -107,19 +126,22 @@ pub fn c_type(dt: DType) -> &'static str {
     }
 }
 
-/// The C type of a dtype in memory (bool is one byte, read as `!= 0`).
+/// The C type of a dtype in memory: bool is one byte (read as `!= 0`), f16
+/// and bf16 are their 16 bits (converted by the `kiln_*_to_*` helpers).
 pub fn c_storage_type(dt: DType) -> &'static str {
     match dt {
         DType::Bool => "unsigned char",
+        DType::F16 | DType::BF16 => "unsigned short",
         _ => c_type(dt),
     }
 }
 
-/// A C literal for `v` in dtype `dt` (exact: Rust's shortest round-trip form).
+/// A C literal for `v` in dtype `dt` (exact: Rust's shortest round-trip form;
+/// an f16/bf16 literal is `v` rounded to that type, as a float).
 pub fn c_literal(v: f64, dt: DType) -> String {
     match dt {
         DType::F32 | DType::F16 | DType::BF16 => {
-            let f = v as f32;
+            let f = kiln_ir::interp::round_to(v, dt) as f32;
             if f.is_finite() {
                 format!("{f:?}f")
             } else {
@@ -152,6 +174,8 @@ pub struct CudaC {
     pub(crate) code: String,
     pub(crate) indent: usize,
     pub(crate) helpers: BTreeSet<Helper>,
+    /// The `unsigned short` bits a half value was widened from (loads and roundings).
+    pub(crate) half_bits: HashMap<Cv, Cv>,
 }
 
 fn u64e(x: &str) -> String {
@@ -179,10 +203,25 @@ impl CudaC {
 
     /// `const T tN = expr;`
     pub(crate) fn tmp(&mut self, dt: DType, expr: String) -> Cv {
+        self.tmp_c(c_type(dt), expr)
+    }
+
+    /// `const ty tN = expr;` for any C type.
+    pub(crate) fn tmp_c(&mut self, ty: &str, expr: String) -> Cv {
         let n = format!("t{}", self.names.len());
-        let l = format!("const {} {n} = {expr};", c_type(dt));
+        let l = format!("const {ty} {n} = {expr};");
         self.line(&l);
         self.named(n)
+    }
+
+    /// `const T tN = expr;`, rounded to f16/bf16 when `dt` is one.
+    fn result(&mut self, dt: DType, expr: String) -> Cv {
+        if dt.is_half() {
+            let r = self.tmp(DType::F32, expr);
+            self.round_half(r, DType::F32, dt)
+        } else {
+            self.tmp(dt, expr)
+        }
     }
 
     fn un_name(op: Prim1, dt: DType) -> &'static str {
@@ -239,7 +278,7 @@ impl ScalarOps for CudaC {
                 Prim1::Neg => format!("-{a}"),
                 _ => format!("{}({a})", Self::un_name(op, dt)),
             };
-            return self.tmp(dt, e);
+            return self.result(dt, e);
         }
         match op {
             Prim1::Neg => self.tmp(dt, format!("({t})(0ULL - {})", u64e(&a))),
@@ -282,7 +321,7 @@ impl ScalarOps for CudaC {
                 Prim2::Fmod => format!("{}({a}, {b})", if f32 { "fmodf" } else { "fmod" }),
                 Prim2::And | Prim2::Or => unreachable!(),
             };
-            return self.tmp(dt, e);
+            return self.result(dt, e);
         }
         let signed = !matches!(dt, DType::U8 | DType::Bool);
         let e = match op {
@@ -333,6 +372,9 @@ impl ScalarOps for CudaC {
     }
 
     fn cast(&mut self, x: Cv, from: DType, to: DType) -> Cv {
+        if to.is_half() {
+            return self.round_half(x, from, to);
+        }
         let a = self.name(x).to_string();
         let t = c_type(to);
         let e = if to == DType::Bool {

@@ -138,10 +138,23 @@ pub const F64TOL: Tol = Tol {
     atol: 1e-300,
 };
 
+/// One unit in the last place of f16 (relative, or the smallest subnormal).
+pub const F16TOL: Tol = Tol {
+    rtol: 1e-3,
+    atol: 6e-8,
+};
+/// One unit in the last place of bf16.
+pub const BF16TOL: Tol = Tol {
+    rtol: 8e-3,
+    atol: 1e-38,
+};
+
 pub fn tol_for(dt: DType) -> Tol {
     match dt {
         F32 => F32TOL,
         F64 => F64TOL,
+        F16 => F16TOL,
+        BF16 => BF16TOL,
         _ => EXACT,
     }
 }

@@ -1,5 +1,6 @@
 //! The kernel corpus of the CUDA C shim test: every op and reduction kind,
-//! casts, scalars, the snapshot kernels, over ranks, layouts and odd sizes.
+//! casts, scalars, the snapshot kernels, over ranks, layouts and odd sizes
+//! (f16/bf16 in `half.rs`, the vector path in `vector.rs`).
 
 use super::common::*;
 use kiln_codegen::AccPart;
@@ -14,6 +15,9 @@ pub struct Case {
     pub tol: Tol,
     pub grid: u32,
     pub block: u32,
+    /// Elements each operand's storage starts past a 16-byte boundary
+    /// (missing: 0), to take the vector path or not.
+    pub shift: Vec<usize>,
 }
 
 pub const LAYOUTS: [Layout; 4] = [
@@ -23,7 +27,13 @@ pub const LAYOUTS: [Layout; 4] = [
     Layout::OuterBroadcast,
 ];
 
-fn kernel(name: &str, rank: usize, operands: Vec<Operand>, b: KernelBuilder, out: usize) -> Kernel {
+pub fn kernel(
+    name: &str,
+    rank: usize,
+    operands: Vec<Operand>,
+    b: KernelBuilder,
+    out: usize,
+) -> Kernel {
     Kernel {
         name: name.into(),
         rank,
@@ -39,7 +49,7 @@ fn kernel(name: &str, rank: usize, operands: Vec<Operand>, b: KernelBuilder, out
 
 /// Pointwise `out = body(in1 [, in2])` cases for every shape of `rank`.
 #[allow(clippy::too_many_arguments)]
-fn pointwise_cases(
+pub fn pointwise_cases(
     cases: &mut Vec<Case>,
     label: &str,
     body: &dyn Fn(&mut KernelBuilder) -> usize,
@@ -73,11 +83,12 @@ fn pointwise_cases(
             tol: tol_for(out_dt),
             grid: 2,
             block: 64,
+            shift: vec![],
         });
     }
 }
 
-trait CloneBuilder {
+pub trait CloneBuilder {
     fn clone_builder(&self) -> KernelBuilder;
 }
 impl CloneBuilder for KernelBuilder {
@@ -197,6 +208,7 @@ fn reduction_cases(
             tol,
             grid: 2,
             block,
+            shift: vec![],
         });
     }
 }
@@ -235,6 +247,7 @@ fn snapshot_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
             tol: F32TOL,
             grid: 2,
             block: 256,
+            shift: vec![],
         });
     }
     let mut rng2 = Rng(rng.0 ^ 0x55);
@@ -293,6 +306,7 @@ fn snapshot_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
             scalars: vec![],
             grid: 2,
             block: 256,
+            shift: vec![],
         });
     }
 }
@@ -448,6 +462,8 @@ pub fn all_cases() -> Vec<Case> {
         &mut rng,
     );
     multi_output_cases(&mut cases, &mut rng);
+    super::half::half_cases(&mut cases, &mut rng);
+    super::vector::vector_cases(&mut cases, &mut rng);
     cases
 }
 
@@ -489,6 +505,7 @@ fn multi_output_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
                         },
                         grid: 3,
                         block: 64,
+                        shift: vec![],
                     });
                 }
             }
