@@ -162,8 +162,6 @@ fn forward_fixtures_on_cuda() {
         .map(|(op, n)| format!("{op} x{n}"))
         .collect();
     summary.push(format!("{label} host fallbacks: {}", fallbacks.join(", ")));
-    let half = kiln::cuda::launch::half_host_launches();
-    summary.push(format!("{label} f16/bf16 kernels run on the host: {half}"));
     let mut err = std::io::stderr();
     for line in summary.iter().chain(failed.iter()) {
         let _ = writeln!(err, "{line}");

@@ -82,7 +82,10 @@ impl From<bool> for Scalar {
 
 /// Writes `src` (broadcast to `dst`'s shape) into `dst`, converting the dtype.
 pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
-    if src.dtype().is_half() || dst.dtype().is_half() {
+    // CPU kernels never see f16/bf16 (the host converts); CUDA kernels load
+    // and store them natively.
+    let host = !dst.device().is_cuda();
+    if host && (src.dtype().is_half() || dst.dtype().is_half()) {
         trace::check_launch("copy", &[src])?;
         let l = kiln_ir::op::view::broadcast_to(src.layout(), dst.dims())?;
         kiln_runtime::convert(

@@ -12,7 +12,6 @@ use crate::storage::Storage;
 use kiln_codegen::cuda::POINTWISE_BLOCK;
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::{bail, Result, Strides};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Most blocks per launch: kernels loop over the rest (grid-stride).
 const MAX_GRID: usize = 1 << 16;
@@ -42,44 +41,10 @@ pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
     Ok(dev)
 }
 
-static HOST_LAUNCHES: AtomicUsize = AtomicUsize::new(0);
-
-/// Kernels with f16/bf16 operands launched on a device so far: the CUDA C
-/// emitter does not load and store them natively yet, so they run on the
-/// host between copies (see `launch_on_host`).
-pub fn half_host_launches() -> usize {
-    HOST_LAUNCHES.load(Ordering::Relaxed)
-}
-
-/// Runs the kernel on host copies of the operands' storages (the CPU path,
-/// which widens f16/bf16), then copies the outputs' storages back.
-fn launch_on_host(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
-    HOST_LAUNCHES.fetch_add(1, Ordering::Relaxed);
-    let host = views
-        .iter()
-        .map(|v| v.storage.to_device(Device::Cpu))
-        .collect::<Result<Vec<Storage>>>()?;
-    let hv: Vec<View> = host
-        .iter()
-        .zip(views)
-        .map(|(s, v)| View {
-            storage: s,
-            layout: v.layout,
-        })
-        .collect();
-    crate::launch::launch(template, &hv, scalars)?;
-    for (h, v) in host.iter().zip(views).take(template.outputs()) {
-        if let Device::Cuda(n) = v.storage.device() {
-            // SAFETY: the host copy is ours; no kernel writes it.
-            super::gpu(n)?.copy_to_device(unsafe { h.bytes() }, v.storage.device_ptr())?;
-        }
-    }
-    Ok(())
-}
-
 /// [`crate::launch::convert`] of device views, on host copies of their storages.
+/// (The frontend converts device tensors with kernels; this keeps a stray
+/// call correct rather than a wild host read.)
 pub fn convert_on_host(src: View, dst: View) -> Result<()> {
-    HOST_LAUNCHES.fetch_add(1, Ordering::Relaxed);
     let (s, d) = (
         src.storage.to_device(Device::Cpu)?,
         dst.storage.to_device(Device::Cpu)?,
@@ -106,7 +71,9 @@ pub fn convert_on_host(src: View, dst: View) -> Result<()> {
 pub fn launch_shape(k: &Kernel, dims: &[usize], max_reduce_block: u32) -> (u32, u32) {
     match k.reduce {
         None => {
-            let total: usize = dims.iter().product();
+            // a vectorised kernel's threads take whole vectors
+            let vec = kiln_codegen::cuda::vector_width(k).unwrap_or(1);
+            let total: usize = dims.iter().product::<usize>().div_ceil(vec);
             let block = POINTWISE_BLOCK as usize;
             (
                 total.div_ceil(block).clamp(1, MAX_GRID) as u32,
@@ -137,9 +104,6 @@ pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -
     let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
     if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
         return Ok(());
-    }
-    if views.iter().any(|v| v.dtype().is_half()) {
-        return launch_on_host(template, views, scalars);
     }
     let mut k = template.clone();
     k.rank = cd.len();
