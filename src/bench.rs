@@ -2,14 +2,18 @@
 //! (median of N runs after warm-up). Shared by `kiln bench` and `benches/`.
 
 use crate::functional as F;
-use crate::ir::op::conv::{ConvParams, Padding};
 use crate::profiler;
-use crate::{DType, Result, Tensor};
+use crate::{DType, Device, Result, Tensor};
 use std::path::Path;
 use std::time::Instant;
 
+pub mod device;
 pub mod train;
+mod workloads;
+pub use device::{parse_device, run_on, DeviceBench, DEVICE_WORKLOADS};
 pub use train::{measure_train, w5, w6, TrainWorkload};
+pub use workloads::{w1, w1_at, w2, w2_at, w2f, w3, w3_at, w4, w4_at, w7_at};
+pub use workloads::{Size, Workload, WorkloadFn};
 
 /// One measured row.
 #[derive(Debug, Clone)]
@@ -23,6 +27,11 @@ pub struct Row {
     pub rate: f64,
     /// Compiled rows: the first call (trace, passes, codegen, run).
     pub compile_ms: Option<f64>,
+    /// Where the inputs and weights lived.
+    pub device: Device,
+    /// Compiled rows of a device run: the largest difference from the eager
+    /// outputs (relative above 1, absolute below).
+    pub max_diff: Option<f64>,
 }
 
 impl Row {
@@ -37,6 +46,13 @@ impl Row {
         }
         if let Some(c) = self.compile_ms {
             s += &format!(",\"compile_ms\":{c:.3}");
+        }
+        // CPU rows keep their old shape; device runs say where they ran
+        if self.device != Device::Cpu {
+            s += &format!(",\"device\":\"{}\"", self.device);
+        }
+        if let Some(d) = self.max_diff {
+            s += &format!(",\"max_diff\":{d:e}");
         }
         s + "}"
     }
@@ -90,117 +106,8 @@ fn row(w: &str, what: &str, ms: f64, unit: &'static str, amount: f64) -> Row {
         unit,
         rate,
         compile_ms: None,
-    }
-}
-
-/// A workload: its inputs and the computation, shared by eager and compiled runs.
-pub struct Workload {
-    pub name: &'static str,
-    pub what: &'static str,
-    pub unit: &'static str,
-    /// Bytes (gbps) or flops (gflops) per run.
-    pub amount: f64,
-    pub inputs: Vec<Tensor>,
-    pub f: Box<WorkloadFn>,
-}
-
-/// What a workload computes from its inputs.
-pub type WorkloadFn = dyn Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync;
-
-/// W1: y = gelu(x*a + b) * 0.5 + x over 4M f32.
-pub fn w1() -> Workload {
-    let n = 4 * 1024 * 1024;
-    Workload {
-        name: "W1",
-        what: "gelu(x*a+b)*0.5+x, 4M f32",
-        unit: "gbps",
-        amount: 4.0 * 16.0 * MIB,
-        inputs: vec![randn(&[n], 1), randn(&[n], 2), randn(&[n], 3)],
-        f: Box::new(|t: &[Tensor]| {
-            let y = t[0].mul(&t[1])?.add(&t[2])?.gelu(false)?;
-            Ok(vec![&(&y * 0.5) + &t[0]])
-        }),
-    }
-}
-
-/// W2: softmax over the last dim of (4096, 1024).
-pub fn w2() -> Workload {
-    Workload {
-        name: "W2",
-        what: "softmax(4096x1024, dim=-1)",
-        unit: "gbps",
-        amount: 2.0 * 16.0 * MIB,
-        inputs: vec![randn(&[4096, 1024], 4)],
-        f: Box::new(|t: &[Tensor]| Ok(vec![t[0].softmax(-1)?])),
-    }
-}
-
-/// W2F: softmax(x * 0.125 + mask): a softmax fed by pointwise ops (attention scores).
-pub fn w2f() -> Workload {
-    Workload {
-        name: "W2F",
-        what: "softmax(x*0.125+mask, dim=-1), 4096x1024",
-        unit: "gbps",
-        amount: 3.0 * 16.0 * MIB,
-        inputs: vec![randn(&[4096, 1024], 4), randn(&[4096, 1024], 18)],
-        f: Box::new(|t: &[Tensor]| Ok(vec![(&(&t[0] * 0.125) + &t[1]).softmax(-1)?])),
-    }
-}
-
-/// W3: layer_norm over the last dim of (4096, 1024) with weight and bias.
-pub fn w3() -> Workload {
-    let (w, b) = (randn(&[1024], 6), randn(&[1024], 7));
-    Workload {
-        name: "W3",
-        what: "layer_norm(4096x1024) affine",
-        unit: "gbps",
-        amount: 2.0 * 16.0 * MIB,
-        inputs: vec![randn(&[4096, 1024], 5)],
-        f: Box::new(move |t: &[Tensor]| {
-            Ok(vec![F::layer_norm(
-                &t[0],
-                &[1024],
-                Some(&w),
-                Some(&b),
-                1e-5,
-            )?])
-        }),
-    }
-}
-
-/// W4: Conv2d(64,64,3,p1) + BatchNorm2d(eval) + ReLU on (8,64,56,56).
-pub fn w4() -> Workload {
-    let w = &randn(&[64, 64, 3, 3], 9) * 0.05;
-    let bias = randn(&[64], 10);
-    let (rm, rv) = (
-        randn(&[64], 11),
-        &randn(&[64], 12).abs().expect("abs") + 0.5,
-    );
-    let (g, beta) = (randn(&[64], 13), randn(&[64], 14));
-    let p = ConvParams {
-        padding: Padding::Explicit(vec![1]),
-        ..ConvParams::default()
-    };
-    Workload {
-        name: "W4",
-        what: "Conv2d(64,64,3,p1)+BN(eval)+ReLU, 8x64x56x56",
-        unit: "gflops",
-        amount: 2.0 * 8.0 * 64.0 * 64.0 * 9.0 * 56.0 * 56.0,
-        inputs: vec![randn(&[8, 64, 56, 56], 8)],
-        f: Box::new(move |t: &[Tensor]| {
-            let y = F::conv2d(&t[0], &w, Some(&bias), &p)?;
-            let y = F::batch_norm(
-                &y,
-                Some(&rm),
-                Some(&rv),
-                Some(&g),
-                Some(&beta),
-                false,
-                0.1,
-                1e-5,
-            )?;
-            Ok(vec![y.relu()?])
-        }),
+        device: Device::Cpu,
+        max_diff: None,
     }
 }
 
@@ -216,7 +123,7 @@ pub fn model(kind: crate::train::ModelKind) -> Result<Workload> {
     };
     Ok(Workload {
         name,
-        what: "digits model inference, batch 256",
+        what: "digits model inference, batch 256".into(),
         unit: "",
         amount: 0.0,
         inputs: vec![randn(&[256, 1, 8, 8], 17)],
@@ -316,30 +223,46 @@ pub fn compile_latency(kind: crate::train::ModelKind) -> Result<Vec<Row>> {
 /// Times `w` eagerly, or compiled (the first call, which traces and compiles,
 /// is reported as `compile_ms`).
 pub fn measure(w: &Workload, compiled: bool, iters: usize) -> Result<Row> {
+    measure_on(w, compiled, iters, Device::Cpu).map(|(r, _)| r)
+}
+
+/// [`measure`] for a workload whose tensors are on `device`: each timed run
+/// ends with `device.synchronize()` (kernels on a GPU are queued, not done,
+/// when the launch returns). Also returns the outputs of one more call, for
+/// comparing compiled with eager.
+pub fn measure_on(
+    w: &Workload,
+    compiled: bool,
+    iters: usize,
+    device: Device,
+) -> Result<(Row, Vec<Tensor>)> {
     let _ng = crate::autograd::no_grad();
-    let (ms, compile_ms) = if compiled {
+    let sync = || device.synchronize();
+    let (ms, compile_ms, outs) = if compiled {
         let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
         let s = Instant::now();
         c.call(&w.inputs)?;
+        sync()?;
         let compile_ms = s.elapsed().as_secs_f64() * 1e3;
         let ms = time_ms(iters, 2, || {
             std::hint::black_box(c.call(&w.inputs)?);
-            Ok(())
+            sync()
         })?;
-        (ms, Some(compile_ms))
+        (ms, Some(compile_ms), c.call(&w.inputs)?)
     } else {
         let ms = time_ms(iters, 2, || {
             std::hint::black_box((w.f)(&w.inputs)?);
-            Ok(())
+            sync()
         })?;
-        (ms, None)
+        (ms, None, (w.f)(&w.inputs)?)
     };
-    let mut r = row(w.name, w.what, ms, w.unit, w.amount);
+    let mut r = row(w.name, &w.what, ms, w.unit, w.amount);
     if compiled {
         r.mode = "compiled".into();
     }
     r.compile_ms = compile_ms;
-    Ok(r)
+    r.device = device;
+    Ok((r, outs))
 }
 
 /// W7: (1024,1024) @ (1024,1024).

@@ -17,7 +17,7 @@ struct Cli {
 enum Cmd {
     /// Time the benchmark workloads (W1-W4 eager and compiled, W5-W6 training
     /// steps eager and compiled, W7, W8 copy bandwidth; --only CNN,MLP for the
-    /// digits models).
+    /// digits models; --device cuda for W1-W4 and W7 on a GPU).
     Bench {
         /// One JSON object per line instead of a table.
         #[arg(long)]
@@ -39,6 +39,14 @@ enum Cmd {
         /// Profile each workload into a Chrome trace DIR/W1.json, ... (Perfetto, chrome://tracing).
         #[arg(long, value_name = "DIR")]
         profile: Option<std::path::PathBuf>,
+        /// cpu, cuda or cuda:N: time W1-W4 and W7 with inputs and weights on
+        /// that device (W5/W6 training and W8 stay CPU-only). KILN_CUDA=emulator
+        /// runs a CUDA device on the CPU emulator.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Tiny sizes for W1-W4 and W7 (a smoke test of the path, e.g. on the emulator).
+        #[arg(long)]
+        quick: bool,
     },
     /// Print a compile stage of a model or workload (the text snapshot tests pin).
     Dump {
@@ -68,6 +76,36 @@ fn main() {
             iters,
             mode,
             profile,
+            device,
+            quick,
+        } if quick || !device.trim().eq_ignore_ascii_case("cpu") => {
+            if model.is_some() {
+                only.extend(model);
+            }
+            let run = kiln::bench::parse_device(&device).and_then(|d| {
+                let size = kiln::bench::Size::quick(quick);
+                kiln::bench::run_on(&only, iters.max(1), mode, size, d, profile.as_deref())
+            });
+            match run {
+                Ok(b) if json => {
+                    b.rows.iter().for_each(|r| println!("{}", r.json()));
+                    b.skipped.iter().for_each(|k| eprintln!("skipped {k}"));
+                }
+                Ok(b) => print!("{}", b.report()),
+                Err(e) => {
+                    eprintln!("kiln bench: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Cmd::Bench {
+            json,
+            mut only,
+            model,
+            iters,
+            mode,
+            profile,
+            ..
         } => match {
             if let Some(m) = model {
                 let m = m.to_ascii_uppercase();

@@ -34,14 +34,30 @@ pub struct Case {
     pub views: Vec<Value>,
 }
 
+/// Where the fixtures are: `$KILN_FIXTURES` when set; else the checkout the
+/// test was built in; else `./tests/fixtures` (a test binary carried to
+/// another machine, e.g. by scripts/gpu-check.sh, runs from a copy of the
+/// repository whose absolute path differs from the build's).
 pub fn dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    if let Some(d) = std::env::var_os("KILN_FIXTURES").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    if built.join("manifest.json").is_file() {
+        return built;
+    }
+    PathBuf::from("tests/fixtures")
 }
 
 impl Fixtures {
     pub fn load() -> Fixtures {
-        let text = std::fs::read_to_string(dir().join("manifest.json"))
-            .expect("tests/fixtures/manifest.json");
+        let manifest = dir().join("manifest.json");
+        let text = std::fs::read_to_string(&manifest).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (set KILN_FIXTURES to the fixtures folder)",
+                manifest.display()
+            )
+        });
         let m: Value = serde_json::from_str(&text).expect("manifest parses");
         let cases = m["cases"].as_array().expect("cases").clone();
         let mut files = HashMap::new();

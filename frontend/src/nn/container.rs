@@ -2,7 +2,7 @@
 //! (A plain `Vec<Box<dyn Module>>` field would hide its parameters; these
 //! report every child to `visit`, so `parameters()` and `state_dict()` see them.)
 
-use super::{Entry, Module};
+use super::{Entry, EntryMut, Module};
 use crate::Tensor;
 use kiln_ir::{bail, Result};
 
@@ -45,6 +45,11 @@ impl Module for Sequential {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, l) in self.names.iter().zip(&self.layers) {
             f(Entry::Child(n, l.as_ref()))
+        }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        for (n, l) in self.names.iter().zip(&mut self.layers) {
+            f(EntryMut::Child(n, l.as_mut()))
         }
     }
     fn describe(&self) -> String {
@@ -90,6 +95,11 @@ impl Module for ModuleList {
             f(Entry::Child(n, l.as_ref()))
         }
     }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        for (n, l) in self.names.iter().zip(&mut self.items) {
+            f(EntryMut::Child(n, l.as_mut()))
+        }
+    }
     fn describe(&self) -> String {
         "ModuleList".into()
     }
@@ -130,6 +140,11 @@ impl Module for ModuleDict {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, l) in &self.items {
             f(Entry::Child(n, l.as_ref()))
+        }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        for (n, l) in &mut self.items {
+            f(EntryMut::Child(n, l.as_mut()))
         }
     }
     fn describe(&self) -> String {

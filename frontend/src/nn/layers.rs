@@ -1,7 +1,7 @@
 //! Layers with weights: Linear, Conv1d/Conv2d, ConvTranspose2d, Embedding.
 
 use super::init::default_layer_init;
-use super::{Entry, Module};
+use super::{Entry, EntryMut, Module};
 use crate::functional as F;
 use crate::Tensor;
 use kiln_ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
@@ -16,6 +16,13 @@ fn visit_wb<'a>(w: &'a Tensor, b: &'a Option<Tensor>, f: &mut dyn FnMut(Entry<'a
     f(Entry::Param("weight", w));
     if let Some(b) = b {
         f(Entry::Param("bias", b));
+    }
+}
+
+fn visit_wb_mut(w: &mut Tensor, b: &mut Option<Tensor>, f: &mut dyn FnMut(EntryMut<'_>)) {
+    f(EntryMut::Param("weight", w));
+    if let Some(b) = b {
+        f(EntryMut::Param("bias", b));
     }
 }
 
@@ -42,6 +49,9 @@ impl Module for Linear {
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_wb_mut(&mut self.weight, &mut self.bias, f)
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();
@@ -129,6 +139,9 @@ impl Module for Conv {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
     }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_wb_mut(&mut self.weight, &mut self.bias, f)
+    }
     fn describe(&self) -> String {
         let d = self.weight.dims();
         let k = &d[2..];
@@ -202,6 +215,9 @@ impl Module for ConvTranspose2d {
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
     }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_wb_mut(&mut self.weight, &mut self.bias, f)
+    }
     fn describe(&self) -> String {
         let d = self.weight.dims();
         format!(
@@ -244,6 +260,9 @@ impl Module for Embedding {
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         f(Entry::Param("weight", &self.weight))
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        f(EntryMut::Param("weight", &mut self.weight))
     }
     fn describe(&self) -> String {
         let d = self.weight.dims();

@@ -23,6 +23,6 @@ pub use layers::{Conv, ConvOptions, ConvTranspose2d, Embedding, Linear};
 pub use loss::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss,
 };
-pub use module::{Entry, LoadReport, Module, ModuleExt};
+pub use module::{Entry, EntryMut, LoadReport, Module, ModuleExt};
 pub use norm::{BatchNorm, GroupNorm, LayerNorm};
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};

@@ -4,7 +4,8 @@
 use crate::autograd::no_grad;
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
-use kiln_ir::{bail, Result};
+use kiln_ir::{bail, Error, Result};
+use kiln_runtime::Device;
 use std::collections::BTreeMap;
 
 /// One registered member of a module, as [`Module::visit`] reports it.
@@ -12,6 +13,15 @@ pub enum Entry<'a> {
     Param(&'a str, &'a Tensor),
     Buffer(&'a str, &'a Tensor),
     Child(&'a str, &'a dyn Module),
+}
+
+/// One registered member of a module with write access, as
+/// [`Module::visit_mut`] reports it (for [`ModuleExt::to_device`], which
+/// replaces tensors rather than writing into them).
+pub enum EntryMut<'a> {
+    Param(&'a str, &'a mut Tensor),
+    Buffer(&'a str, &'a mut Tensor),
+    Child(&'a str, &'a mut dyn Module),
 }
 
 /// A layer or a model, like `torch.nn.Module`.
@@ -25,6 +35,13 @@ pub trait Module: Send + Sync {
 
     /// Calls `f` for each own parameter, buffer and child, in registration order.
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>));
+
+    /// [`Module::visit`] with write access: the same entries, in the same order.
+    ///
+    /// A module that owns no parameter, buffer or child can keep this empty
+    /// default; one that owns any must report them, or
+    /// [`ModuleExt::to_device`] fails naming the tensors it could not reach.
+    fn visit_mut(&mut self, _f: &mut dyn FnMut(EntryMut<'_>)) {}
 
     /// Sets this module's own mode (BatchNorm, Dropout override it); children
     /// are handled by [`ModuleExt::train`].
@@ -142,6 +159,61 @@ pub trait ModuleExt: Module {
         Ok(report)
     }
 
+    /// `model.to(device)`: moves every parameter and buffer to `device`.
+    ///
+    /// Each tensor not already there is replaced by a copy on `device` that
+    /// is again a leaf with the same `requires_grad` (and its `.grad`, if it
+    /// has one, moves along), so the moved parameters train as the old ones
+    /// did. As PyTorch's documentation asks, move the model *before* building
+    /// its optimizer or compiling it: those hold handles to the tensors, and
+    /// the old handles keep pointing at the old (host) copies. The borrow
+    /// checker enforces this for `compile(&model)`.
+    ///
+    /// ```
+    /// use kiln_frontend::nn::{Linear, ModuleExt};
+    /// use kiln_runtime::Device;
+    /// let mut l = Linear::new(4, 2, true).unwrap();
+    /// l.to_device(Device::Cpu).unwrap(); // already there: nothing moves
+    /// assert!(l.parameters().iter().all(|p| p.device() == Device::Cpu && p.requires_grad()));
+    /// ```
+    fn to_device(&mut self, device: Device) -> Result<()> {
+        let _g = no_grad();
+        let mut first_err: Option<Error> = None;
+        walk_mut(self.as_dyn_mut(), "", &mut |name, t| {
+            if first_err.is_some() || t.device() == device {
+                return;
+            }
+            match moved(t, device) {
+                Ok(m) => *t = m,
+                Err(e) => {
+                    first_err = Some(Error::op(
+                        "to_device",
+                        format!("moving {name} from {} to {device}: {e}", t.device()),
+                    ))
+                }
+            }
+        });
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        // A module whose `visit_mut` does not report its tensors leaves them behind.
+        let left: Vec<String> = self
+            .state_dict()
+            .into_iter()
+            .filter(|(_, t)| t.device() != device)
+            .map(|(k, t)| format!("{k} (on {})", t.device()))
+            .collect();
+        if !left.is_empty() {
+            bail!(
+                "to_device",
+                "{} stayed behind when moving to {device}: the module owning them does not \
+                 report them through Module::visit_mut",
+                left.join(", ")
+            );
+        }
+        Ok(())
+    }
+
     /// `train()`: this module and every descendant.
     fn train(&self) {
         set_training(self.as_dyn(), true)
@@ -165,10 +237,15 @@ pub trait ModuleExt: Module {
     }
 
     fn as_dyn(&self) -> &dyn Module;
+
+    fn as_dyn_mut(&mut self) -> &mut dyn Module;
 }
 
 impl<M: Module> ModuleExt for M {
     fn as_dyn(&self) -> &dyn Module {
+        self
+    }
+    fn as_dyn_mut(&mut self) -> &mut dyn Module {
         self
     }
 }
@@ -177,6 +254,23 @@ impl ModuleExt for dyn Module {
     fn as_dyn(&self) -> &dyn Module {
         self
     }
+    fn as_dyn_mut(&mut self) -> &mut dyn Module {
+        self
+    }
+}
+
+/// `t` as a fresh leaf on `device`: same `requires_grad`, `.grad` moved too
+/// (PyTorch's `param.data = param.data.to(device)` keeps both).
+fn moved(t: &Tensor, device: Device) -> Result<Tensor> {
+    let out = t.detach().to_device(device)?;
+    if !t.requires_grad() {
+        return Ok(out);
+    }
+    let out = out.requires_grad_(true);
+    if let Some(g) = t.grad() {
+        out.set_grad(Some(g.to_device(device)?));
+    }
+    Ok(out)
 }
 
 /// Depth-first walk with dotted names: own entries first, then each child's.
@@ -190,6 +284,15 @@ fn walk<'a>(m: &'a dyn Module, prefix: &str, f: &mut dyn FnMut(String, Entry<'a>
     for (n, c) in children {
         walk(c, &format!("{prefix}{n}."), f);
     }
+}
+
+/// Calls `f` with the dotted name of every parameter and buffer, with write
+/// access (depth first, in `visit_mut` order).
+fn walk_mut(m: &mut dyn Module, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
+    m.visit_mut(&mut |e| match e {
+        EntryMut::Param(n, t) | EntryMut::Buffer(n, t) => f(&format!("{prefix}{n}"), t),
+        EntryMut::Child(n, c) => walk_mut(c, &format!("{prefix}{n}."), f),
+    });
 }
 
 fn set_training(m: &dyn Module, on: bool) {

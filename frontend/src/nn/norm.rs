@@ -1,12 +1,25 @@
 //! Normalisation layers: BatchNorm1d/2d, LayerNorm, GroupNorm.
 
 use super::layers::{param, py_bool};
-use super::{Entry, Module};
+use super::{Entry, EntryMut, Module};
 use crate::functional as F;
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The optional affine parameters of a norm layer, with write access.
+fn visit_affine_mut(
+    w: &mut Option<Tensor>,
+    b: &mut Option<Tensor>,
+    f: &mut dyn FnMut(EntryMut<'_>),
+) {
+    for (n, t) in [("weight", w), ("bias", b)] {
+        if let Some(t) = t {
+            f(EntryMut::Param(n, t))
+        }
+    }
+}
 
 /// `nn.BatchNorm1d` / `nn.BatchNorm2d`: batch statistics in training (and the
 /// running stats updated with the unbiased variance), running stats in eval.
@@ -120,6 +133,18 @@ impl Module for BatchNorm {
             }
         }
     }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_affine_mut(&mut self.weight, &mut self.bias, f);
+        for (n, t) in [
+            ("running_mean", &mut self.running_mean),
+            ("running_var", &mut self.running_var),
+            ("num_batches_tracked", &mut self.num_batches_tracked),
+        ] {
+            if let Some(t) = t {
+                f(EntryMut::Buffer(n, t))
+            }
+        }
+    }
     fn set_own_training(&self, on: bool) {
         self.training.store(on, Ordering::Relaxed)
     }
@@ -183,6 +208,9 @@ impl Module for LayerNorm {
             }
         }
     }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_affine_mut(&mut self.weight, &mut self.bias, f)
+    }
     fn describe(&self) -> String {
         format!(
             "LayerNorm({:?}, eps={:e}, elementwise_affine={})",
@@ -230,6 +258,9 @@ impl Module for GroupNorm {
                 f(Entry::Param(n, t))
             }
         }
+    }
+    fn visit_mut(&mut self, f: &mut dyn FnMut(EntryMut<'_>)) {
+        visit_affine_mut(&mut self.weight, &mut self.bias, f)
     }
     fn describe(&self) -> String {
         format!(

@@ -86,7 +86,7 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
     );
     if !st.contains_key("sum") {
         let init = g.f64("initial_accumulator_value")?;
-        st.insert("sum".into(), full_like(p, init));
+        st.insert("sum".into(), full_like(p, init)?);
     }
     let step = bump_step(st)?;
     let mut grad = if g.bool("maximize")? {

@@ -118,10 +118,10 @@ fn update(
     let (b1, b2) = g.betas()?;
     let amsgrad = g.bool("amsgrad")?;
     if !st.contains_key("exp_avg") {
-        st.insert("exp_avg".into(), full_like(p, 0.0));
-        st.insert("exp_avg_sq".into(), full_like(p, 0.0));
+        st.insert("exp_avg".into(), full_like(p, 0.0)?);
+        st.insert("exp_avg_sq".into(), full_like(p, 0.0)?);
         if amsgrad {
-            st.insert("max_exp_avg_sq".into(), full_like(p, 0.0));
+            st.insert("max_exp_avg_sq".into(), full_like(p, 0.0)?);
         }
     }
     let step = bump_step(st)?;
@@ -148,7 +148,7 @@ fn update(
         let prev = st
             .get("max_exp_avg_sq")
             .cloned()
-            .unwrap_or_else(|| full_like(p, 0.0));
+            .map_or_else(|| full_like(p, 0.0), Ok)?;
         let mx = prev.maximum(&v)?;
         st.insert("max_exp_avg_sq".into(), mx.clone());
         mx

@@ -213,9 +213,16 @@ pub(crate) fn lerp(a: &Tensor, b: &Tensor, w: f64) -> Result<Tensor> {
     }
 }
 
-/// A fresh state tensor shaped like `p` filled with `v`.
-pub(crate) fn full_like(p: &Tensor, v: f64) -> Tensor {
-    Tensor::full(p.dims(), v, p.dtype())
+/// A fresh state tensor shaped like `p` filled with `v`, on `p`'s device (as
+/// `torch.zeros_like` places it), so a model moved to a GPU keeps its
+/// optimizer state there too.
+pub(crate) fn full_like(p: &Tensor, v: f64) -> Result<Tensor> {
+    let t = Tensor::full(p.dims(), v, p.dtype());
+    if p.device().is_cuda() {
+        t.to_device(p.device())
+    } else {
+        Ok(t)
+    }
 }
 
 /// The `step` counter as PyTorch keeps it: a 0-dim float32 tensor.

@@ -117,7 +117,7 @@ pub(crate) fn sgd(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState
     let (decay, keep) = if st.contains_key("momentum_buffer") {
         (momentum, 1.0 - dampening)
     } else {
-        st.insert("momentum_buffer".into(), full_like(p, 0.0));
+        st.insert("momentum_buffer".into(), full_like(p, 0.0)?);
         (0.0, 1.0)
     };
     let bf = flat(&st["momentum_buffer"])?;
@@ -148,8 +148,8 @@ pub(crate) fn adam(
     let (lr, eps, wd) = (g.f64("lr")?, g.f64("eps")?, g.f64("weight_decay")?);
     let (b1, b2) = g.betas()?;
     if !st.contains_key("exp_avg") {
-        st.insert("exp_avg".into(), full_like(p, 0.0));
-        st.insert("exp_avg_sq".into(), full_like(p, 0.0));
+        st.insert("exp_avg".into(), full_like(p, 0.0)?);
+        st.insert("exp_avg_sq".into(), full_like(p, 0.0)?);
     }
     let step = bump_step(st)?;
     let mut x = Ex(Fuser);

@@ -81,12 +81,12 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
         g.bool("centered")?,
     );
     if !st.contains_key("square_avg") {
-        st.insert("square_avg".into(), full_like(p, 0.0));
+        st.insert("square_avg".into(), full_like(p, 0.0)?);
         if momentum > 0.0 {
-            st.insert("momentum_buffer".into(), full_like(p, 0.0));
+            st.insert("momentum_buffer".into(), full_like(p, 0.0)?);
         }
         if centered {
-            st.insert("grad_avg".into(), full_like(p, 0.0));
+            st.insert("grad_avg".into(), full_like(p, 0.0)?);
         }
     }
     bump_step(st)?;
@@ -103,7 +103,7 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
         let prev = st
             .get("grad_avg")
             .cloned()
-            .unwrap_or_else(|| full_like(p, 0.0));
+            .map_or_else(|| full_like(p, 0.0), Ok)?;
         let ga = lerp(&prev, &grad, 1.0 - alpha)?;
         let a = sq.sub(&ga.mul(&ga)?)?.sqrt()?;
         st.insert("grad_avg".into(), ga);
@@ -117,7 +117,7 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
         let prev = st
             .get("momentum_buffer")
             .cloned()
-            .unwrap_or_else(|| full_like(p, 0.0));
+            .map_or_else(|| full_like(p, 0.0), Ok)?;
         let buf = scale(&prev, momentum)?.add(&grad.div(&avg)?)?;
         st.insert("momentum_buffer".into(), buf.clone());
         p.add_scaled(&buf, lr, true)?

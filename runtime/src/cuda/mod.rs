@@ -146,6 +146,16 @@ impl Device {
         })?;
         gpu(o).map(|_| Device::Cuda(o))
     }
+
+    /// Waits until the work queued on this device is done
+    /// (`torch.cuda.synchronize()`), e.g. before reading a clock; the CPU
+    /// has nothing queued.
+    pub fn synchronize(self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(n) => gpu(n)?.synchronize(),
+        }
+    }
 }
 
 /// Whether the CUDA driver library (libcuda) can be loaded.
