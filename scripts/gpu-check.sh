@@ -32,10 +32,12 @@
 #   run(command="bash scripts/gpu-check.sh device", carry=[".gpu"], timeout_s=420)
 #
 # NOT POSSIBLE YET (extend here when kiln has them):
-#   - GEMM, convolution, pooling, embedding and gathers have no device kernels:
-#     on CUDA they run on the host between two copies (`kiln::host_fallbacks()`,
-#     listed by cuda_device and by `kiln bench --device cuda`), so W4 and W7
-#     timings on the GPU measure that round trip, not a GPU kernel.
+#   - GEMM and convolution are generated kernels on the device (a reduction
+#     GEMM, one block per output element, and im2col as a copy kernel): correct
+#     but untiled, far from cuBLAS/cuDNN speed; no cuBLAS path yet. Pooling,
+#     embedding, gathers, conv_transpose2d and conv2d_weight_grad run on the
+#     host between two copies (`kiln::host_fallbacks()`, listed by cuda_device
+#     and by `kiln bench --device cuda`).
 #   - `kiln bench --device cuda` times the inference workloads only; the
 #     training steps W5/W6 (and W8, the host copy reference) are CPU-only.
 #   - The CPU-shim tests (codegen/tests/cuda_shim.rs, and the emulator runs of

@@ -53,7 +53,7 @@ enum Cmd {
         /// cnn, mlp, W1, W2, W3 or W4.
         #[arg(long)]
         model: String,
-        /// graph, rewritten, fused, backward, kernels, clif, or explain (the compile report).
+        /// graph, rewritten, fused, backward, kernels, clif, cuda (the CUDA C of each kernel), or explain (the compile report).
         #[arg(long, default_value = "fused")]
         stage: String,
         /// The training step of cnn or mlp: the joint graph (`graph`), the

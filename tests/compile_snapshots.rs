@@ -46,6 +46,7 @@ fn w1_pointwise_chain() {
     let args = [randn(&[64], 1), randn(&[64], 2), randn(&[64], 3)];
     insta::assert_snapshot!("w1_stages", stages(&c, &args));
     insta::assert_snapshot!("w1_kernel", c.dump(Stage::Kernels, &args).unwrap());
+    insta::assert_snapshot!("w1_cuda", c.dump(Stage::Cuda, &args).unwrap());
     assert_eq!(kernels(&c).0.len(), 1, "W1 is one kernel");
 }
 
@@ -57,6 +58,7 @@ fn softmax_fused() {
     let args = [randn(&[4, 16], 4)];
     insta::assert_snapshot!("softmax_stages", stages(&c, &args));
     insta::assert_debug_snapshot!("softmax_kernels", kernels(&c));
+    insta::assert_snapshot!("softmax_cuda", c.dump(Stage::Cuda, &args).unwrap());
     assert!(kernels(&c).0.len() <= 2, "softmax in at most 2 kernels");
 }
 
@@ -69,6 +71,7 @@ fn layer_norm_fused() {
     let args = [randn(&[4, 16], 5)];
     insta::assert_snapshot!("layer_norm_stages", stages(&c, &args));
     insta::assert_debug_snapshot!("layer_norm_kernels", kernels(&c));
+    insta::assert_snapshot!("layer_norm_cuda", c.dump(Stage::Cuda, &args).unwrap());
     assert!(kernels(&c).0.len() <= 2, "layer_norm in at most 2 passes");
 }
 

@@ -20,16 +20,20 @@ pub enum Stage {
     Kernels,
     /// The Cranelift IR of those kernels.
     Clif,
+    /// The CUDA C of those kernels (one source per fused group; with inputs
+    /// on a CUDA device, as specialised there: f16/bf16 loaded natively).
+    Cuda,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 6] = [
+    pub const ALL: [Stage; 7] = [
         Stage::Graph,
         Stage::Rewritten,
         Stage::Fused,
         Stage::Backward,
         Stage::Kernels,
         Stage::Clif,
+        Stage::Cuda,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,6 +44,7 @@ impl Stage {
             Stage::Backward => "backward",
             Stage::Kernels => "kernels",
             Stage::Clif => "clif",
+            Stage::Cuda => "cuda",
         }
     }
 
@@ -48,7 +53,7 @@ impl Stage {
             Some(st) => Ok(*st),
             None => bail!(
                 "dump",
-                "unknown stage `{s}`: expected one of graph, rewritten, fused, backward, kernels, clif"
+                "unknown stage `{s}`: expected one of graph, rewritten, fused, backward, kernels, clif, cuda"
             ),
         }
     }
@@ -125,6 +130,14 @@ impl Compiled<'_> {
                 let mut s = String::new();
                 for k in &kernels {
                     s += &kiln_codegen::cpu::CpuJit::clif_text(k)?;
+                    s += "\n";
+                }
+                s
+            }
+            Stage::Cuda => {
+                let mut s = String::new();
+                for k in &kernels {
+                    s += &kiln_codegen::cuda::cuda_source(k)?;
                     s += "\n";
                 }
                 s
