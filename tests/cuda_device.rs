@@ -132,6 +132,27 @@ fn prepare(fx: &Fixtures) {
         .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// Every distinct kernel the suites launched on the device, compiled by real
+/// NVRTC for sm_90 (what the GPU would load); a skip line without NVRTC.
+fn nvrtc_line(launched: &[kiln_codegen::Kernel], failed: &mut Vec<String>) -> String {
+    if !kiln::cuda::nvrtc_present() {
+        return "nvrtc fixtures: NVRTC not found, skipped".into();
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut n = 0;
+    let mut bad = 0;
+    for k in launched.iter().filter(|k| seen.insert((*k).clone())) {
+        n += 1;
+        let r = kiln_codegen::cuda::cuda_source(k)
+            .and_then(|src| kiln::cuda::compile_cubin(&src, (9, 0)));
+        if let Err(e) = r {
+            bad += 1;
+            failed.push(format!("nvrtc {}: {e}", k.name));
+        }
+    }
+    format!("nvrtc fixtures: {n} device kernels compiled for sm_90, {bad} failed")
+}
+
 #[test]
 fn forward_fixtures_on_cuda() {
     let Some((dev, label)) = device() else { return };
@@ -139,24 +160,27 @@ fn forward_fixtures_on_cuda() {
     prepare(&fx);
     let mut failed = vec![];
     let mut summary = vec![];
-    for compiled in [false, true] {
-        let label = if compiled {
-            format!("{label} compiled")
-        } else {
-            label.to_string()
-        };
-        for suite in FORWARD_SUITES {
-            let cases = load_suite(&fx, suite);
-            let mut pass = 0;
-            for c in &cases {
-                match run_case(&fx, c, dev, compiled) {
-                    Ok(()) => pass += 1,
-                    Err(e) => failed.push(format!("{label} {suite}/{}: {e}", c.case)),
+    let ((), launched) = kiln_runtime::record_kernels(|| {
+        for compiled in [false, true] {
+            let label = if compiled {
+                format!("{label} compiled")
+            } else {
+                label.to_string()
+            };
+            for suite in FORWARD_SUITES {
+                let cases = load_suite(&fx, suite);
+                let mut pass = 0;
+                for c in &cases {
+                    match run_case(&fx, c, dev, compiled) {
+                        Ok(()) => pass += 1,
+                        Err(e) => failed.push(format!("{label} {suite}/{}: {e}", c.case)),
+                    }
                 }
+                summary.push(format!("{label} {suite}: {pass}/{}", cases.len()));
             }
-            summary.push(format!("{label} {suite}: {pass}/{}", cases.len()));
         }
-    }
+    });
+    summary.push(nvrtc_line(&launched, &mut failed));
     let fallbacks: Vec<String> = kiln::host_fallbacks()
         .iter()
         .map(|(op, n)| format!("{op} x{n}"))
