@@ -3,7 +3,10 @@
 //! pointwise op and reduction as generated CUDA C launched with a grid and a
 //! block — and the outputs compared, after the copy back, under the
 //! manifest's tolerances. Eagerly (`cuda-shim SUITE: P/T`) and through
-//! `compile()` (`cuda-shim compiled SUITE: P/T`).
+//! `compile()` (`cuda-shim compiled SUITE: P/T`); every gradient case with its
+//! CPU leaves copied to the device (`cuda-shim backward SUITE: P/T`, the
+//! gradients arriving back through the copies); and every distinct kernel
+//! launched compiled by real NVRTC for sm_90 when NVRTC is present.
 //!
 //! Without a GPU the device is the emulator (`kiln::cuda::use_emulator`): the
 //! same CUDA C compiled by `c++` against the shim header and run on the CPU.
@@ -30,6 +33,32 @@ const FORWARD_SUITES: [&str; 11] = [
     "loss",
     "embedding",
     "half",
+];
+
+/// Suites with gradient cases (all forward suites but `half`).
+const BACKWARD_SUITES: [&str; 10] = [
+    "ops_unary",
+    "ops_binary",
+    "reduce",
+    "views",
+    "matmul",
+    "conv",
+    "pool",
+    "norm",
+    "loss",
+    "embedding",
+];
+
+/// Gradient cases whose golden values need PyTorch's CPU summation order
+/// exactly (rtol 0): the gradient of a broadcast is a sum, which a device
+/// reduction adds in tree order (per-thread partials, then warp shuffles), so
+/// it may differ in the last bit. They are printed when they differ, and fail
+/// the test for any other reason.
+const SUMMATION_ORDER: [&str; 4] = [
+    "views/expand_col",
+    "views/expand_new_dims",
+    "views/expand_minus1",
+    "views/expand_contiguous",
 ];
 
 /// The device under test and its label in the summary lines.
@@ -159,6 +188,7 @@ fn forward_fixtures_on_cuda() {
     let fx = Fixtures::load();
     prepare(&fx);
     let mut failed = vec![];
+    let mut order = vec![];
     let mut summary = vec![];
     let ((), launched) = kiln_runtime::record_kernels(|| {
         for compiled in [false, true] {
@@ -179,6 +209,28 @@ fn forward_fixtures_on_cuda() {
                 summary.push(format!("{label} {suite}: {pass}/{}", cases.len()));
             }
         }
+        for suite in BACKWARD_SUITES {
+            let cases: Vec<Case> = load_suite(&fx, suite)
+                .into_iter()
+                .filter(|c| !c.expect_error && fixture_support::backward::has_grads(&fx, c))
+                .collect();
+            let mut pass = 0;
+            for c in &cases {
+                let key = format!("{suite}/{}", c.case);
+                match fixture_support::backward::run_case_on(&fx, c, dev) {
+                    Ok(()) => pass += 1,
+                    // only a rounding difference is tolerated for the listed cases
+                    Err(e)
+                        if SUMMATION_ORDER.contains(&key.as_str())
+                            && e.contains("elements differ") =>
+                    {
+                        order.push(format!("{label} backward {key} (summation order): {e}"))
+                    }
+                    Err(e) => failed.push(format!("{label} backward {key}: {e}")),
+                }
+            }
+            summary.push(format!("{label} backward {suite}: {pass}/{}", cases.len()));
+        }
     });
     summary.push(nvrtc_line(&launched, &mut failed));
     let fallbacks: Vec<String> = kiln::host_fallbacks()
@@ -187,7 +239,7 @@ fn forward_fixtures_on_cuda() {
         .collect();
     summary.push(format!("{label} host fallbacks: {}", fallbacks.join(", ")));
     let mut err = std::io::stderr();
-    for line in summary.iter().chain(failed.iter()) {
+    for line in summary.iter().chain(&order).chain(failed.iter()) {
         let _ = writeln!(err, "{line}");
     }
     assert!(

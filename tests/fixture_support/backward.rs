@@ -38,6 +38,12 @@ pub fn has_grads(fx: &Fixtures, c: &Case) -> bool {
 
 /// Runs one backward case; Ok(()) when every gradient matches.
 pub fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
+    run_case_on(fx, c, kiln::Device::Cpu)
+}
+
+/// [`run_case`] with the op on `device`: the CPU leaves are copied there
+/// (differentiably), so their `.grad` arrives back through the copies.
+pub fn run_case_on(fx: &Fixtures, c: &Case, device: kiln::Device) -> Result<(), String> {
     let r = raw(fx, c);
     let grads = names(&r["grads"]);
     let gouts = names(&r["gouts"]);
@@ -57,10 +63,14 @@ pub fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let inputs = (0..stored.len())
+    let placed = stored
+        .iter()
+        .map(|t| t.to_device(device).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, String>>()?;
+    let inputs = (0..placed.len())
         .map(|k| match c.input_view.get(&format!("in{k}")) {
-            Some(expr) => eval_view(&stored, expr),
-            None => Ok(stored[k].clone()),
+            Some(expr) => eval_view(&placed, expr),
+            None => Ok(placed[k].clone()),
         })
         .collect::<Result<Vec<_>, _>>()?;
     let outs = super::ops::run(c, &inputs).map_err(|e| format!("kiln forward error: {e}"))?;
@@ -71,7 +81,11 @@ pub fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
         let o = outs.get(k).ok_or(format!("no output {k}"))?;
         if o.requires_grad() {
             roots.push(o.clone());
-            gts.push(fx.tensor(c, g)?);
+            gts.push(
+                fx.tensor(c, g)?
+                    .to_device(device)
+                    .map_err(|e| e.to_string())?,
+            );
         }
     }
     if !roots.is_empty() {

@@ -236,7 +236,7 @@ impl Tensor {
                 fmt_dims(self.dims())
             );
         }
-        let one = Tensor::ones(self.dims(), self.dtype());
+        let one = Tensor::ones(self.dims(), self.dtype()).to_device(self.device())?;
         backward(&[self], &[&one], false)
     }
 
@@ -258,7 +258,7 @@ impl Tensor {
                         fmt_dims(self.dims())
                     );
                 }
-                one = Tensor::ones(self.dims(), self.dtype());
+                one = Tensor::ones(self.dims(), self.dtype()).to_device(self.device())?;
                 &one
             }
         };

@@ -23,11 +23,6 @@ pub fn conv2d_weight_grad(
         kernel,
     };
     trace::record(op, &[x, grad], || {
-        if let Some(r) = crate::device::via_host("conv2d_weight_grad", &[x, grad], |h| {
-            conv2d_weight_grad(&h[0], &h[1], params, kernel)
-        }) {
-            return r;
-        }
         let _p = op_scope("conv2d_weight_grad", &[x, grad]);
         trace::check_launch("conv2d_weight_grad", &[x, grad])?;
         let dt = float_dtype("conv2d_weight_grad", &[x, grad])?;
@@ -40,6 +35,11 @@ pub fn conv2d_weight_grad(
             params,
         )?;
         let (xc, gc) = (compute_input(x)?, compute_input(grad)?);
+        if xc.device().is_cuda() || gc.device().is_cuda() {
+            let gw = super::conv_kernel::conv_weight_grad_kernel(&g, &xc, &gc, dt.compute())?;
+            let dims: Vec<i64> = meta.dims.iter().map(|&d| d as i64).collect();
+            return gw.reshape(&dims)?.to_dtype(dt);
+        }
         extern_out(
             "conv2d_weight_grad",
             &[&xc, &gc],

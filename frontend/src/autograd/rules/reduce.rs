@@ -111,7 +111,9 @@ pub(crate) fn indexed(
         let (g, i) = (g.reshape_dims(&kd)?, si.get()?.reshape_dims(&kd)?);
         let mut ad = vec![1usize; xd.len()];
         ad[d] = xd[d];
-        let ar = Tensor::arange(xd[d], DType::I64).reshape_dims(&ad)?;
+        let ar = Tensor::arange(xd[d], DType::I64)
+            .reshape_dims(&ad)?
+            .to_device(i.device())?;
         let mask = ar.eq(&i)?;
         Ok(vec![Some(keep(&mask, &g.expand_to(&xd)?)?)])
     })
