@@ -347,7 +347,13 @@ fn compiled_conv_relu_on_the_device_matches_the_cpu() {
         .map(|t| t.to_device(dev).unwrap())
         .collect();
     let got = c.call(&ins).unwrap().remove(0);
-    assert!(c.explain().entries[0].graph_break.is_none());
+    let report = c.explain().entries[0].clone();
+    assert!(report.graph_break.is_none());
+    assert!(
+        report.inputs.starts_with("f32[2,3,8,8] on cuda:0"),
+        "{}",
+        report.inputs
+    );
     assert_eq!(got.device(), dev);
     close(&got, &want, 1e-5);
 }

@@ -107,7 +107,12 @@ impl Entry {
             .guards
             .args
             .iter()
-            .map(|(d, s, _)| format!("{d}{}", fmt_dims(s)))
+            .zip(&self.guards.devices)
+            .map(|((d, s, _), dev)| match dev {
+                // CPU inputs print as before; a device input says where it is
+                kiln_runtime::Device::Cpu => format!("{d}{}", fmt_dims(s)),
+                dev => format!("{d}{} on {dev}", fmt_dims(s)),
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let mut r = EntryReport {

@@ -63,6 +63,7 @@ impl DriverGpu {
             return Ok(f.clone());
         }
         let src = cuda_source(k)?;
+        super::log_compile(k, &src);
         let image =
             super::nvrtc::KernelCache::global().get_or_compile(&src, self.compute_capability)?;
         let module = self

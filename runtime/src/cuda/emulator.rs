@@ -76,6 +76,9 @@ impl Emulator {
                 .map(|j| j.join().expect("shim build thread"))
                 .collect()
         });
+        for k in &todo {
+            super::log_compile(k, &kiln_codegen::cuda::cuda_source(k)?);
+        }
         let mut have = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
         for b in built {
             let (ks, lib) = b.map_err(|e| fail(self.ordinal, e.to_string()))?;

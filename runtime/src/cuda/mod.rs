@@ -89,6 +89,17 @@ pub trait Gpu: Send + Sync {
     }
 }
 
+/// `KILN_LOG=kernels` / `code` for a kernel compiled for a device, as the CPU
+/// path logs KernelIR and Cranelift IR.
+pub(crate) fn log_compile(k: &Kernel, source: &str) {
+    if crate::log_enabled("kernels") {
+        eprint!("[kiln kernels] {}", k.to_text());
+    }
+    if crate::log_enabled("code") {
+        eprint!("[kiln code] {} (cuda)\n{source}", k.name);
+    }
+}
+
 static EMULATE: AtomicBool = AtomicBool::new(false);
 type Slot = Option<Arc<dyn Gpu>>;
 static DEVICES: Mutex<[Slot; MAX_CUDA_DEVICES]> = Mutex::new([const { None }; MAX_CUDA_DEVICES]);
