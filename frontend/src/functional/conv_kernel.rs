@@ -2,10 +2,11 @@
 //! into a zero-padded buffer, its patches gathered by one copy kernel through
 //! a strided view (im2col with no index arithmetic of its own: stride and
 //! dilation are just strides of the view), then the matrix product of
-//! [`super::matmul_kernel`] per group, and the bias added by a pointwise kernel.
+//! [`super::matmul_kernel`] per group, written in NCHW order with the bias
+//! added in its epilogue: three launches in all.
 //! The weight gradient reuses the patches.
 
-use super::matmul_kernel::matmul_kernel;
+use super::matmul_kernel::{matmul_kernel, matmul_kernel_plus};
 use crate::ops::pointwise::copy_into;
 use crate::Tensor;
 use kiln_ir::op::conv::ConvGeometry;
@@ -63,27 +64,21 @@ pub(super) fn conv_kernel(
     dt: DType,
 ) -> Result<Tensor> {
     let [kh, kw] = g.kernel;
-    let [oh, ow] = g.out_size;
     let (n, groups) = (g.n, g.groups);
     let (cg, cog) = (g.c_in_per_group(), g.c_out_per_group());
     let patches = patches(g, x, dt)?;
     let k = (cg * kh * kw) as i64;
-    let wk = w
-        .reshape(&[groups as i64, cog as i64, k])?
-        .transpose(-1, -2)?
-        .unsqueeze(0)?
-        .expand(&[n as i64, groups as i64, k, cog as i64])?;
-    let y = matmul_kernel(&patches, &wk, dt)?; // [n, groups, oh*ow, cog]
-    let y = y.permute(&[0, 1, 3, 2])?.contiguous()?.reshape(&[
+    // loops [n, groups, cog, oh*ow, k]: the result comes out in NCHW order
+    let wk = w.reshape(&[1, groups as i64, cog as i64, k])?.expand(&[
         n as i64,
-        (groups * cog) as i64,
-        oh as i64,
-        ow as i64,
+        groups as i64,
+        cog as i64,
+        k,
     ])?;
-    let y = match bias {
-        Some(b) => y.add(&b.reshape(&[1, -1, 1, 1])?)?,
-        None => y,
-    };
+    let bias = bias
+        .map(|b| b.reshape(&[1, groups as i64, cog as i64, 1]))
+        .transpose()?;
+    let y = matmul_kernel_plus(&wk, &patches.transpose(-1, -2)?, bias.as_ref(), dt)?;
     let dims: Vec<i64> = g.out_shape().iter().map(|&d| d as i64).collect();
     y.reshape(&dims)
 }
