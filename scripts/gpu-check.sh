@@ -34,9 +34,9 @@
 # NOT POSSIBLE YET (extend here when kiln has them):
 #   - GEMM and convolution are generated kernels on the device (a reduction
 #     GEMM, one block per output element, and im2col as a copy kernel): correct
-#     but untiled, far from cuBLAS/cuDNN speed; no cuBLAS path yet. Pooling,
-#     embedding, gathers, conv_transpose2d and conv2d_weight_grad run on the
-#     host between two copies (`kiln::host_fallbacks()`, listed by cuda_device
+#     but untiled, far from cuBLAS/cuDNN speed; no cuBLAS path yet; gather and
+#     conv2d_weight_grad are generated kernels too. Pooling, embedding and
+#     conv_transpose2d run on the host between two copies (`kiln::host_fallbacks()`, listed by cuda_device
 #     and by `kiln bench --device cuda`).
 #   - `kiln bench --device cuda` times the inference workloads only; the
 #     training steps W5/W6 (and W8, the host copy reference) are CPU-only.

@@ -298,6 +298,31 @@ fn copies_placement_and_mixing_errors() {
 }
 
 #[test]
+fn gather_on_the_device_wraps_negative_indices_and_checks_bounds() {
+    let Some((dev, _)) = device() else { return };
+    let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3])
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let on = |v: Vec<i64>| {
+        Tensor::from_vec(v, &[2, 1])
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    };
+    let g = x.gather(1, &on(vec![2, -3])).unwrap();
+    assert_eq!(g.device(), dev);
+    assert_eq!(g.to_vec::<f32>().unwrap(), vec![3.0, 4.0]);
+    let e = x.gather(1, &on(vec![3, 0])).unwrap_err().to_string();
+    assert!(
+        e.starts_with("gather:") && e.contains("index 3 is out of range"),
+        "{e}"
+    );
+    let e = x.gather(1, &on(vec![0, -4])).unwrap_err().to_string();
+    assert!(e.contains("index -4 is out of range"), "{e}");
+}
+
+#[test]
 fn gradients_flow_back_across_devices() {
     let Some((dev, _)) = device() else { return };
     let mut g = kiln::random::Generator::new(7);

@@ -376,10 +376,14 @@ impl Tensor {
     }
 
     fn gather_eager(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
-        if let Some(r) =
-            crate::device::via_host("gather", &[self, index], |h| h[0].gather_eager(dim, &h[1]))
-        {
-            return r;
+        // a device kernel when both are on one device (not for bool: it sums)
+        let on_device = self.device().is_cuda() && index.device() == self.device();
+        if !on_device || self.dtype() == DType::Bool {
+            if let Some(r) =
+                crate::device::via_host("gather", &[self, index], |h| h[0].gather_eager(dim, &h[1]))
+            {
+                return r;
+            }
         }
         let d = norm_dim("gather", dim, self.rank())?;
         if index.rank() != self.rank() || index.dtype() != DType::I64 {
@@ -401,6 +405,10 @@ impl Tensor {
                     fmt_dims(self.dims())
                 );
             }
+        }
+        if on_device {
+            let out = super::gather_kernel::gather_kernel(&self.detach(), d, index)?;
+            return crate::autograd::rules::index::gather(self, d, index, out);
         }
         let idx = index.contiguous()?.to_vec::<i64>()?;
         let out = Tensor::empty(index.dims(), self.dtype());
