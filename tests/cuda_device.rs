@@ -17,37 +17,9 @@
 
 mod fixture_support;
 
-use fixture_support::{compare, load_suite, Case, Fixtures};
+use fixture_support::{compare, load_suite, Case, Fixtures, BACKWARD_SUITES, FORWARD_SUITES};
 use kiln::{DType, Device, Tensor};
 use std::io::Write;
-
-const FORWARD_SUITES: [&str; 11] = [
-    "ops_unary",
-    "ops_binary",
-    "reduce",
-    "views",
-    "matmul",
-    "conv",
-    "pool",
-    "norm",
-    "loss",
-    "embedding",
-    "half",
-];
-
-/// Suites with gradient cases (all forward suites but `half`).
-const BACKWARD_SUITES: [&str; 10] = [
-    "ops_unary",
-    "ops_binary",
-    "reduce",
-    "views",
-    "matmul",
-    "conv",
-    "pool",
-    "norm",
-    "loss",
-    "embedding",
-];
 
 /// Gradient cases whose golden values need PyTorch's CPU summation order
 /// exactly (rtol 0): the gradient of a broadcast is a sum, which a device

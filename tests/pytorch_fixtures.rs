@@ -5,23 +5,9 @@
 
 mod fixture_support;
 
-use fixture_support::{compare, load_suite, Case, Fixtures};
+use fixture_support::{compare, load_suite, Case, Fixtures, BACKWARD_SUITES, FORWARD_SUITES};
 use kiln::Tensor;
 use std::io::Write;
-
-const FORWARD_SUITES: [&str; 11] = [
-    "ops_unary",
-    "ops_binary",
-    "reduce",
-    "views",
-    "matmul",
-    "conv",
-    "pool",
-    "norm",
-    "loss",
-    "embedding",
-    "half",
-];
 
 /// Runs one case eagerly, or through `compile` (whose first call traces and
 /// runs the compiled graph; a second call reruns the cached entry, which must
@@ -165,20 +151,6 @@ fn pytorch_optim_sched_fixtures() {
         failed.join("\n")
     );
 }
-
-/// Suites with gradient cases; `backward SUITE: P/T` is printed for each.
-const BACKWARD_SUITES: [&str; 10] = [
-    "ops_unary",
-    "ops_binary",
-    "reduce",
-    "views",
-    "matmul",
-    "conv",
-    "pool",
-    "norm",
-    "loss",
-    "embedding",
-];
 
 /// Suites whose failures are printed but do not fail the test yet (none: every
 /// backward suite must pass in full).

@@ -8,7 +8,7 @@
 #[allow(dead_code)]
 mod fixture_support;
 
-use fixture_support::{load_suite, Case, Fixtures};
+use fixture_support::{load_suite, Case, Fixtures, FORWARD_SUITES};
 use kiln::compile::dispatch::run_op;
 use kiln::compile::trace::{self, Binding, GraphBreak, Trace};
 use kiln::ir::graph::NodeOp;
@@ -17,20 +17,6 @@ use kiln::optim::Optimizer;
 use kiln::{DType, Tensor};
 use std::collections::BTreeSet;
 use std::io::Write;
-
-const SUITES: [&str; 11] = [
-    "ops_unary",
-    "ops_binary",
-    "reduce",
-    "views",
-    "matmul",
-    "conv",
-    "pool",
-    "norm",
-    "loss",
-    "embedding",
-    "half",
-];
 
 /// Every `Op` variant, by the name its `Debug` form starts with.
 const VARIANTS: [&str; 36] = [
@@ -185,7 +171,7 @@ fn every_fixture_op_traces_and_replays_exactly() {
     let mut failed = vec![];
     let mut summary = vec![];
     let mut seen = BTreeSet::new();
-    for suite in SUITES {
+    for suite in FORWARD_SUITES {
         let cases: Vec<Case> = load_suite(&fx, suite)
             .into_iter()
             .filter(|c| !c.expect_error)

@@ -233,21 +233,9 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
     let _p = profiler::scope_with(Category::Kernel, || template.name.clone())
         .shapes(|| views.iter().map(|v| operand_dims(v.layout)).collect())
         .bytes(|| views.iter().map(operand_bytes).sum());
-    let dims = &views[0].layout.dims;
-    if dims.contains(&0) && template.reduce.is_none() {
+    let Some((k, cd, cs)) = specialise(template, views) else {
         return Ok(());
-    }
-    let strides: Vec<Strides> = views.iter().map(|v| v.layout.strides.clone()).collect();
-    let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
-    if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
-        return Ok(());
-    }
-    let mut k = template.clone();
-    k.rank = cd.len();
-    for (op, s) in k.operands.iter_mut().zip(&cs) {
-        op.inner = Inner::of_stride(*s.last().unwrap());
-    }
-    note_launched(&k);
+    };
     let f = compiled(&k)?;
     let ptrs = SendPtrs(
         views
@@ -277,6 +265,36 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
         });
     }
     Ok(())
+}
+
+/// `template` specialised for `views`: loop dims collapsed (see [`collapse`]),
+/// its rank and each operand's inner-stride pattern set, noted for
+/// [`record_kernels`]; with the collapsed dims and strides. None when there
+/// is nothing to do (an empty output of a pointwise kernel, or empty kept dims).
+pub(crate) fn specialise(
+    template: &Kernel,
+    views: &[View],
+) -> Option<(Kernel, Vec<usize>, Vec<Strides>)> {
+    let dims = &views[0].layout.dims;
+    if dims.contains(&0) && template.reduce.is_none() {
+        return None;
+    }
+    let strides: Vec<Strides> = views.iter().map(|v| v.layout.strides.clone()).collect();
+    let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
+    if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
+        return None;
+    }
+    let mut k = template.clone();
+    k.rank = cd.len();
+    for ((op, s), v) in k.operands.iter_mut().zip(&cs).zip(views) {
+        op.inner = Inner::of_stride(*s.last().unwrap());
+        // only CUDA kernels see f16/bf16 (the CPU path widens them before this)
+        if v.dtype().is_half() {
+            op.dtype = v.dtype();
+        }
+    }
+    note_launched(&k);
+    Some((k, cd, cs))
 }
 
 /// An operand's dims as the profiler reports them: broadcast (stride-0) dims as 1.

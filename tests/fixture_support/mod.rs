@@ -11,6 +11,35 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// The fixture suites with forward cases (`forward SUITE: P/T`, ...).
+pub const FORWARD_SUITES: [&str; 11] = [
+    "ops_unary",
+    "ops_binary",
+    "reduce",
+    "views",
+    "matmul",
+    "conv",
+    "pool",
+    "norm",
+    "loss",
+    "embedding",
+    "half",
+];
+
+/// The suites with gradient cases: all forward suites but `half`.
+pub const BACKWARD_SUITES: [&str; 10] = [
+    "ops_unary",
+    "ops_binary",
+    "reduce",
+    "views",
+    "matmul",
+    "conv",
+    "pool",
+    "norm",
+    "loss",
+    "embedding",
+];
+
 pub struct Fixtures {
     pub cases: Vec<Value>,
     files: HashMap<String, Vec<u8>>,

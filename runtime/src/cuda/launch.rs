@@ -5,13 +5,13 @@
 //! and stores them natively, where the CPU path widens them on the host.
 
 use super::LaunchArgs;
-use crate::launch::{collapse, note_launched, View};
+use crate::launch::{specialise, View};
 use crate::memory::Device;
 use crate::profiler::{self, Category};
 use crate::storage::Storage;
 use kiln_codegen::cuda::POINTWISE_BLOCK;
-use kiln_codegen::{Inner, Kernel};
-use kiln_ir::{bail, Result, Strides};
+use kiln_codegen::Kernel;
+use kiln_ir::{bail, Result};
 
 /// Most blocks per launch: kernels loop over the rest (grid-stride).
 const MAX_GRID: usize = 1 << 16;
@@ -96,24 +96,9 @@ pub fn launch(dev: Device, template: &Kernel, views: &[View], scalars: &[u64]) -
         unreachable!("cuda launch on {dev}")
     };
     let _p = profiler::scope_with(Category::Kernel, || template.name.clone());
-    let dims = &views[0].layout.dims;
-    if dims.contains(&0) && template.reduce.is_none() {
+    let Some((k, cd, cs)) = specialise(template, views) else {
         return Ok(());
-    }
-    let strides: Vec<Strides> = views.iter().map(|v| v.layout.strides.clone()).collect();
-    let (cd, cs) = collapse(dims, &strides, template.reduce.is_some());
-    if cd[..cd.len() - usize::from(template.reduce.is_some())].contains(&0) {
-        return Ok(());
-    }
-    let mut k = template.clone();
-    k.rank = cd.len();
-    for ((op, s), v) in k.operands.iter_mut().zip(&cs).zip(views) {
-        op.inner = Inner::of_stride(*s.last().unwrap());
-        if v.dtype().is_half() {
-            op.dtype = v.dtype();
-        }
-    }
-    note_launched(&k);
+    };
     // scalar operands from the CPU travel with the launch
     let mut uploads: Vec<Storage> = vec![];
     let mut ptrs = vec![];
