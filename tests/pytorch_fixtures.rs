@@ -33,20 +33,7 @@ fn run_case(fx: &Fixtures, c: &Case, compiled: bool) -> Result<(), String> {
         }
         None => fixture_support::ops::run(c, &inputs).map_err(|e| format!("kiln error: {e}"))?,
     };
-    if outs.len() != c.outputs.len() {
-        return Err(format!(
-            "{} outputs, expected {}",
-            outs.len(),
-            c.outputs.len()
-        ));
-    }
-    for (k, (got, name)) in outs.iter().zip(&c.outputs).enumerate() {
-        let want = fx.tensor(c, name)?;
-        compare(got, &want, c.rtol, c.atol).map_err(|e| format!("out{k}: {e}"))?;
-        if let Some(v) = c.views.get(k) {
-            fixture_support::check_view(got, v, &inputs).map_err(|e| format!("out{k}: {e}"))?;
-        }
-    }
+    fixture_support::check_outputs(fx, c, &outs, &inputs)?;
     if let Some(f) = compiled_fn {
         // the cached entry must repeat the first call exactly, except outputs
         // aliasing an input (BatchNorm's running stats: state updated again)

@@ -381,9 +381,6 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
 /// round-to-nearest-even into f16/bf16 (crate `half`). Views must have equal dims
 /// (broadcast strides in `src` are fine; a reduced output view is written once per element).
 pub fn convert(src: View, dst: View) {
-    if src.storage.device().is_cuda() || dst.storage.device().is_cuda() {
-        return crate::cuda::launch::convert_on_host(src, dst).unwrap_or_else(|e| panic!("{e}"));
-    }
     let _p = profiler::scope("convert", Category::Memcpy)
         .shapes(|| vec![dst.layout.dims.to_vec(), src.layout.dims.to_vec()])
         .bytes(|| operand_bytes(&src) + operand_bytes(&dst));

@@ -50,19 +50,7 @@ pub fn run_case_on(fx: &Fixtures, c: &Case, device: kiln::Device) -> Result<(), 
     let rtol = r["grad_rtol"].as_f64().unwrap_or(c.rtol);
     let atol = r["grad_atol"].as_f64().unwrap_or(c.atol);
     let wanted: Vec<usize> = grads.iter().map(|g| index_of(g)).collect();
-    let stored = c
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(k, n)| {
-            let t = fx.tensor(c, n)?;
-            Ok(if wanted.contains(&k) {
-                t.requires_grad_(true)
-            } else {
-                t
-            })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let stored = case_inputs(fx, c, &wanted, false)?;
     let placed = stored
         .iter()
         .map(|t| t.to_device(device).map_err(|e| e.to_string()))
@@ -94,7 +82,20 @@ pub fn run_case_on(fx: &Fixtures, c: &Case, device: kiln::Device) -> Result<(), 
         kiln::autograd::backward(&rr, &gg, false)
             .map_err(|e| format!("kiln backward error: {e}"))?;
     }
-    for (g, &k) in grads.iter().zip(&wanted) {
+    check_grads(fx, c, &grads, &wanted, &stored, (rtol, atol))
+}
+
+/// Compares the `.grad` of the stored inputs `wanted` with the stored
+/// `grads` (a missing gradient counts as zeros).
+fn check_grads(
+    fx: &Fixtures,
+    c: &Case,
+    grads: &[String],
+    wanted: &[usize],
+    stored: &[Tensor],
+    (rtol, atol): (f64, f64),
+) -> Result<(), String> {
+    for (g, &k) in grads.iter().zip(wanted) {
         let want = fx.tensor(c, g)?;
         let got = stored[k]
             .grad()
@@ -223,12 +224,5 @@ pub fn run_case_compiled(fx: &Fixtures, c: &Case) -> Result<(), String> {
     out[0]
         .backward()
         .map_err(|e| format!("kiln backward error: {e}"))?;
-    for (g, &k) in grads.iter().zip(&wanted) {
-        let want = fx.tensor(c, g)?;
-        let got = stored[k]
-            .grad()
-            .unwrap_or_else(|| Tensor::zeros(want.dims(), want.dtype()));
-        compare(&got, &want, rtol, atol).map_err(|e| format!("grad_in{k}: {e}"))?;
-    }
-    Ok(())
+    check_grads(fx, c, &grads, &wanted, &stored, (rtol, atol))
 }

@@ -293,6 +293,34 @@ pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), 
 }
 
 /// Layout checks of view cases: shape, strides, offset, contiguity, aliasing.
+/// Compares a case's outputs with the stored ones under its tolerances (a
+/// device output after a copy to the CPU), and checks the views it makes.
+pub fn check_outputs(
+    fx: &Fixtures,
+    c: &Case,
+    outs: &[Tensor],
+    inputs: &[Tensor],
+) -> Result<(), String> {
+    if outs.len() != c.outputs.len() {
+        return Err(format!(
+            "{} outputs, expected {}",
+            outs.len(),
+            c.outputs.len()
+        ));
+    }
+    for (k, (got, name)) in outs.iter().zip(&c.outputs).enumerate() {
+        let want = fx.tensor(c, name)?;
+        let host = got
+            .to_device(kiln::Device::Cpu)
+            .map_err(|e| e.to_string())?;
+        compare(&host, &want, c.rtol, c.atol).map_err(|e| format!("out{k}: {e}"))?;
+        if let Some(v) = c.views.get(k) {
+            check_view(got, v, inputs).map_err(|e| format!("out{k}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
 pub fn check_view(got: &Tensor, v: &Value, inputs: &[Tensor]) -> Result<(), String> {
     let arr = |k: &str| -> Vec<i64> {
         v[k].as_array()

@@ -41,31 +41,6 @@ pub fn launch_device(name: &str, views: &[View]) -> Result<Device> {
     Ok(dev)
 }
 
-/// [`crate::launch::convert`] of device views, on host copies of their storages.
-/// (The frontend converts device tensors with kernels; this keeps a stray
-/// call correct rather than a wild host read.)
-pub fn convert_on_host(src: View, dst: View) -> Result<()> {
-    let (s, d) = (
-        src.storage.to_device(Device::Cpu)?,
-        dst.storage.to_device(Device::Cpu)?,
-    );
-    crate::launch::convert(
-        View {
-            storage: &s,
-            layout: src.layout,
-        },
-        View {
-            storage: &d,
-            layout: dst.layout,
-        },
-    );
-    if let Device::Cuda(n) = dst.storage.device() {
-        // SAFETY: the host copy is ours; no kernel writes it.
-        super::gpu(n)?.copy_to_device(unsafe { d.bytes() }, dst.storage.device_ptr())?;
-    }
-    Ok(())
-}
-
 /// Blocks and threads per block for `k` over loop dims `dims` (a reduction's
 /// block at most `max_reduce_block` threads).
 pub fn launch_shape(k: &Kernel, dims: &[usize], max_reduce_block: u32) -> (u32, u32) {
