@@ -292,3 +292,62 @@ fn compiled_modules_on_the_device_match_eager() {
         );
     }
 }
+
+/// A compiled Conv + BatchNorm (eval, so folded into the conv) + ReLU on the
+/// device is ONE kernel launch: the conv template with the ReLU fused in.
+#[test]
+fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
+    use kiln::nn::{BatchNorm, Conv, ConvOptions};
+    use kiln::profiler::{self, Category};
+    let Some(dev) = device() else { return };
+    let build = || -> kiln::Result<Sequential> {
+        let p = ConvOptions {
+            padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
+            ..ConvOptions::default()
+        };
+        Ok(Sequential::new()
+            .add(Conv::conv2d(3, 8, 3, p)?)
+            .add(BatchNorm::new_2d(8))
+            .add(Activation::relu()))
+    };
+    // BatchNorm with statistics and an affine part that are not the identity
+    let mut init = build().unwrap().state_dict();
+    for (i, (name, t)) in init.iter_mut().enumerate() {
+        let r = randn(t.dims(), 20 + i as u64);
+        *t = match name.rsplit('.').next() {
+            Some("running_var") => r
+                .abs()
+                .unwrap()
+                .binary_scalar(kiln::ir::BinaryOp::Add, 0.5, false)
+                .unwrap(),
+            Some("num_batches_tracked") => continue,
+            _ => r,
+        };
+    }
+    let mut cpu = build().unwrap();
+    cpu.load_state_dict(&init, true).unwrap();
+    cpu.eval();
+    let x = randn(&[2, 3, 9, 9], 30);
+    let _ng = kiln::autograd::no_grad();
+    let want = cpu.forward(&x).unwrap();
+    cpu.to_device(dev).unwrap();
+    let fast = kiln::compile::compile(&cpu);
+    let xd = x.to_device(dev).unwrap();
+    close(
+        "conv+bn+relu compiled on the device",
+        &fast.forward(&xd).unwrap(),
+        &want,
+    );
+    // the folded weights are hoisted by the first call; a warm call launches the conv only
+    let (got, p) = profiler::profile(|| fast.forward(&xd).unwrap());
+    close("conv+bn+relu compiled (warm)", &got, &want);
+    let kernels: Vec<String> = p
+        .events()
+        .iter()
+        // (the profiler is global: other tests launch kernels on their threads)
+        .filter(|e| e.category == Category::Kernel && e.tid == profiler::current_thread_id())
+        .map(|e| e.name.to_string())
+        .collect();
+    assert_eq!(kernels.len(), 1, "{kernels:?}");
+    assert!(kernels[0].starts_with("conv2d+"), "{kernels:?}");
+}

@@ -50,11 +50,13 @@
 //! each primitive of dtype f16/bf16, as the interpreter does), stores round to
 //! nearest even. No CUDA header is needed (`half.rs`).
 
+pub mod conv;
 mod half;
 mod online;
 mod pointwise;
 pub mod scalar;
 pub mod shim;
+pub mod template;
 
 use crate::interp::{eval_value, reduce_identity, validate, Leaf};
 use crate::kernel::{Inner, Instr, Kernel, ValueId};
@@ -62,6 +64,7 @@ use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, Error, ReduceKind};
 pub use pointwise::vector_width;
 pub use scalar::{c_literal, c_storage_type, c_type, CudaC, Cv};
+pub use template::{Param, TemplateKernel};
 
 /// Suggested threads per block for pointwise kernels.
 pub const POINTWISE_BLOCK: u32 = 256;

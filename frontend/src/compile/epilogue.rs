@@ -1,12 +1,14 @@
 //! A conv's pointwise epilogue applied per output tile, while the tile the
 //! GEMM just wrote is in cache: the epilogue's expression is rebuilt on tile
-//! views of its inputs and stored over the tile in place.
+//! views of its inputs and stored over the tile in place. On a CUDA device
+//! the expression becomes part of the conv kernel itself (one launch).
 
 use super::exec::pointwise;
 use crate::functional as F;
 use crate::ops::fuse::Lazy;
 use crate::Tensor;
 use kiln_ir::graph::{Graph, NodeId, NodeOp};
+use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::op::Op;
 use kiln_ir::{bail, DType, Result};
 use kiln_passes::fusion::Kernel;
@@ -35,19 +37,19 @@ fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
         .narrow(1, tile.p0 as i64, tile.cols)
 }
 
-/// The epilogue of `kernel` (an extern conv with one), evaluated on `out`
-/// restricted by `view`, and stored over that view.
-fn apply(
+/// The epilogue of `kernel` (an extern conv with one) as one pending
+/// expression over `value`, the conv's value; its other operands are read
+/// through `view`.
+fn expression(
     g: &Graph,
     kernel: &Kernel,
     root: NodeId,
     leaves: &[(NodeId, Leaf)],
-    out: &Tensor,
+    value: &Tensor,
     view: &dyn Fn(&Tensor) -> Result<Tensor>,
-) -> Result<()> {
-    let target = view(out)?;
+) -> Result<Lazy> {
     let mut lz: HashMap<NodeId, Lazy> = HashMap::new();
-    lz.insert(kernel.root, Lazy::tensor(&target));
+    lz.insert(kernel.root, Lazy::tensor(value));
     for (id, leaf) in leaves {
         let l = match leaf {
             Leaf::Tensor(t) => Lazy::tensor(&view(t)?),
@@ -71,7 +73,21 @@ fn apply(
         let v = pointwise(op, &args)?;
         lz.insert(n, v);
     }
-    lz[&root].materialize_into(&target)
+    Ok(lz[&root].clone())
+}
+
+/// The epilogue of `kernel` evaluated on `out` restricted by `view`, and
+/// stored over that view.
+fn apply(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    leaves: &[(NodeId, Leaf)],
+    out: &Tensor,
+    view: &dyn Fn(&Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let target = view(out)?;
+    expression(g, kernel, root, leaves, &target, view)?.materialize_into(&target)
 }
 
 /// Runs the conv of `kernel` with its epilogue on each output tile; falls
@@ -117,6 +133,15 @@ pub fn run_conv_with_epilogue(
         leaves.push((r, leaf));
     }
     let dims = g.meta(kernel.root)?.dims.clone();
+    let b = ins.get(2);
+    if ins[0].device().is_cuda() {
+        // one launch: the conv kernel applies the epilogue before its tile is stored
+        let epilogue = |cg: &ConvGeometry, value: &Tensor| {
+            let view = |t: &Tensor| F::as_nkhw(cg, &t.expand_to(&dims)?);
+            expression(g, kernel, root, &leaves, value, &view)
+        };
+        return F::conv_with_epilogue_on_device(&ins[0], &ins[1], b, params, *spatial, &epilogue);
+    }
     // tiles are (sample, channels, positions): an unbatched conv has no sample dim
     let batched = dims.len() == spatial + 2;
     let probe = Tile {
@@ -136,7 +161,6 @@ pub fn run_conv_with_epilogue(
             Leaf::Tensor(t) => tile_of(t, &dims, probe).is_ok(),
             Leaf::Constant(..) => true,
         });
-    let b = ins.get(2);
     if tiled {
         let per_tile = |out: &Tensor, t: Tile| {
             apply(g, kernel, root, &leaves, out, &|x: &Tensor| {

@@ -129,8 +129,9 @@ impl Executable {
                 last_use[e.index()] = last_use[e.index()].max(r);
             }
         }
-        // a float conv's epilogue runs per output tile at the epilogue's root:
-        // the conv and the epilogue's nodes wait for it, and what they read lives until then
+        // a float conv's epilogue runs per output tile at the epilogue's root (on
+        // a CUDA device, inside the conv's one launch): the conv and the
+        // epilogue's nodes wait for it, and what they read lives until then
         let mut tiled_root = vec![None; n];
         let mut deferred = vec![false; n];
         for (k, kernel) in plan.kernels.iter().enumerate() {
@@ -223,15 +224,12 @@ impl Executable {
         }
         let n = self.graph.len();
         let mut vals: Vec<Option<Val>> = (0..n).map(|_| None).collect();
-        // conv epilogues applied per output tile are a CPU (GEMM tile) technique;
-        // on a device the conv and its epilogue are separate kernels
-        let tiles = !crate::device::device_of(inputs).is_cuda();
         for (id, node) in self.graph.iter() {
             let i = id.index();
             let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
-            let v = if self.deferred[i] && tiles {
+            let v = if self.deferred[i] {
                 None
-            } else if let Some(k) = self.tiled_root[i].filter(|_| tiles) {
+            } else if let Some(k) = self.tiled_root[i] {
                 let value = |o: NodeId| match &vals[o.index()] {
                     Some(v) => v.lazy()?.materialize(),
                     None => bail!("compile", "conv operand {o:?} was freed"),

@@ -1,17 +1,19 @@
-//! conv1d/conv2d on a CUDA device from generated kernels: the input copied
-//! into a zero-padded buffer, its patches gathered by one copy kernel through
-//! a strided view (im2col with no index arithmetic of its own: stride and
-//! dilation are just strides of the view), then the matrix product of
-//! [`super::matmul_kernel`] per group, written in NCHW order with the bias
-//! added in its epilogue: three launches in all.
-//! The weight gradient reuses the patches.
+//! conv1d/conv2d on a CUDA device. The forward conv is one launch of the
+//! implicit-GEMM template (`kiln_runtime::cuda::conv`), with the bias — and
+//! in a compiled graph the whole pointwise epilogue — applied before the
+//! output tile is stored. The weight gradient gathers the patches (im2col)
+//! with one copy kernel through a strided view of a zero-padded buffer (no
+//! index arithmetic of its own: stride and dilation are just strides of the
+//! view), then multiplies them with the gradient ([`super::matmul_kernel`]).
 
-use super::matmul_kernel::{matmul_kernel, matmul_kernel_plus};
+use super::matmul_kernel::matmul_kernel;
+use crate::ops::fuse::Lazy;
 use crate::ops::pointwise::copy_into;
 use crate::Tensor;
-use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::op::conv::{self, ConvGeometry, ConvParams};
 use kiln_ir::op::Layout;
-use kiln_ir::{DType, Result};
+use kiln_ir::{bail, DType, Result};
+use kiln_runtime::cuda::conv::{ConvEpilogue, ConvViews};
 
 /// The patches of `x` under `g`'s windows, `[n, groups, oh*ow, cg*kh*kw]`
 /// (im2col): `x` copied into a zero-padded buffer, then gathered by one copy
@@ -63,24 +65,75 @@ pub(super) fn conv_kernel(
     bias: Option<&Tensor>,
     dt: DType,
 ) -> Result<Tensor> {
-    let [kh, kw] = g.kernel;
-    let (n, groups) = (g.n, g.groups);
-    let (cg, cog) = (g.c_in_per_group(), g.c_out_per_group());
-    let patches = patches(g, x, dt)?;
-    let k = (cg * kh * kw) as i64;
-    // loops [n, groups, cog, oh*ow, k]: the result comes out in NCHW order
-    let wk = w.reshape(&[1, groups as i64, cog as i64, k])?.expand(&[
-        n as i64,
-        groups as i64,
-        cog as i64,
-        k,
-    ])?;
-    let bias = bias
-        .map(|b| b.reshape(&[1, groups as i64, cog as i64, 1]))
-        .transpose()?;
-    let y = matmul_kernel_plus(&wk, &patches.transpose(-1, -2)?, bias.as_ref(), dt)?;
-    let dims: Vec<i64> = g.out_shape().iter().map(|&d| d as i64).collect();
-    y.reshape(&dims)
+    let out = Tensor::empty_on(&g.out_shape(), dt, x.device())?;
+    kiln_runtime::cuda::conv::conv2d(g, &conv_views(x, w, bias, &out), None)?;
+    Ok(out)
+}
+
+fn conv_views<'a>(
+    x: &'a Tensor,
+    w: &'a Tensor,
+    bias: Option<&'a Tensor>,
+    out: &'a Tensor,
+) -> ConvViews<'a> {
+    ConvViews {
+        x: x.view(),
+        w: w.view(),
+        bias: bias.map(|b| b.view()),
+        out: out.view(),
+    }
+}
+
+/// `t` (of the conv output's user rank) as `[N, K, OH, OW]`: the dims an
+/// unbatched or 1-d conv lacks inserted as size 1.
+pub(crate) fn as_nkhw(g: &ConvGeometry, t: &Tensor) -> Result<Tensor> {
+    let t = if g.batched {
+        t.clone()
+    } else {
+        t.unsqueeze(0)?
+    };
+    if g.spatial == 1 {
+        t.unsqueeze(2)
+    } else {
+        Ok(t)
+    }
+}
+
+/// conv1d/conv2d on a CUDA device with a compiled graph's pointwise epilogue
+/// in the same launch (no autograd): `epilogue(v)` builds the epilogue's
+/// expression over `v`, which stands for the conv's value as
+/// `[N, K, OH, OW]` (see [`as_nkhw`] for the other operands). f32/f64.
+pub fn conv_with_epilogue_on_device(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvParams,
+    spatial: usize,
+    epilogue: &dyn Fn(&ConvGeometry, &Tensor) -> Result<Lazy>,
+) -> Result<Tensor> {
+    let op = if spatial == 1 { "conv1d" } else { "conv2d" };
+    let _p = super::op_scope(op, &[x, w]);
+    let mut ts = vec![x, w];
+    ts.extend(bias);
+    let dt = super::float_dtype(op, &ts)?;
+    if dt.is_half() {
+        bail!(op, "a fused CUDA epilogue needs f32 or f64, got {dt}");
+    }
+    let g = conv::conv_geometry(op, x.dims(), w.dims(), bias.map(|b| b.dims()), p)?;
+    let (xc, wc) = (super::compute_input(x)?, super::compute_input(w)?);
+    let bc = bias.map(super::compute_input).transpose()?;
+    let out = Tensor::empty_on(&g.out_shape(), dt, x.device())?;
+    let value = as_nkhw(&g, &out)?;
+    let expr = epilogue(&g, &value)?;
+    expr.materialize_into_with(&value, |kernel, views, scalars| {
+        let e = ConvEpilogue {
+            kernel,
+            views,
+            scalars,
+        };
+        kiln_runtime::cuda::conv::conv2d(&g, &conv_views(&xc, &wc, bc.as_ref(), &out), Some(&e))
+    })?;
+    Ok(out)
 }
 
 /// The weight gradient `[c_out, cg, kh, kw]` of a convolution over `x` given

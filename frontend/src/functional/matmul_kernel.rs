@@ -11,17 +11,6 @@ use kiln_ir::{BinaryOp, DType, ReduceKind, Result};
 
 /// `ae [.., m, k] @ be [.., k, n]` (batch dims already equal) in `dt`.
 pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tensor> {
-    matmul_kernel_plus(ae, be, None, dt)
-}
-
-/// [`matmul_kernel`] `+ add`, `add` broadcast to the result's shape and added
-/// in the kernel's epilogue (a bias costs no launch of its own).
-pub(super) fn matmul_kernel_plus(
-    ae: &Tensor,
-    be: &Tensor,
-    add: Option<&Tensor>,
-    dt: DType,
-) -> Result<Tensor> {
     let r = ae.rank();
     let mut loop_dims = ae.dims()[..r - 1].to_vec();
     loop_dims.push(be.dims()[r - 1]);
@@ -32,18 +21,7 @@ pub(super) fn matmul_kernel_plus(
     let x = k.load(&a);
     let y = k.load(&b);
     let p = k.binary(BinaryOp::Mul, x, y, dt.compute());
-    k.reduce(
-        "matmul",
-        ReduceKind::Sum,
-        p,
-        &loop_dims,
-        dt,
-        |k, acc| match add {
-            Some(t) => {
-                let v = k.input(t, dt.compute());
-                vec![k.binary(BinaryOp::Add, acc, v, dt.compute())]
-            }
-            None => vec![acc],
-        },
-    )
+    k.reduce("matmul", ReduceKind::Sum, p, &loop_dims, dt, |_, acc| {
+        vec![acc]
+    })
 }

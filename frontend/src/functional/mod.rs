@@ -549,4 +549,6 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
 
 mod conv_grad;
 mod conv_kernel;
+pub(crate) use conv_kernel::as_nkhw;
+pub use conv_kernel::conv_with_epilogue_on_device;
 mod matmul_kernel;

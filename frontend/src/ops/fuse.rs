@@ -78,6 +78,18 @@ impl Lazy {
     /// Runs the pending expression as one kernel writing into `dst` (same
     /// shape; a compiled extern's epilogue writes over the extern's output).
     pub fn materialize_into(&self, dst: &Tensor) -> Result<()> {
+        self.materialize_into_with(dst, |k, views, scalars| {
+            kiln_runtime::launch(k, views, scalars)
+        })
+    }
+
+    /// [`Lazy::materialize_into`], handing the kernel to `launch` (see
+    /// [`KernelCall::store_into_with`]).
+    pub fn materialize_into_with(
+        &self,
+        dst: &Tensor,
+        launch: impl FnOnce(&kiln_codegen::Kernel, &[kiln_runtime::View], &[u64]) -> Result<()>,
+    ) -> Result<()> {
         let mut e = Emitter::default();
         let leaves = self.leaves();
         let mut k = KernelCall::new();
@@ -87,7 +99,7 @@ impl Lazy {
         }
         e.leaves = leaves;
         let v = e.emit(&mut k, self);
-        k.store_into(&e.name(), v, dst)
+        k.store_into_with(&e.name(), v, dst, launch)
     }
 
     /// Runs several pending expressions as ONE kernel, writing each into its

@@ -124,7 +124,21 @@ impl KernelCall {
     }
 
     /// Writes `value` into `out` at every index of `out`'s shape (inputs broadcast to it).
-    pub fn store_into(mut self, name: &str, value: ValueId, out: &Tensor) -> Result<()> {
+    pub fn store_into(self, name: &str, value: ValueId, out: &Tensor) -> Result<()> {
+        self.store_into_with(name, value, out, |k, views, scalars| {
+            kiln_runtime::launch(k, views, scalars)
+        })
+    }
+
+    /// [`KernelCall::store_into`], handing the kernel, its views (the output
+    /// first) and scalar bits to `launch` (a conv that runs it as its epilogue).
+    pub fn store_into_with(
+        mut self,
+        name: &str,
+        value: ValueId,
+        out: &Tensor,
+        launch: impl FnOnce(&Kernel, &[kiln_runtime::View], &[u64]) -> Result<()>,
+    ) -> Result<()> {
         self.check_launch(name)?;
         let value = self.b.cast(value, kernel_dtype(out.dtype()));
         let layouts = self
@@ -153,7 +167,7 @@ impl KernelCall {
                     layout: l,
                 }),
         );
-        kiln_runtime::launch(&k, &views, &self.scalar_bits)
+        launch(&k, &views, &self.scalar_bits)
     }
 
     /// Writes `values[j]` into output `j` of [`KernelCall::with_outputs`]

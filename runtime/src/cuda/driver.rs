@@ -9,7 +9,7 @@
 
 use super::{Buffer, BufferOwner, Gpu, LaunchArgs};
 use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use kiln_codegen::cuda::{cuda_kernel_name, cuda_source};
+use kiln_codegen::cuda::{cuda_kernel_name, cuda_source, TemplateKernel};
 use kiln_codegen::Kernel;
 use kiln_ir::{Error, Result};
 use std::collections::HashMap;
@@ -23,6 +23,7 @@ pub struct DriverGpu {
     pub compute_capability: (i32, i32),
     name: String,
     kernels: Mutex<HashMap<Kernel, CudaFunction>>,
+    templates: Mutex<HashMap<String, CudaFunction>>,
     this: Weak<DriverGpu>,
 }
 
@@ -46,6 +47,7 @@ impl DriverGpu {
             compute_capability,
             name,
             kernels: Mutex::new(HashMap::new()),
+            templates: Mutex::new(HashMap::new()),
             this: this.clone(),
         }))
     }
@@ -55,6 +57,25 @@ impl DriverGpu {
         let _ = self.ctx.bind_to_thread();
         // SAFETY: `ptr` came from `alloc` on this stream and is freed once (Buffer's drop).
         let _ = unsafe { result::free_async(ptr, self.stream.cu_stream()) };
+    }
+
+    fn template_function(&self, t: &TemplateKernel) -> Result<CudaFunction> {
+        let mut cache = self.templates.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = cache.get(&t.symbol) {
+            return Ok(f.clone());
+        }
+        super::log_template(t);
+        let image = super::nvrtc::KernelCache::global()
+            .get_or_compile(&t.source, self.compute_capability)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
+            .map_err(|e| fail(self.ordinal, &format!("loading {}", t.name), e))?;
+        let f = module
+            .load_function(&t.symbol)
+            .map_err(|e| fail(self.ordinal, &format!("kernel {}", t.name), e))?;
+        cache.insert(t.symbol.clone(), f.clone());
+        Ok(f)
     }
 
     fn function(&self, k: &Kernel) -> Result<CudaFunction> {
@@ -163,6 +184,24 @@ impl Gpu for DriverGpu {
         unsafe { b.launch(cfg) }
             .map(|_| ())
             .map_err(|e| fail(self.ordinal, &format!("launching {}", k.name), e))
+    }
+
+    fn launch_template(&self, t: &TemplateKernel, words: &[u64], grid: u32) -> Result<()> {
+        let f = self.template_function(t)?;
+        let mut b = self.stream.launch_builder(&f);
+        // every parameter is 8 bytes: a pointer, a `long long` or a `double`'s bits
+        for w in words {
+            b.arg(w);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (t.block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: `words` follow the template's parameter list (checked by its launcher).
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| fail(self.ordinal, &format!("launching {}", t.name), e))
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -10,7 +10,8 @@
 //! one). Libraries are cached on disk under a hash of their text.
 
 use super::{Buffer, BufferOwner, Gpu, LaunchArgs};
-use kiln_codegen::cuda::shim::{self, LaunchFn, ShimLibrary};
+use kiln_codegen::cuda::shim::{self, LaunchFn, ShimLibrary, TemplateLaunchFn};
+use kiln_codegen::cuda::TemplateKernel;
 use kiln_codegen::Kernel;
 use kiln_ir::{Error, Result};
 use std::collections::HashMap;
@@ -21,6 +22,7 @@ pub struct Emulator {
     pub ordinal: u8,
     dir: PathBuf,
     kernels: Mutex<HashMap<Kernel, (Arc<ShimLibrary>, LaunchFn)>>,
+    templates: Mutex<HashMap<String, (Arc<ShimLibrary>, TemplateLaunchFn)>>,
 }
 
 fn fail(ordinal: u8, msg: String) -> Error {
@@ -47,6 +49,7 @@ impl Emulator {
             ordinal,
             dir: cache_dir(),
             kernels: Mutex::new(HashMap::new()),
+            templates: Mutex::new(HashMap::new()),
         })
     }
 
@@ -160,6 +163,35 @@ impl Gpu for Emulator {
                 format!(
                     "{}: invalid launch (grid {}, block {})",
                     k.name, a.grid, a.block
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn launch_template(&self, t: &TemplateKernel, words: &[u64], grid: u32) -> Result<()> {
+        let f = {
+            let mut have = self.templates.lock().unwrap_or_else(|e| e.into_inner());
+            match have.get(&t.symbol) {
+                Some((_, f)) => *f,
+                None => {
+                    super::log_template(t);
+                    let lib = ShimLibrary::build_templates([t], &self.dir)
+                        .map_err(|e| fail(self.ordinal, e.to_string()))?;
+                    let f = lib.template_launcher(t)?;
+                    have.insert(t.symbol.clone(), (Arc::new(lib), f));
+                    f
+                }
+            }
+        };
+        // SAFETY: `words` follow the template's parameter list (checked by its launcher).
+        let rc = unsafe { f(words.as_ptr(), grid, t.block) };
+        if rc != 0 {
+            return Err(fail(
+                self.ordinal,
+                format!(
+                    "{}: invalid launch (grid {grid}, block {})",
+                    t.name, t.block
                 ),
             ));
         }

@@ -17,6 +17,7 @@
 //! [`open_driver`] checks for each library first: a machine without the
 //! driver, a device or NVRTC gets an ordinary [`Error`] that says which.
 
+pub mod conv;
 pub mod driver;
 pub mod emulator;
 pub mod launch;
@@ -25,6 +26,7 @@ pub mod nvrtc;
 pub use nvrtc::{compile_cubin, KernelCache};
 
 use crate::memory::{Device, MAX_CUDA_DEVICES};
+use kiln_codegen::cuda::TemplateKernel;
 use kiln_codegen::Kernel;
 use kiln_ir::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -77,6 +79,9 @@ pub trait Gpu: Send + Sync {
     fn copy_on_device(&self, src: u64, dst: u64, bytes: usize) -> Result<()>;
     /// Compiles `k` (cached) and launches it.
     fn launch(&self, k: &Kernel, args: &LaunchArgs) -> Result<()>;
+    /// Compiles template `t` (cached) and launches it with one 8-byte word
+    /// per parameter, on `grid` blocks of `t.block` threads.
+    fn launch_template(&self, t: &TemplateKernel, words: &[u64], grid: u32) -> Result<()>;
     fn synchronize(&self) -> Result<()>;
     /// The most threads a reduction's block gets (a multiple of 32).
     fn max_reduce_block(&self) -> u32 {
@@ -98,6 +103,26 @@ pub(crate) fn log_compile(k: &Kernel, source: &str) {
     if crate::log_enabled("code") {
         eprint!("[kiln code] {} (cuda)\n{source}", k.name);
     }
+}
+
+/// `KILN_LOG=code` for a template compiled for a device; remembered for
+/// [`templates_compiled`].
+pub(crate) fn log_template(t: &TemplateKernel) {
+    if crate::log_enabled("code") {
+        eprint!("[kiln code] {} (cuda)\n{}", t.name, t.source);
+    }
+    TEMPLATES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(t.clone());
+}
+
+static TEMPLATES: Mutex<Vec<TemplateKernel>> = Mutex::new(Vec::new());
+
+/// Every template kernel this process has compiled for a device (the
+/// emulator included), so tests can hand each to NVRTC.
+pub fn templates_compiled() -> Vec<TemplateKernel> {
+    TEMPLATES.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 static EMULATE: AtomicBool = AtomicBool::new(false);

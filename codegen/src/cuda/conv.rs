@@ -1,0 +1,284 @@
+//! Convolution as ONE tiled CUDA kernel with its pointwise epilogue:
+//! an implicit GEMM (no im2col buffer, padding read as zeros), whose
+//! output tile goes through the fused epilogue — a KernelIR pointwise
+//! kernel, emitted by the same scalar code as every other kernel — before
+//! it is stored. So a compiled Conv + folded BatchNorm + ReLU is one launch.
+//!
+//! # Tiling
+//!
+//! Per group, the conv is the product of the weights `[cog, cg*kh*kw]` and
+//! the patches `[cg*kh*kw, n*oh*ow]`. A block of 256 threads computes a
+//! 64 x 64 output tile (64 output channels by 64 output positions), each
+//! thread a 4 x 4 of it, staging 16-deep slices of both operands in shared
+//! memory; blocks loop over tiles (any grid works). Each output's sum runs
+//! over `(ci, r, s)` in order, one product at a time (FMA on a GPU).
+//!
+//! # Parameters, in order (all 8 bytes)
+//!
+//! - `p0`: the output, contiguous `[N, K, OH, OW]`; `cx`: the input,
+//!   contiguous `[N, C, H, W]`; `cw`: the weights, contiguous
+//!   `[K, C/groups, R, S]`; `cb`: the bias `[K]` (only with one);
+//! - `p{op}` for each epilogue input that is not the conv's value;
+//! - `N C H W K OH OW R S stride_h stride_w pad_h pad_w dil_h dil_w groups`;
+//! - `s{op}_0 .. s{op}_3`: each epilogue input's strides over `[N, K, OH, OW]`;
+//! - `sc{n}`: the epilogue's scalars.
+//!
+//! A 1-d conv is a 2-d one with `H = R = 1`.
+
+use super::scalar::{c_storage_type, c_type, CudaC};
+use super::template::{Param, TemplateKernel};
+use super::{declare_scalars, load, store_elem};
+use crate::interp::{eval_value, validate};
+use crate::kernel::{Instr, Kernel};
+use kiln_ir::{DType, Error};
+
+/// Threads per block of the conv kernel.
+pub const CONV_BLOCK: u32 = 256;
+
+/// The geometry parameters, in the kernel's order.
+pub const GEOMETRY: [&str; 16] = [
+    "N", "C", "H", "W", "K", "OH", "OW", "R", "S", "stride_h", "stride_w", "pad_h", "pad_w",
+    "dil_h", "dil_w", "groups",
+];
+
+/// A pointwise epilogue: `kernel` has rank 4 over `[N, K, OH, OW]`, stores
+/// operand 0 (the conv's output, of the conv's dtype), and its loads of
+/// operand 0 or of `conv_operands` read the conv's value (bias included).
+#[derive(Debug, Clone, Copy)]
+pub struct Epilogue<'a> {
+    pub kernel: &'a Kernel,
+    pub conv_operands: &'a [usize],
+}
+
+/// What a conv kernel is specialised on (sizes are parameters).
+#[derive(Debug, Clone, Copy)]
+pub struct ConvSpec<'a> {
+    /// f32 or f64: input, weights, bias and the conv's value.
+    pub dtype: DType,
+    pub bias: bool,
+    pub epilogue: Option<Epilogue<'a>>,
+}
+
+impl ConvSpec<'_> {
+    /// The epilogue inputs that get a pointer of their own.
+    pub fn epilogue_inputs(&self) -> Vec<usize> {
+        match self.epilogue {
+            None => vec![],
+            Some(e) => (1..e.kernel.operands.len())
+                .filter(|op| !e.conv_operands.contains(op))
+                .collect(),
+        }
+    }
+}
+
+const BODY: &str = r#"#define KILN_BM 64
+#define KILN_BN 64
+#define KILN_BK 16
+extern "C" __global__ void SYMBOL(
+$PARAMS) {
+  __shared__ $T tile_w[KILN_BK][KILN_BM];
+  __shared__ $T tile_x[KILN_BK][KILN_BN];
+  const long long cg = C / groups, kg = K / groups;
+  const long long P = N * OH * OW, KR = cg * R * S;
+  const long long tiles_m = (kg + KILN_BM - 1) / KILN_BM;
+  const long long tiles_p = (P + KILN_BN - 1) / KILN_BN;
+  const long long tiles = groups * tiles_m * tiles_p;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+$SCALARS  for (long long tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const long long m_base = (tile / tiles_p) % tiles_m * KILN_BM;
+    const long long p_base = tile % tiles_p * KILN_BN;
+    const long long g = tile / (tiles_p * tiles_m);
+    $T acc[4][4];
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++) acc[i][j] = ($T)0;
+    for (long long k0 = 0; k0 < KR; k0 += KILN_BK) {
+      // weights: rows of KR contiguous elements, read along k
+      for (int l = tid; l < KILN_BM * KILN_BK; l += 256) {
+        const int kk = l % KILN_BK, mm = l / KILN_BK;
+        const long long m = m_base + mm, kr = k0 + kk;
+        tile_w[kk][mm] = (m < kg && kr < KR) ? cw[(g * kg + m) * KR + kr] : ($T)0;
+      }
+      // patches, read along output positions; padding reads as zero
+      for (int l = tid; l < KILN_BK * KILN_BN; l += 256) {
+        const int pp = l % KILN_BN, kk = l / KILN_BN;
+        const long long p = p_base + pp, kr = k0 + kk;
+        $T v = ($T)0;
+        if (p < P && kr < KR) {
+          const long long ow = p % OW, oh = p / OW % OH, n = p / (OW * OH);
+          const long long s = kr % S, r = kr / S % R, ci = kr / (S * R);
+          const long long ih = oh * stride_h - pad_h + r * dil_h;
+          const long long iw = ow * stride_w - pad_w + s * dil_w;
+          if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+            v = cx[((n * C + g * cg + ci) * H + ih) * W + iw];
+        }
+        tile_x[kk][pp] = v;
+      }
+      __syncthreads();
+      for (int kk = 0; kk < KILN_BK; kk++) {
+        $T a[4], b[4];
+        for (int i = 0; i < 4; i++) a[i] = tile_w[kk][ty + 16 * i];
+        for (int j = 0; j < 4; j++) b[j] = tile_x[kk][tx + 16 * j];
+        for (int i = 0; i < 4; i++)
+          for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+      }
+      __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+      const long long m = m_base + ty + 16 * i;
+      if (m >= kg) continue;
+      const long long i1 = g * kg + m;
+      for (int j = 0; j < 4; j++) {
+        const long long p = p_base + tx + 16 * j;
+        if (p >= P) continue;
+        const long long i3 = p % OW, i2 = p / OW % OH, i0 = p / (OW * OH);
+        const long long oc = ((i0 * K + i1) * OH + i2) * OW + i3;
+        const $T conv = acc[i][j]$BIAS;
+$EPILOGUE      }
+    }
+  }
+}
+"#;
+
+/// The conv kernel for `spec`; an error when the epilogue is not a rank-4
+/// single-output pointwise kernel storing the conv's dtype.
+pub fn conv_template(spec: &ConvSpec) -> Result<TemplateKernel, Error> {
+    let dt = spec.dtype;
+    if !matches!(dt, DType::F32 | DType::F64) {
+        return Err(Error::op(
+            "conv2d",
+            format!("a CUDA conv computes in f32 or f64, got {dt}"),
+        ));
+    }
+    let t = c_type(dt);
+    let ptr = |c: bool| -> &'static str {
+        match (dt, c) {
+            (DType::F32, false) => "float*",
+            (DType::F32, true) => "const float*",
+            (_, false) => "double*",
+            (_, true) => "const double*",
+        }
+    };
+    let mut decl = vec![
+        format!("{t}* __restrict__ p0"),
+        format!("const {t}* __restrict__ cx"),
+        format!("const {t}* __restrict__ cw"),
+    ];
+    let mut params = vec![
+        Param::Ptr(ptr(false)),
+        Param::Ptr(ptr(true)),
+        Param::Ptr(ptr(true)),
+    ];
+    if spec.bias {
+        decl.push(format!("const {t}* __restrict__ cb"));
+        params.push(Param::Ptr(ptr(true)));
+    }
+    let inputs = spec.epilogue_inputs();
+    let mut e = CudaC::default();
+    let (mut name, scalars, epilogue) = match spec.epilogue {
+        None => (
+            "conv2d".to_string(),
+            String::new(),
+            "        p0[oc] = conv;\n".to_string(),
+        ),
+        Some(ep) => {
+            let k = ep.kernel;
+            check_epilogue(k, dt)?;
+            for &op in &inputs {
+                let st = c_storage_type(k.operands[op].dtype);
+                decl.push(format!("const {st}* __restrict__ p{op}"));
+                params.push(Param::Ptr(shim_ptr(st)));
+            }
+            e.indent = 1;
+            let scal = declare_scalars(&mut e, k);
+            let scalars = std::mem::take(&mut e.code);
+            e.indent = 4;
+            for &op in &inputs {
+                e.line(&format!(
+                    "const long long o{op} = i0 * s{op}_0 + i1 * s{op}_1 + i2 * s{op}_2 + i3 * s{op}_3;"
+                ));
+            }
+            let conv = e.named("conv");
+            let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
+                Instr::Load(op) if op == 0 || ep.conv_operands.contains(&op) => (conv, dt),
+                Instr::Load(op) => load(e, k, op, &format!("o{op}")),
+                Instr::Scalar(n) => (scal[n], k.scalars[n]),
+                _ => unreachable!("a pointwise epilogue has no accumulator"),
+            };
+            let mut vals = vec![None; k.body.len()];
+            let v = eval_value(&mut e, k, k.out, &mut vals, &mut leaf);
+            store_elem(&mut e, k, (0, k.out), v, "p0[oc]");
+            (
+                format!("conv2d+{}", k.name),
+                scalars,
+                std::mem::take(&mut e.code),
+            )
+        }
+    };
+    for g in GEOMETRY {
+        decl.push(format!("const long long {g}"));
+        params.push(Param::Int);
+    }
+    if let Some(ep) = spec.epilogue {
+        for &op in &inputs {
+            for d in 0..4 {
+                decl.push(format!("const long long s{op}_{d}"));
+                params.push(Param::Int);
+            }
+        }
+        for (n, s) in ep.kernel.scalars.iter().enumerate() {
+            let (c, p) = if s.is_float() {
+                ("double", Param::F64)
+            } else {
+                ("long long", Param::Int)
+            };
+            decl.push(format!("const {c} sc{n}"));
+            params.push(p);
+        }
+    }
+    if name.len() > 48 {
+        name.truncate(48);
+    }
+    let mut src = String::from("// generated by kiln-codegen (cuda): implicit-GEMM convolution\n");
+    super::scalar::write_helpers(&mut src, &e.helpers);
+    src.push_str(
+        &BODY
+            .replace("$T", t)
+            .replace("$PARAMS", &format!("    {}", decl.join(",\n    ")))
+            .replace("$SCALARS", &scalars)
+            .replace("$BIAS", if spec.bias { " + cb[i1]" } else { "" })
+            .replace("$EPILOGUE", &epilogue),
+    );
+    Ok(TemplateKernel::new(&name, &src, params, CONV_BLOCK))
+}
+
+/// The pointer type the shim casts an epilogue input to.
+fn shim_ptr(storage: &str) -> &'static str {
+    match storage {
+        "float" => "const float*",
+        "double" => "const double*",
+        "unsigned short" => "const unsigned short*",
+        "unsigned char" => "const unsigned char*",
+        "signed char" => "const signed char*",
+        "short" => "const short*",
+        "int" => "const int*",
+        _ => "const long long*",
+    }
+}
+
+fn check_epilogue(k: &Kernel, dt: DType) -> Result<(), Error> {
+    validate(k)?;
+    let bad = |why: String| Err(Error::op("conv2d", format!("epilogue {}: {why}", k.name)));
+    if k.reduce.is_some() || !k.extra_out.is_empty() {
+        return bad("a conv epilogue is one pointwise store".into());
+    }
+    if k.rank != 4 {
+        return bad(format!(
+            "rank {} (a conv epilogue runs over [N, K, OH, OW])",
+            k.rank
+        ));
+    }
+    if k.operands[0].dtype != dt {
+        return bad(format!("stores {} over a {dt} conv", k.operands[0].dtype));
+    }
+    Ok(())
+}

@@ -1,0 +1,188 @@
+//! Convolution on a CUDA device: one launch of the implicit-GEMM template
+//! (`kiln_codegen::cuda::conv`), with a pointwise epilogue fused into it
+//! when a compiled graph has one (Conv + folded BatchNorm + ReLU).
+
+use super::launch::launch_device;
+use crate::launch::View;
+use crate::memory::Device;
+use crate::profiler::{self, Category};
+use crate::storage::Storage;
+use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue};
+use kiln_codegen::Kernel;
+use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::{bail, DType, Result};
+
+/// Most blocks per launch; blocks loop over the remaining tiles.
+const MAX_GRID: usize = 1 << 16;
+/// The template's output tile: channels by positions.
+const TILE: usize = 64;
+
+/// The operands of one convolution: contiguous `x` `[N, C, H, W]`, `w`
+/// `[K, C/groups, R, S]`, `bias` `[K]`, and a fresh contiguous `out`
+/// `[N, K, OH, OW]` (the user's ranks, flattened the same way).
+pub struct ConvViews<'a> {
+    pub x: View<'a>,
+    pub w: View<'a>,
+    pub bias: Option<View<'a>>,
+    pub out: View<'a>,
+}
+
+/// A pointwise kernel over the output as `[N, K, OH, OW]` (operand 0 the
+/// output), its views and scalar bits; inputs viewing `out` itself read the
+/// conv's value.
+pub struct ConvEpilogue<'a> {
+    pub kernel: &'a Kernel,
+    pub views: &'a [View<'a>],
+    pub scalars: &'a [u64],
+}
+
+/// Runs `out = epilogue(conv(x, w) + bias)` for `g` as one launch on the
+/// operands' device.
+pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) -> Result<()> {
+    let name = "conv2d";
+    let mut all = vec![v.out, v.x, v.w];
+    all.extend(v.bias);
+    let dev = launch_device(name, &all)?;
+    let Device::Cuda(ordinal) = dev else {
+        bail!(
+            name,
+            "the CUDA conv needs its operands on a CUDA device, got {dev}"
+        );
+    };
+    let dt = v.x.dtype();
+    for (what, o) in [("input", v.x), ("weight", v.w), ("output", v.out)]
+        .into_iter()
+        .chain(v.bias.map(|b| ("bias", b)))
+    {
+        if o.dtype() != dt {
+            bail!(name, "{what} is {} where the input is {dt}", o.dtype());
+        }
+        if !o.layout.is_contiguous() || o.storage.device() != dev {
+            bail!(name, "the CUDA conv's {what} must be contiguous on {dev}");
+        }
+    }
+    let [oh, ow] = g.out_size;
+    let out_dims = [g.n, g.c_out, oh, ow];
+    let mut conv_operands = vec![];
+    if let Some(e) = epilogue {
+        if e.views.len() != e.kernel.operands.len() {
+            bail!(
+                name,
+                "epilogue {}: {} views for {} operands",
+                e.kernel.name,
+                e.views.len(),
+                e.kernel.operands.len()
+            );
+        }
+        for (op, ev) in e.views.iter().enumerate() {
+            if ev.layout.dims.as_slice() != out_dims {
+                bail!(
+                    name,
+                    "epilogue {} operand {op} has shape {:?}, not the output's {out_dims:?}",
+                    e.kernel.name,
+                    ev.layout.dims
+                );
+            }
+            let is_out =
+                std::ptr::eq(ev.storage, v.out.storage) && *ev.layout == v.out.layout_as(&out_dims);
+            if op == 0 && !is_out {
+                bail!(
+                    name,
+                    "epilogue {} must store to the conv's output",
+                    e.kernel.name
+                );
+            }
+            if op > 0 && is_out {
+                conv_operands.push(op);
+            }
+        }
+        all.extend(e.views.iter().copied());
+        launch_device(name, &all)?;
+    }
+    let spec = ConvSpec {
+        dtype: dt,
+        bias: v.bias.is_some(),
+        epilogue: epilogue.map(|e| Epilogue {
+            kernel: e.kernel,
+            conv_operands: &conv_operands,
+        }),
+    };
+    let t = conv_template(&spec)?;
+    let _p = profiler::scope_with(Category::Kernel, || t.name.clone());
+    if out_dims.iter().product::<usize>() == 0 {
+        return Ok(());
+    }
+    let addr = |o: &View| o.storage.device_ptr() + (o.layout.offset * o.dtype().size()) as u64;
+    let mut words = vec![addr(&v.out), addr(&v.x), addr(&v.w)];
+    words.extend(v.bias.as_ref().map(addr));
+    // a one-element CPU operand of the epilogue travels with the launch
+    let mut uploads: Vec<Storage> = vec![];
+    let inputs = spec.epilogue_inputs();
+    if let Some(e) = epilogue {
+        for &op in &inputs {
+            let ev = &e.views[op];
+            let base = if ev.storage.device() == dev {
+                ev.storage.device_ptr()
+            } else {
+                uploads.push(ev.storage.to_device(dev)?);
+                uploads.last().expect("just pushed").device_ptr()
+            };
+            words.push(base + (ev.layout.offset * ev.dtype().size()) as u64);
+        }
+    }
+    let [h, wd] = g.in_size;
+    let [r, s] = g.kernel;
+    let geometry = [
+        g.n,
+        g.c_in,
+        h,
+        wd,
+        g.c_out,
+        oh,
+        ow,
+        r,
+        s,
+        g.stride[0],
+        g.stride[1],
+        g.pad_begin[0],
+        g.pad_begin[1],
+        g.dilation[0],
+        g.dilation[1],
+        g.groups,
+    ];
+    words.extend(geometry.iter().map(|&x| x as u64));
+    if let Some(e) = epilogue {
+        for &op in &inputs {
+            words.extend(e.views[op].layout.strides.iter().map(|&s| s as i64 as u64));
+        }
+        words.extend_from_slice(e.scalars);
+    }
+    if words.len() != t.params.len() {
+        bail!(
+            name,
+            "{}: {} arguments for {} parameters",
+            t.name,
+            words.len(),
+            t.params.len()
+        );
+    }
+    let tiles = g.groups * g.c_out_per_group().div_ceil(TILE) * (g.n * oh * ow).div_ceil(TILE);
+    let grid = tiles.clamp(1, MAX_GRID) as u32;
+    super::gpu(ordinal)?.launch_template(&t, &words, grid)?;
+    drop(uploads);
+    Ok(())
+}
+
+impl View<'_> {
+    /// This contiguous view's layout read as `dims` (same elements).
+    fn layout_as(&self, dims: &[usize]) -> kiln_ir::op::Layout {
+        let mut l = kiln_ir::op::Layout::contiguous(dims);
+        l.offset = self.layout.offset;
+        l
+    }
+}
+
+/// Whether `dt` has a CUDA conv kernel (the template computes in f32 or f64).
+pub fn conv_dtype_supported(dt: DType) -> bool {
+    matches!(dt, DType::F32 | DType::F64)
+}
