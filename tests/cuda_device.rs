@@ -11,9 +11,9 @@
 //! Without a GPU the device is the emulator (`kiln::cuda::use_emulator`): the
 //! same CUDA C compiled by `c++` against the shim header and run on the CPU.
 //! With `KILN_CUDA=driver` (scripts/gpu-check.sh on the GPU machine) it is the
-//! real device and the lines read `cuda SUITE: P/T`. Convolutions run as
-//! the conv template (`kiln_codegen::cuda::conv`), also compiled by NVRTC
-//! here. Ops with no device kernel yet run on the host between two copies;
+//! real device and the lines read `cuda SUITE: P/T`. Convolutions and f32/f64
+//! matrix products run as template kernels (`kiln_codegen::cuda::{conv,
+//! gemm}`), also compiled by NVRTC here. Ops with no device kernel yet run on the host between two copies;
 //! the test lists them.
 
 mod fixture_support;
@@ -137,7 +137,7 @@ fn nvrtc_line(launched: &[kiln_codegen::Kernel], failed: &mut Vec<String>) -> St
             failed.push(format!("nvrtc {}: {e}", k.name));
         }
     }
-    // the conv kernels (templates with fused epilogues) the suites compiled
+    // the template kernels (conv with fused epilogues, GEMM) the suites compiled
     let templates = kiln::cuda::templates_compiled();
     for t in &templates {
         if let Err(e) = kiln::cuda::compile_cubin(&t.source, (9, 0)) {
@@ -146,7 +146,7 @@ fn nvrtc_line(launched: &[kiln_codegen::Kernel], failed: &mut Vec<String>) -> St
         }
     }
     format!(
-        "nvrtc fixtures: {n} device kernels and {} conv kernels compiled for sm_90, {bad} failed",
+        "nvrtc fixtures: {n} device kernels and {} templates (conv, GEMM) compiled for sm_90, {bad} failed",
         templates.len()
     )
 }

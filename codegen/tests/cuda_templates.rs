@@ -1,6 +1,7 @@
-//! The implicit-GEMM conv template (`kiln_codegen::cuda::conv`) run through
-//! the C++ shim against a direct convolution written here, and compiled by
-//! NVRTC for sm_90 when NVRTC can be loaded.
+//! The template kernels — the implicit-GEMM conv (`kiln_codegen::cuda::conv`)
+//! and the batched GEMM (`kiln_codegen::cuda::gemm`) — run through the C++
+//! shim against direct loops written here, and compiled by NVRTC for sm_90
+//! when NVRTC can be loaded.
 //!
 //! The geometries cover what the tiling and the patch indexing can get
 //! wrong: more output channels than one 64-row tile, output positions not a
@@ -11,6 +12,7 @@
 //! a scalar), whose operands arrive with broadcast strides.
 
 use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue, GEOMETRY};
+use kiln_codegen::cuda::gemm::gemm_template;
 use kiln_codegen::cuda::shim::{self, ShimLibrary};
 use kiln_codegen::cuda::TemplateKernel;
 use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
@@ -353,16 +355,124 @@ fn conv_template_params_and_errors() {
     assert!(e.contains("epilogue bn_relu: rank 3"), "{e}");
 }
 
+/// `(B, M, N, K)`, and whether `a` and `w` are stored transposed.
+const GEMMS: [([usize; 4], bool, bool); 6] = [
+    ([1, 5, 7, 3], false, false),
+    ([2, 70, 66, 17], false, true), // two tiles each way, k past one slice
+    ([3, 64, 64, 16], true, false), // exactly one tile and one slice
+    ([1, 1, 130, 40], true, true),
+    ([4, 9, 2, 33], false, false),
+    ([2, 0, 3, 4], false, false), // empty
+];
+
+/// Runs the GEMM `t` for one shape with `a` broadcast over the batch when
+/// `shared_a`; the largest error relative to 1 + |reference|.
+fn run_gemm<T: Elem>(
+    lib: &ShimLibrary,
+    t: &TemplateKernel,
+    g: ([usize; 4], bool, bool),
+    shared_a: bool,
+    grid: u32,
+) -> f64 {
+    let ([b, m, n, k], ta, tw) = g;
+    let a = fill(b * m * k, 7);
+    let w = fill(b * k * n, 8);
+    // element (i, j) of a matrix with `c` columns, stored row-major or transposed
+    let at = |r: usize, c: usize, rows: usize, cols: usize, tr: bool| {
+        if tr {
+            c * rows + r
+        } else {
+            r * cols + c
+        }
+    };
+    let a_batch = |bi: usize| if shared_a { 0 } else { bi * m * k };
+    let mut want = vec![0.0; b * m * n];
+    for bi in 0..b {
+        for i in 0..m {
+            for j in 0..n {
+                want[(bi * m + i) * n + j] = (0..k)
+                    .map(|l| {
+                        a[a_batch(bi) + at(i, l, m, k, ta)] * w[bi * k * n + at(l, j, k, n, tw)]
+                    })
+                    .sum();
+            }
+        }
+    }
+    let (a_t, w_t) = (cast::<T>(&a), cast::<T>(&w));
+    let mut out = vec![T::of(f64::NAN); want.len()];
+    let (sa_m, sa_k) = if ta { (1, m) } else { (k, 1) };
+    let (sw_k, sw_n) = if tw { (1, k) } else { (n, 1) };
+    let sa_b = if shared_a { 0 } else { m * k };
+    let mut words = vec![
+        out.as_mut_ptr() as u64,
+        a_t.as_ptr() as u64,
+        w_t.as_ptr() as u64,
+    ];
+    words.extend([b, m, n, k, sa_b, sa_m, sa_k, k * n, sw_k, sw_n].map(|x| x as u64));
+    assert_eq!(words.len(), t.params.len());
+    let f = lib.template_launcher(t).unwrap();
+    // SAFETY: the words follow the template's parameters; the buffers outlive the call.
+    assert_eq!(unsafe { f(words.as_ptr(), grid, t.block) }, 0);
+    out.iter()
+        .enumerate()
+        .map(|(i, o)| (o.get() - want[i]).abs() / (1.0 + want[i].abs()))
+        .fold(
+            0.0,
+            |mx: f64, e| if e.is_nan() { f64::INFINITY } else { mx.max(e) },
+        )
+}
+
 #[test]
-fn nvrtc_compiles_the_conv_templates() {
-    // SAFETY: only tries to dlopen NVRTC by its known names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("nvrtc conv templates: library not found, skipped");
+fn gemm_template_matches_a_direct_product() {
+    if !shim::compiler_present() {
+        eprintln!("cuda-shim gemm: no c++ compiler, skipped");
         return;
     }
-    let ts = templates();
+    let ts = [
+        gemm_template(DType::F32).unwrap(),
+        gemm_template(DType::F64).unwrap(),
+    ];
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda_shim");
+    let lib = ShimLibrary::build_templates(&ts, &dir).unwrap();
+    let (mut pass, mut total) = (0, 0);
+    for g in GEMMS {
+        for shared_a in [false, true] {
+            for grid in [1, 64] {
+                for (t, tol) in ts.iter().zip([1e-5, 1e-12]) {
+                    let err = if t.name.ends_with("f32") {
+                        run_gemm::<f32>(&lib, t, g, shared_a, grid)
+                    } else {
+                        run_gemm::<f64>(&lib, t, g, shared_a, grid)
+                    };
+                    total += 1;
+                    if err <= tol {
+                        pass += 1;
+                    } else {
+                        eprintln!(
+                            "{} {g:?} shared_a {shared_a} grid {grid}: error {err:e}",
+                            t.name
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("cuda-shim gemm: {pass}/{total}");
+    assert_eq!(pass, total);
+}
+
+#[test]
+fn nvrtc_compiles_the_templates() {
+    // SAFETY: only tries to dlopen NVRTC by its known names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        eprintln!("nvrtc templates: library not found, skipped");
+        return;
+    }
+    let mut ts: Vec<TemplateKernel> = templates().into_iter().map(|t| t.1).collect();
+    ts.push(gemm_template(DType::F32).unwrap());
+    ts.push(gemm_template(DType::F64).unwrap());
     let mut failed = 0;
-    for (_, t) in &ts {
+    for t in &ts {
         let opts = cudarc::nvrtc::CompileOptions {
             arch: Some("sm_90"),
             ..Default::default()
@@ -372,9 +482,6 @@ fn nvrtc_compiles_the_conv_templates() {
             eprintln!("{}: {e:?}\n{}", t.name, t.source);
         }
     }
-    eprintln!(
-        "nvrtc conv templates: {} compiled, {failed} failed",
-        ts.len()
-    );
+    eprintln!("nvrtc templates: {} compiled, {failed} failed", ts.len());
     assert_eq!(failed, 0);
 }
