@@ -350,4 +350,10 @@ fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
         .collect();
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     assert!(kernels[0].starts_with("conv2d+"), "{kernels:?}");
+    // the CUDA C of that launch: the conv template with the ReLU in its store
+    let t = kiln::cuda::templates_compiled()
+        .into_iter()
+        .find(|t| t.name == kernels[0])
+        .expect("the launched template was compiled");
+    insta::assert_snapshot!("conv_bn_relu_cuda", t.source);
 }
