@@ -76,6 +76,8 @@ fn device_bench_runs_every_inference_workload_on_the_device() {
         "{report}"
     );
     assert!(report.contains("skipped W5: training steps"), "{report}");
+    assert!(b.cnn_compile_ms.iter().all(|&t| t > 0.0), "{report}");
+    assert!(report.contains("small CNN: "), "{report}");
     if !real {
         assert!(report.contains("emulator"), "{report}");
         // GEMM and conv are generated kernels on the device: nothing ran on the host

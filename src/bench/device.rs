@@ -51,6 +51,8 @@ pub struct DeviceBench {
     pub skipped: Vec<String>,
     /// Ops that ran on the host for device tensors, with counts (whole process).
     pub host_fallbacks: Vec<(&'static str, usize)>,
+    /// Compile-to-first-output of the small CNN: [first, warm] (see `cnn_compile_ms`).
+    pub cnn_compile_ms: [f64; 2],
 }
 
 fn make(name: &str, size: Size, dev: Device) -> Result<Workload> {
@@ -144,7 +146,30 @@ pub fn run_on(
         rows,
         skipped,
         host_fallbacks: crate::host_fallbacks(),
+        cnn_compile_ms: cnn_compile_ms(device)?,
     })
+}
+
+/// Milliseconds from `compile()` of the small CNN (eval mode, a 64-image
+/// batch on `device`) to its first output on the host: first in this
+/// process (kernels from the disk cache, or NVRTC when it is cold), then
+/// for a second `compile()` of the same model (warm: every kernel cached).
+fn cnn_compile_ms(device: Device) -> Result<[f64; 2]> {
+    use crate::nn::{Module, ModuleExt};
+    let mut m = super::train::small_cnn()?;
+    m.to_device(device)?;
+    m.eval();
+    let x = super::randn(&[64, 1, 8, 8], 7).to_device(device)?;
+    let _ng = crate::autograd::no_grad();
+    let mut once = || -> Result<f64> {
+        let t = std::time::Instant::now();
+        let c = crate::compile::compile(&m);
+        let y = c.forward(&x)?;
+        device.synchronize()?;
+        drop(y.to_f64_vec());
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    };
+    Ok([once()?, once()?])
 }
 
 impl DeviceBench {
@@ -181,6 +206,10 @@ impl DeviceBench {
             };
             s += &format!("ran on the host between copies (no device kernel yet): {fb}\n");
         }
+        let [first, warm] = self.cnn_compile_ms;
+        s += &format!(
+            "compile() to first output, small CNN: {first:.1} ms first, {warm:.1} ms warm (kernels cached)\n"
+        );
         for k in &self.skipped {
             s += &format!("skipped {k}\n");
         }
