@@ -155,13 +155,13 @@ pub fn run_on(
 /// process (kernels from the disk cache, or NVRTC when it is cold), then
 /// for a second `compile()` of the same model (warm: every kernel cached).
 fn cnn_compile_ms(device: Device) -> Result<[f64; 2]> {
-    use crate::nn::{Module, ModuleExt};
+    use crate::nn::ModuleExt;
     let mut m = super::train::small_cnn()?;
     m.to_device(device)?;
     m.eval();
     let x = super::randn(&[64, 1, 8, 8], 7).to_device(device)?;
     let _ng = crate::autograd::no_grad();
-    let mut once = || -> Result<f64> {
+    let once = || -> Result<f64> {
         let t = std::time::Instant::now();
         let c = crate::compile::compile(&m);
         let y = c.forward(&x)?;
