@@ -351,3 +351,155 @@ fn compiled_conv_relu_on_the_device_matches_the_cpu() {
     assert_eq!(got.device(), dev);
     close(&got, &want, 1e-5);
 }
+
+#[test]
+fn pinned_tensors_copy_without_blocking_and_outlive_their_copies() {
+    let Some((dev, _)) = device() else { return };
+    let x = Tensor::from_vec((0..24).map(|i| i as f32 - 5.0).collect(), &[4, 6]).unwrap();
+    assert!(!x.is_pinned());
+    let p = x.pin_memory().unwrap();
+    assert!(p.is_pinned() && p.device() == Device::Cpu);
+    assert!(
+        p.pin_memory().unwrap().shares_storage(&p),
+        "pinning twice is a no-op"
+    );
+    assert_eq!(p.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+    let e = p
+        .to_device(dev)
+        .unwrap()
+        .pin_memory()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("pin_memory: cannot pin a cuda:0 tensor"),
+        "{e}"
+    );
+
+    // the source dropped right after the copy was queued: the device still reads it whole
+    let d = p.to_device_non_blocking(dev).unwrap();
+    drop(p);
+    assert_eq!(d.device(), dev);
+    let back = d.to_device_non_blocking(Device::Cpu).unwrap();
+    assert_eq!(back.to_vec::<f32>().unwrap(), x.to_vec::<f32>().unwrap());
+
+    // a row of a pinned tensor (a contiguous view at an offset) crosses alone
+    let p = x.pin_memory().unwrap();
+    let row = p.select(0, 2).unwrap().to_device_non_blocking(dev).unwrap();
+    // a write to the pinned source after the copy was queued cannot reach it
+    p.select(0, 2)
+        .unwrap()
+        .copy_(&Tensor::zeros(&[6], DType::F32))
+        .unwrap();
+    assert_eq!(
+        row.to_vec::<f32>().unwrap(),
+        x.select(0, 2).unwrap().to_vec::<f32>().unwrap()
+    );
+    assert_eq!(
+        p.select(0, 2).unwrap().to_vec::<f32>().unwrap(),
+        vec![0.0; 6]
+    );
+    // a strided view of pinned memory crosses as a blocking dense copy
+    let t = p.t().unwrap().to_device_non_blocking(dev).unwrap();
+    assert_eq!(t.dims(), &[6, 4]);
+    assert_eq!(
+        t.to_vec::<f32>().unwrap(),
+        p.t()
+            .unwrap()
+            .contiguous()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+    );
+    dev.synchronize().unwrap();
+
+    // differentiable like to_device
+    let w = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])
+        .unwrap()
+        .requires_grad_(true);
+    let wd = w.pin_memory().unwrap().to_device_non_blocking(dev).unwrap();
+    wd.mul(&wd)
+        .unwrap()
+        .sum(None, false)
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(
+        w.grad().unwrap().to_vec::<f32>().unwrap(),
+        vec![2.0, 4.0, 6.0]
+    );
+}
+
+#[test]
+fn data_loader_pin_memory_yields_pinned_batches() {
+    use kiln::data::{DataLoader, TensorDataset};
+    let Some((dev, _)) = device() else { return };
+    let x = Tensor::from_vec((0..20).map(|i| i as f32).collect(), &[10, 2]).unwrap();
+    let y = Tensor::from_vec((0..10).collect::<Vec<i64>>(), &[10]).unwrap();
+    let ds = TensorDataset::new(vec![x, y]).unwrap();
+    for workers in [0, 2] {
+        let mut loader = DataLoader::new(ds.clone(), 4)
+            .num_workers(workers)
+            .pin_memory(true);
+        let mut seen = vec![];
+        for b in loader.iter() {
+            let b = b.unwrap();
+            assert!(b.iter().all(Tensor::is_pinned), "workers={workers}");
+            let yd = b[1].to_device_non_blocking(dev).unwrap();
+            drop(b);
+            seen.extend(yd.to_vec::<i64>().unwrap());
+        }
+        assert_eq!(seen, (0..10).collect::<Vec<i64>>());
+    }
+    let mut plain = DataLoader::new(ds, 4);
+    assert!(!plain.iter().next().unwrap().unwrap()[0].is_pinned());
+}
+
+#[test]
+fn index_select_on_the_device_is_one_kernel() {
+    let Some((dev, _)) = device() else { return };
+    let x = kiln::random::randn(&[5, 3, 4], Some(&mut kiln::random::Generator::new(1)));
+    let xd = x.to_device(dev).unwrap();
+    let mut counts = vec![];
+    for (dim, idx) in [
+        (0, vec![4i64, 0, -1, 2, 2]),
+        (1, vec![-3, 2]),
+        (2, vec![3, 1, 0, -4, 2, 2, 1]),
+    ] {
+        let i = Tensor::from_vec(idx.clone(), &[idx.len()]).unwrap();
+        let want = x.index_select(dim, &i).unwrap();
+        let (got, launched) = kiln_runtime::record_kernels(|| {
+            xd.index_select(dim, &i.to_device(dev).unwrap()).unwrap()
+        });
+        assert_eq!(got.device(), dev);
+        assert_eq!(
+            got.to_vec::<f32>().unwrap(),
+            want.to_vec::<f32>().unwrap(),
+            "dim {dim}"
+        );
+        let named: Vec<&str> = launched.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(
+            named.iter().filter(|n| **n == "index_select").count(),
+            1,
+            "{named:?}"
+        );
+        counts.push(launched.len());
+    }
+    assert!(
+        counts.iter().all(|&c| c == counts[0]),
+        "launches grew with the index: {counts:?}"
+    );
+    // an i32 index on the CPU works too
+    let i = Tensor::from_vec(vec![1i32, 0], &[2]).unwrap();
+    let got = xd.index_select(0, &i).unwrap();
+    assert_eq!(
+        got.to_vec::<f32>().unwrap(),
+        x.index_select(0, &i).unwrap().to_vec::<f32>().unwrap()
+    );
+    // out of range either way: the message names the op, the index and the size
+    for (bad, which) in [(vec![0i64, 5], 5), (vec![-6, 1], -6)] {
+        let i = Tensor::from_vec(bad, &[2]).unwrap().to_device(dev).unwrap();
+        let e = xd.index_select(0, &i).unwrap_err().to_string();
+        let want = format!("index_select: index {which} is out of range for dim 0 of size 5");
+        assert!(e.starts_with(&want), "{e}");
+    }
+}

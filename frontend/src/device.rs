@@ -9,7 +9,7 @@
 use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::Layout;
-use kiln_ir::{DType, Result};
+use kiln_ir::{bail, DType, Result};
 use kiln_runtime::{Device, Storage};
 use std::sync::Arc;
 
@@ -43,6 +43,64 @@ impl Tensor {
         let storage = dense.storage.to_device(device)?;
         let out = Tensor::from_parts(Arc::new(storage), Layout::contiguous(self.dims()));
         crate::autograd::rules::view::view("to_device", self, out, move |g, _| g.to_device(from))
+    }
+
+    /// `tensor.to(device, non_blocking=True)`. From a pinned CPU tensor
+    /// ([`Tensor::pin_memory`]) to a CUDA device the copy is queued on the
+    /// device's stream and this returns at once: work on the result is
+    /// ordered after the copy, dropping `self` meanwhile is fine (the device
+    /// keeps the pinned memory until the copy is done), and host access to
+    /// `self` — writes included — waits for the copy, so it cannot corrupt it.
+    ///
+    /// Every other direction behaves like [`Tensor::to_device`]: from pageable
+    /// memory the driver stages the bytes before returning anyway, and a copy
+    /// to the CPU always finishes before returning, because a host tensor
+    /// whose contents are still arriving could be read too early.
+    pub fn to_device_non_blocking(&self, device: Device) -> Result<Tensor> {
+        let dense = self.is_contiguous() || self.numel() == 0;
+        if !(self.is_pinned() && device.is_cuda() && dense) {
+            return self.to_device(device);
+        }
+        trace::read_value("to_device", self)?;
+        let from = self.device();
+        let range = self.offset()..self.offset() + self.numel();
+        let storage = self.storage.to_device_non_blocking(device, range)?;
+        let out = Tensor::from_parts(Arc::new(storage), Layout::contiguous(self.dims()));
+        crate::autograd::rules::view::view("to_device", self, out, move |g, _| g.to_device(from))
+    }
+
+    /// `tensor.pin_memory()`: a copy of this CPU tensor in pinned
+    /// (page-locked) host memory, from which copies to a CUDA device can run
+    /// asynchronously ([`Tensor::to_device_non_blocking`]); `self` when it is
+    /// pinned already. As in PyTorch it needs a CUDA device: without one it
+    /// is an error. On the CPU emulator the memory is ordinary host memory,
+    /// flagged pinned.
+    pub fn pin_memory(&self) -> Result<Tensor> {
+        if self.device().is_cuda() {
+            bail!(
+                "pin_memory",
+                "cannot pin a {} tensor: only CPU tensors can be pinned",
+                self.device()
+            );
+        }
+        if self.is_pinned() {
+            return Ok(self.clone());
+        }
+        trace::read_value("pin_memory", self)?;
+        let storage = if self.is_contiguous() || self.numel() == 0 {
+            let range = self.offset()..self.offset() + self.numel();
+            self.storage.pin(range)?
+        } else {
+            let dense = trace::untraced(|| self.detach().copy())?;
+            dense.storage.pin(0..dense.numel())?
+        };
+        let out = Tensor::from_parts(Arc::new(storage), Layout::contiguous(self.dims()));
+        crate::autograd::rules::view::view("pin_memory", self, out, |g, _| Ok(g.clone()))
+    }
+
+    /// Whether this tensor's storage is pinned host memory (`is_pinned()`).
+    pub fn is_pinned(&self) -> bool {
+        self.storage.is_pinned()
     }
 
     /// A fresh contiguous tensor on `device` whose contents are unspecified.
@@ -153,5 +211,33 @@ mod tests {
         let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
         assert!(x.to_device(Device::Cpu).unwrap().shares_storage(&x));
         assert_eq!(device_of([&x]), Device::Cpu);
+    }
+
+    /// This test binary never opens the emulator, so without a driver there
+    /// is no CUDA device: pinning is then an error that says why, as in PyTorch.
+    #[test]
+    fn pin_memory_needs_a_cuda_device() {
+        let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3]).unwrap();
+        match (x.pin_memory(), Device::cuda(0)) {
+            (Ok(p), Ok(_)) => {
+                assert!(p.is_pinned() && !x.is_pinned());
+                assert_eq!(p.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0]);
+            }
+            (Err(e), Err(_)) => {
+                let m = e.to_string();
+                assert!(
+                    m.starts_with(
+                        "pin_memory: pinned memory needs a CUDA device: cuda: device cuda:0"
+                    ),
+                    "{m}"
+                );
+            }
+            (p, d) => panic!("pinning {p:?} disagrees with the device {d:?}"),
+        }
+        // a pageable tensor's non-blocking copy within the CPU is the blocking one
+        assert!(x
+            .to_device_non_blocking(Device::Cpu)
+            .unwrap()
+            .shares_storage(&x));
     }
 }

@@ -1,11 +1,13 @@
 //! Storage: one dtype, a byte buffer on one device, shared by every view of it.
 
+use crate::cuda::pinned::{self, HostMemory};
 use crate::cuda::Buffer;
 use crate::memory::{counters, Device};
-use kiln_ir::{DType, Result};
+use kiln_ir::{DType, Error, Result};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub use crate::memory::{memory_allocated, memory_cached};
 
@@ -90,11 +92,14 @@ fn give_back(v: Vec<u128>) {
 /// exactly as a PyTorch storage is. CPU storages live in host memory; CUDA
 /// storages in device memory ([`crate::cuda::Buffer`]), which host code never
 /// reads: [`Storage::ptr`] on one panics, [`Storage::to_device`] copies.
+/// A pinned CPU storage ([`Storage::pin`]) keeps its bytes in
+/// [`HostMemory`] instead of `data`, shared with the copies still reading it.
 pub struct Storage {
     dtype: DType,
     len: usize,
     data: UnsafeCell<Vec<u128>>,
     cuda: Option<(u8, Buffer)>,
+    pinned: Option<Arc<HostMemory>>,
 }
 
 // Safety: kernels write disjoint regions; aliasing rules are the frontend's
@@ -132,6 +137,7 @@ impl Storage {
             len,
             data: UnsafeCell::new(data),
             cuda: None,
+            pinned: None,
         }
     }
 
@@ -147,6 +153,7 @@ impl Storage {
                     len,
                     data: UnsafeCell::new(vec![]),
                     cuda: Some((n, buf)),
+                    pinned: None,
                 })
             }
         }
@@ -183,11 +190,18 @@ impl Storage {
         match (&self.cuda, &out.cuda) {
             // SAFETY: both host buffers hold `n` bytes.
             (None, None) => unsafe { std::ptr::copy_nonoverlapping(self.ptr(), out.ptr(), n) },
-            (None, Some((d, b))) => {
-                // SAFETY: no kernel writes a host storage while it is copied.
-                let src = unsafe { self.bytes() };
-                crate::cuda::gpu(*d)?.copy_to_device(src, b.ptr)?;
-            }
+            (None, Some((d, b))) => match &self.pinned {
+                // a blocking copy: queued like a non-blocking one, then waited for
+                Some(m) => {
+                    pinned::copy_to_device(&*crate::cuda::gpu(*d)?, m, 0..n, b.ptr)?;
+                    m.wait_for_copies()?;
+                }
+                None => {
+                    // SAFETY: no kernel writes a host storage while it is copied.
+                    let src = unsafe { self.bytes() };
+                    crate::cuda::gpu(*d)?.copy_to_device(src, b.ptr)?;
+                }
+            },
             (Some((d, b)), None) => {
                 // SAFETY: the fresh host buffer is ours alone.
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr(), n) };
@@ -203,6 +217,83 @@ impl Storage {
                 crate::cuda::gpu(*e)?.copy_to_device(&tmp, c.ptr)?;
             }
         }
+        Ok(out)
+    }
+
+    /// A pinned CPU copy of elements `range` of this CPU storage
+    /// (`tensor.pin_memory()`): page-locked memory from CUDA device 0, so
+    /// copies from it to a device can run asynchronously
+    /// ([`Storage::to_device_non_blocking`]). On the emulator the memory is
+    /// ordinary but flagged pinned; with no CUDA device at all it is an error,
+    /// as in PyTorch.
+    pub fn pin(&self, range: Range<usize>) -> Result<Storage> {
+        if let Some((n, _)) = &self.cuda {
+            return Err(Error::op(
+                "pin_memory",
+                format!("cannot pin cuda:{n} memory: only CPU tensors can be pinned"),
+            ));
+        }
+        let gpu = crate::cuda::gpu(0).map_err(|e| {
+            Error::op(
+                "pin_memory",
+                format!("pinned memory needs a CUDA device: {e}"),
+            )
+        })?;
+        assert!(range.end <= self.len, "pin range past the storage");
+        let nbytes = range.len() * self.dtype.size();
+        let m = gpu.alloc_pinned(nbytes)?;
+        // SAFETY: both buffers hold the range; the new one is ours alone.
+        unsafe {
+            let src = self.ptr().add(range.start * self.dtype.size());
+            std::ptr::copy_nonoverlapping(src, m.host_ptr(), nbytes);
+        }
+        counters(Device::Cpu).on_alloc(nbytes, m.len());
+        Ok(Storage {
+            dtype: self.dtype,
+            len: range.len(),
+            data: UnsafeCell::new(vec![]),
+            cuda: None,
+            pinned: Some(Arc::new(m)),
+        })
+    }
+
+    /// Whether this is a pinned CPU storage.
+    pub fn is_pinned(&self) -> bool {
+        self.pinned.is_some()
+    }
+
+    /// The pinned memory behind a pinned storage.
+    pub fn pinned_memory(&self) -> Option<&Arc<HostMemory>> {
+        self.pinned.as_ref()
+    }
+
+    /// A copy of elements `range` on CUDA `device` that does not wait for
+    /// the copy (`.to(device, non_blocking=True)`): work queued after it on
+    /// the device sees the data, this storage's memory stays alive until the
+    /// copy is done even if it is dropped, and host access to it waits.
+    /// Only pinned CPU storages can be read asynchronously; for any other
+    /// source or destination, use [`Storage::to_device`].
+    pub fn to_device_non_blocking(&self, device: Device, range: Range<usize>) -> Result<Storage> {
+        let (Some(m), Device::Cuda(d)) = (&self.pinned, device) else {
+            return Err(Error::op(
+                "to_device_non_blocking",
+                format!(
+                    "needs a pinned CPU source and a CUDA destination, got {}{} to {device}",
+                    if self.is_pinned() { "pinned " } else { "" },
+                    self.device()
+                ),
+            ));
+        };
+        assert!(range.end <= self.len, "copy range past the storage");
+        let out = Storage::empty_on(device, self.dtype, range.len())?;
+        let size = self.dtype.size();
+        let dst = out.device_ptr();
+        pinned::copy_to_device(
+            &*crate::cuda::gpu(d)?,
+            m,
+            range.start * size..range.end * size,
+            dst,
+        )?;
         Ok(out)
     }
 
@@ -243,6 +334,9 @@ impl Storage {
                 self.dtype, self.len
             );
         }
+        if let Some(m) = &self.pinned {
+            return m.host_ptr();
+        }
         // Safety: only the pointer is taken; no reference to the Vec escapes.
         unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 }
     }
@@ -281,6 +375,11 @@ impl Drop for Storage {
             counters(self.device()).on_free(self.nbytes(), b.bytes);
             return;
         }
+        if let Some(m) = &self.pinned {
+            // the memory itself lives on while copies from it run (see `pinned`)
+            counters(Device::Cpu).on_free(self.nbytes(), m.len());
+            return;
+        }
         let buffer_bytes = self.data.get_mut().len() * 16;
         counters(Device::Cpu).on_free(self.nbytes(), buffer_bytes);
         give_back(std::mem::take(self.data.get_mut()));
@@ -291,10 +390,11 @@ impl std::fmt::Debug for Storage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Storage({} x {} on {})",
+            "Storage({} x {} on {}{})",
             self.dtype,
             self.len,
-            self.device()
+            self.device(),
+            if self.is_pinned() { ", pinned" } else { "" }
         )
     }
 }

@@ -101,6 +101,7 @@ pub struct DataLoader {
     prefetch_factor: usize,
     persistent_workers: bool,
     per_batch_rng: bool,
+    pin_memory: bool,
     seed: u64,
     epoch: u64,
     collate: Arc<CollateFn>,
@@ -121,6 +122,7 @@ impl DataLoader {
             prefetch_factor: 2,
             persistent_workers: false,
             per_batch_rng: false,
+            pin_memory: false,
             seed: default_generator().fork_seed(),
             epoch: 0,
             collate: Arc::new(default_collate),
@@ -167,6 +169,14 @@ impl DataLoader {
     /// Derive the transform's stream per batch instead of per worker.
     pub fn per_batch_rng(mut self, on: bool) -> Self {
         self.per_batch_rng = on;
+        self
+    }
+    /// Return batches in pinned host memory (`pin_memory=True`), ready for
+    /// [`Tensor::to_device_non_blocking`]; the workers (or the calling
+    /// thread) pin each collated batch. Without a CUDA device this warns
+    /// once and batches stay in ordinary memory, as PyTorch's loader does.
+    pub fn pin_memory(mut self, on: bool) -> Self {
+        self.pin_memory = on;
         self
     }
     /// A custom `collate_fn`.
@@ -271,6 +281,7 @@ impl DataLoader {
             base: Generator::new(self.seed),
             epoch,
             per_batch_rng: self.per_batch_rng,
+            pin_memory: self.pin_memory && pinning_available(),
         };
         if self.num_workers == 0 {
             self.pool = None;
@@ -308,6 +319,20 @@ impl DataLoader {
             b.submit_one();
         }
         b
+    }
+}
+
+/// Whether pinned memory can be had; warns when it cannot.
+fn pinning_available() -> bool {
+    match kiln_runtime::Device::cuda(0) {
+        Ok(_) => true,
+        Err(e) => {
+            crate::warnings::warn(&format!(
+                "DataLoader: pin_memory is set but there is no CUDA device, so batches \
+                 are not pinned ({e})"
+            ));
+            false
+        }
     }
 }
 

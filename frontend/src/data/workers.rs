@@ -8,6 +8,7 @@
 use super::loader::{Batch, CollateFn, TransformFn, WorkerContext};
 use super::Dataset;
 use crate::random::Generator;
+use crate::Tensor;
 use kiln_ir::{Error, Result};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +30,8 @@ pub(crate) struct Fetcher {
     pub base: Generator,
     pub epoch: u64,
     pub per_batch_rng: bool,
+    /// Copy each collated batch into pinned memory.
+    pub pin_memory: bool,
 }
 
 impl Fetcher {
@@ -55,7 +58,11 @@ impl Fetcher {
                 None => s,
             });
         }
-        (self.collate)(samples)
+        let batch = (self.collate)(samples)?;
+        if !self.pin_memory {
+            return Ok(batch);
+        }
+        batch.iter().map(Tensor::pin_memory).collect()
     }
 }
 

@@ -1,8 +1,10 @@
-//! `gather` on a CUDA device as one generated reduction: for each output
-//! position, the sum over `j` of `index == j ? x[.., j, ..] : 0` along the
-//! gathered dim, with `x` and `index` read in place through broadcast views
-//! and `j` from an `arange`. It reads the gathered dim whole for every output,
-//! which is what a class dimension (cross-entropy's gather) costs anyway.
+//! `gather` and `index_select` on a CUDA device as one generated reduction:
+//! for each output position, the sum over `j` of `index == j ? x[.., j, ..] : 0`
+//! along the indexed dim, with `x` and `index` read in place through
+//! broadcast views and `j` from an `arange`. It reads the indexed dim whole
+//! for every output, which is what a class dimension (cross-entropy's
+//! gather) costs anyway; [`index_select_kernel`] says when that beats one
+//! copy launch per index.
 
 use crate::ops::kernel::KernelCall;
 use crate::Tensor;
@@ -12,22 +14,63 @@ use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 
 /// `x.gather(d, index)` (index i64, same rank, checked by the caller) on `x`'s device.
 pub(crate) fn gather_kernel(x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
+    check_bounds("gather", index, d, x.dims(), "input shape")?;
+    pick_along("gather", x, d, index)
+}
+
+/// Reads of `x` per selected index beyond which `index_select` launches one
+/// copy per index instead: the reduction reads the whole indexed dim for
+/// every output element, and about this many reads cost what a launch does
+/// on a GPU (4M f32 reads ≈ 16 MB ≈ 4 µs at H200 bandwidth).
+const SCAN_READS_PER_INDEX: usize = 1 << 22;
+
+/// `x.index_select(d, index)` (index a 1-D integer tensor, checked by the
+/// caller) on `x`'s device as one kernel, or None when the dim is so long
+/// that scanning it for every output would cost more than a launch per index
+/// (see [`SCAN_READS_PER_INDEX`]), or `x` is bool (the kernel sums).
+pub(crate) fn index_select_kernel(x: &Tensor, d: usize, index: &Tensor) -> Option<Result<Tensor>> {
     let n = x.dims()[d];
-    if index.numel() > 0 {
-        // bounds, as the host path checks them (one small sync)
-        let (lo, hi) = (
-            index.amin(None, false)?.item()? as i64,
-            index.amax(None, false)?.item()? as i64,
-        );
-        let bad = if lo < -(n as i64) { lo } else { hi };
-        if lo < -(n as i64) || hi >= n as i64 {
-            bail!(
-                "gather",
-                "index {bad} is out of range for dim {d} of size {n} (input shape {})",
-                fmt_dims(x.dims())
-            );
-        }
+    let rest = x.numel() / n.max(1);
+    if x.dtype() == DType::Bool || n.saturating_mul(rest) > SCAN_READS_PER_INDEX {
+        return None;
     }
+    Some((|| {
+        let idx = index.to_dtype(DType::I64)?.to_device(x.device())?;
+        check_bounds("index_select", &idx, d, x.dims(), "shape")?;
+        // the index along dim d of the output, broadcast over the other dims
+        let mut along = vec![1usize; x.rank()];
+        along[d] = idx.numel();
+        let mut out_dims = x.dims_vec();
+        out_dims[d] = idx.numel();
+        let iv = idx.reshape_dims(&along)?.expand_to(&out_dims)?;
+        pick_along("index_select", x, d, &iv)
+    })())
+}
+
+/// The host paths' out-of-range error for any element of `index` outside
+/// `-n..n`, `n` the size of dim `d` of `dims` (a min and a max, read back).
+fn check_bounds(op: &str, index: &Tensor, d: usize, dims: &[usize], shape: &str) -> Result<()> {
+    let n = dims[d] as i64;
+    if index.numel() == 0 {
+        return Ok(());
+    }
+    let lo = index.amin(None, false)?.item()? as i64;
+    let hi = index.amax(None, false)?.item()? as i64;
+    if lo < -n || hi >= n {
+        let bad = if lo < -n { lo } else { hi };
+        bail!(
+            op,
+            "index {bad} is out of range for dim {d} of size {n} ({shape} {})",
+            fmt_dims(dims)
+        );
+    }
+    Ok(())
+}
+
+/// `out[p] = x[p with dim d replaced by index[p]]` over `index`'s dims, as
+/// one reduction named `name`; indices are in range, negative ones wrap.
+fn pick_along(name: &str, x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
+    let n = x.dims()[d];
     let mut loop_dims = index.dims().to_vec();
     loop_dims.push(n);
     // x over [index dims.., j]: its own strides, dim d broadcast, j along dim d
@@ -54,7 +97,5 @@ pub(crate) fn gather_kernel(x: &Tensor, d: usize, index: &Tensor) -> Result<Tens
     let hit = k.binary(BinaryOp::Or, neg, hit_neg, DType::Bool);
     let zero = k.scalar(0.0, dt.compute());
     let v = k.select(hit, xval, zero, dt.compute());
-    k.reduce("gather", ReduceKind::Sum, v, &loop_dims, dt, |_, acc| {
-        vec![acc]
-    })
+    k.reduce(name, ReduceKind::Sum, v, &loop_dims, dt, |_, acc| vec![acc])
 }

@@ -209,4 +209,17 @@ impl Gpu for DriverGpu {
             .synchronize()
             .map_err(|e| fail(self.ordinal, "synchronize", e))
     }
+
+    fn alloc_pinned(&self, bytes: usize) -> Result<super::pinned::HostMemory> {
+        self.alloc_page_locked(bytes)
+    }
+
+    unsafe fn copy_to_device_async(
+        &self,
+        src: &[u8],
+        dst: u64,
+    ) -> Result<Box<dyn super::pinned::Fence>> {
+        // SAFETY: the trait's contract is this method's (see pinned.rs).
+        unsafe { self.copy_page_locked(src, dst) }
+    }
 }

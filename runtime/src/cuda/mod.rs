@@ -23,6 +23,7 @@ pub mod emulator;
 pub mod gemm;
 pub mod launch;
 pub mod nvrtc;
+pub mod pinned;
 
 pub use nvrtc::{compile_cubin, KernelCache};
 
@@ -92,6 +93,22 @@ pub trait Gpu: Send + Sync {
     /// into one `c++` run per core); the driver compiles on first launch.
     fn prepare(&self, _kernels: &[Kernel]) -> Result<()> {
         Ok(())
+    }
+    /// Host memory for pinned storages ([`pinned`]): page-locked where the
+    /// device has it, else ordinary memory that is only flagged pinned.
+    fn alloc_pinned(&self, bytes: usize) -> Result<pinned::HostMemory> {
+        Ok(pinned::HostMemory::ordinary(bytes))
+    }
+    /// Queues a copy of `src` to `dst`, returning the fence that passes once
+    /// `src` has been read. Here, as wherever copies finish before returning,
+    /// the fence has already passed.
+    ///
+    /// # Safety
+    /// `src` stays alive and unwritten until the fence passes
+    /// ([`pinned::copy_to_device`] sees to it).
+    unsafe fn copy_to_device_async(&self, src: &[u8], dst: u64) -> Result<Box<dyn pinned::Fence>> {
+        self.copy_to_device(src, dst)?;
+        Ok(Box::new(pinned::Finished))
     }
 }
 
@@ -190,7 +207,11 @@ impl Device {
     pub fn synchronize(self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),
-            Device::Cuda(n) => gpu(n)?.synchronize(),
+            Device::Cuda(n) => {
+                gpu(n)?.synchronize()?;
+                pinned::retire();
+                Ok(())
+            }
         }
     }
 }
