@@ -12,7 +12,7 @@
 //! a scalar), whose operands arrive with broadcast strides.
 
 use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue, GEOMETRY};
-use kiln_codegen::cuda::gemm::gemm_template;
+use kiln_codegen::cuda::gemm::{gemm_template, GemmSpec};
 use kiln_codegen::cuda::shim::{self, ShimLibrary};
 use kiln_codegen::cuda::TemplateKernel;
 use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
@@ -267,7 +267,7 @@ fn templates() -> Vec<(ConvVariant, TemplateKernel)> {
                     bias,
                     epilogue: epi.then_some(Epilogue {
                         kernel: &k,
-                        conv_operands: &[],
+                        value_operands: &[],
                     }),
                 };
                 ts.push((ConvVariant { dt, epi, bias }, conv_template(&spec).unwrap()));
@@ -326,7 +326,7 @@ fn conv_template_params_and_errors() {
         bias: false,
         epilogue: Some(Epilogue {
             kernel: &k,
-            conv_operands: &[2],
+            value_operands: &[2],
         }),
     };
     // operand 2 reads the conv's value, so only operand 1 gets a pointer
@@ -347,7 +347,7 @@ fn conv_template_params_and_errors() {
     let bad = ConvSpec {
         epilogue: Some(Epilogue {
             kernel: &rank3,
-            conv_operands: &[],
+            value_operands: &[],
         }),
         ..spec
     };
@@ -366,10 +366,12 @@ const GEMMS: [([usize; 4], bool, bool); 6] = [
 ];
 
 /// Runs the GEMM `t` for one shape with `a` broadcast over the batch when
-/// `shared_a`; the largest error relative to 1 + |reference|.
+/// `shared_a`, with the `bn_relu` epilogue over columns when `epi`; the
+/// largest error relative to 1 + |reference|.
 fn run_gemm<T: Elem>(
     lib: &ShimLibrary,
     t: &TemplateKernel,
+    epi: bool,
     g: ([usize; 4], bool, bool),
     shared_a: bool,
     grid: u32,
@@ -398,7 +400,14 @@ fn run_gemm<T: Elem>(
             }
         }
     }
+    let (scale, shift, bonus) = (fill(n, 9), fill(n, 10), -0.5);
+    if epi {
+        for (i, v) in want.iter_mut().enumerate() {
+            *v = (*v * scale[i % n] + shift[i % n]).max(0.0) + bonus;
+        }
+    }
     let (a_t, w_t) = (cast::<T>(&a), cast::<T>(&w));
+    let (st, ht) = (cast::<T>(&scale), cast::<T>(&shift));
     let mut out = vec![T::of(f64::NAN); want.len()];
     let (sa_m, sa_k) = if ta { (1, m) } else { (k, 1) };
     let (sw_k, sw_n) = if tw { (1, k) } else { (n, 1) };
@@ -408,7 +417,15 @@ fn run_gemm<T: Elem>(
         a_t.as_ptr() as u64,
         w_t.as_ptr() as u64,
     ];
+    if epi {
+        words.extend([st.as_ptr() as u64, ht.as_ptr() as u64]);
+    }
     words.extend([b, m, n, k, sa_b, sa_m, sa_k, k * n, sw_k, sw_n].map(|x| x as u64));
+    if epi {
+        // per-column operands: stride 1 along N
+        words.extend([0, 0, 1, 0, 0, 1]);
+        words.push(f64::to_bits(bonus));
+    }
     assert_eq!(words.len(), t.params.len());
     let f = lib.template_launcher(t).unwrap();
     // SAFETY: the words follow the template's parameters; the buffers outlive the call.
@@ -422,27 +439,43 @@ fn run_gemm<T: Elem>(
         )
 }
 
+/// Every GEMM variant: dtype x epilogue (the conv test's `bn_relu`, over `[B, M, N]`).
+fn gemm_templates() -> Vec<(DType, bool, TemplateKernel)> {
+    let mut ts = vec![];
+    for dt in [DType::F32, DType::F64] {
+        let mut k = bn_relu(dt);
+        k.rank = 3;
+        for epi in [false, true] {
+            let spec = GemmSpec {
+                dtype: dt,
+                epilogue: epi.then_some(Epilogue {
+                    kernel: &k,
+                    value_operands: &[],
+                }),
+            };
+            ts.push((dt, epi, gemm_template(&spec).unwrap()));
+        }
+    }
+    ts
+}
+
 #[test]
 fn gemm_template_matches_a_direct_product() {
     if !shim::compiler_present() {
         eprintln!("cuda-shim gemm: no c++ compiler, skipped");
         return;
     }
-    let ts = [
-        gemm_template(DType::F32).unwrap(),
-        gemm_template(DType::F64).unwrap(),
-    ];
+    let ts = gemm_templates();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda_shim");
-    let lib = ShimLibrary::build_templates(&ts, &dir).unwrap();
+    let lib = ShimLibrary::build_templates(ts.iter().map(|t| &t.2), &dir).unwrap();
     let (mut pass, mut total) = (0, 0);
     for g in GEMMS {
         for shared_a in [false, true] {
             for grid in [1, 64] {
-                for (t, tol) in ts.iter().zip([1e-5, 1e-12]) {
-                    let err = if t.name.ends_with("f32") {
-                        run_gemm::<f32>(&lib, t, g, shared_a, grid)
-                    } else {
-                        run_gemm::<f64>(&lib, t, g, shared_a, grid)
+                for (dt, epi, t) in &ts {
+                    let (err, tol) = match dt {
+                        DType::F32 => (run_gemm::<f32>(&lib, t, *epi, g, shared_a, grid), 1e-5),
+                        _ => (run_gemm::<f64>(&lib, t, *epi, g, shared_a, grid), 1e-12),
                     };
                     total += 1;
                     if err <= tol {
@@ -469,8 +502,7 @@ fn nvrtc_compiles_the_templates() {
         return;
     }
     let mut ts: Vec<TemplateKernel> = templates().into_iter().map(|t| t.1).collect();
-    ts.push(gemm_template(DType::F32).unwrap());
-    ts.push(gemm_template(DType::F64).unwrap());
+    ts.extend(gemm_templates().into_iter().map(|t| t.2));
     let mut failed = 0;
     for t in &ts {
         let opts = cudarc::nvrtc::CompileOptions {

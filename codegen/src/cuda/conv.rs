@@ -25,11 +25,9 @@
 //!
 //! A 1-d conv is a 2-d one with `H = R = 1`.
 
-use super::scalar::{c_storage_type, c_type, CudaC};
+use super::epilogue;
+pub use super::epilogue::Epilogue;
 use super::template::{Param, TemplateKernel};
-use super::{declare_scalars, load, store_elem};
-use crate::interp::{eval_value, validate};
-use crate::kernel::{Instr, Kernel};
 use kiln_ir::{DType, Error};
 
 /// Threads per block of the conv kernel.
@@ -40,15 +38,6 @@ pub const GEOMETRY: [&str; 16] = [
     "N", "C", "H", "W", "K", "OH", "OW", "R", "S", "stride_h", "stride_w", "pad_h", "pad_w",
     "dil_h", "dil_w", "groups",
 ];
-
-/// A pointwise epilogue: `kernel` has rank 4 over `[N, K, OH, OW]`, stores
-/// operand 0 (the conv's output, of the conv's dtype), and its loads of
-/// operand 0 or of `conv_operands` read the conv's value (bias included).
-#[derive(Debug, Clone, Copy)]
-pub struct Epilogue<'a> {
-    pub kernel: &'a Kernel,
-    pub conv_operands: &'a [usize],
-}
 
 /// What a conv kernel is specialised on (sizes are parameters).
 #[derive(Debug, Clone, Copy)]
@@ -62,12 +51,7 @@ pub struct ConvSpec<'a> {
 impl ConvSpec<'_> {
     /// The epilogue inputs that get a pointer of their own.
     pub fn epilogue_inputs(&self) -> Vec<usize> {
-        match self.epilogue {
-            None => vec![],
-            Some(e) => (1..e.kernel.operands.len())
-                .filter(|op| !e.conv_operands.contains(op))
-                .collect(),
-        }
+        self.epilogue.map(|e| e.inputs()).unwrap_or_default()
     }
 }
 
@@ -143,142 +127,59 @@ $EPILOGUE      }
 /// single-output pointwise kernel storing the conv's dtype.
 pub fn conv_template(spec: &ConvSpec) -> Result<TemplateKernel, Error> {
     let dt = spec.dtype;
-    if !matches!(dt, DType::F32 | DType::F64) {
-        return Err(Error::op(
-            "conv2d",
-            format!("a CUDA conv computes in f32 or f64, got {dt}"),
-        ));
-    }
-    let t = c_type(dt);
-    let ptr = |c: bool| -> &'static str {
-        match (dt, c) {
-            (DType::F32, false) => "float*",
-            (DType::F32, true) => "const float*",
-            (_, false) => "double*",
-            (_, true) => "const double*",
+    let (t, out, input) = match dt {
+        DType::F32 => ("float", "float*", "const float*"),
+        DType::F64 => ("double", "double*", "const double*"),
+        _ => {
+            return Err(Error::op(
+                "conv2d",
+                format!("a CUDA conv computes in f32 or f64, got {dt}"),
+            ))
         }
     };
     let mut decl = vec![
-        format!("{t}* __restrict__ p0"),
-        format!("const {t}* __restrict__ cx"),
-        format!("const {t}* __restrict__ cw"),
-    ];
-    let mut params = vec![
-        Param::Ptr(ptr(false)),
-        Param::Ptr(ptr(true)),
-        Param::Ptr(ptr(true)),
+        (format!("{t}* __restrict__ p0"), Param::Ptr(out)),
+        (format!("const {t}* __restrict__ cx"), Param::Ptr(input)),
+        (format!("const {t}* __restrict__ cw"), Param::Ptr(input)),
     ];
     if spec.bias {
-        decl.push(format!("const {t}* __restrict__ cb"));
-        params.push(Param::Ptr(ptr(true)));
+        decl.push((format!("const {t}* __restrict__ cb"), Param::Ptr(input)));
     }
-    let inputs = spec.epilogue_inputs();
-    let mut e = CudaC::default();
-    let (mut name, scalars, epilogue) = match spec.epilogue {
-        None => (
-            "conv2d".to_string(),
-            String::new(),
-            "        p0[oc] = conv;\n".to_string(),
-        ),
-        Some(ep) => {
-            let k = ep.kernel;
-            check_epilogue(k, dt)?;
-            for &op in &inputs {
-                let st = c_storage_type(k.operands[op].dtype);
-                decl.push(format!("const {st}* __restrict__ p{op}"));
-                params.push(Param::Ptr(shim_ptr(st)));
-            }
-            e.indent = 1;
-            let scal = declare_scalars(&mut e, k);
-            let scalars = std::mem::take(&mut e.code);
-            e.indent = 4;
-            for &op in &inputs {
-                e.line(&format!(
-                    "const long long o{op} = i0 * s{op}_0 + i1 * s{op}_1 + i2 * s{op}_2 + i3 * s{op}_3;"
-                ));
-            }
-            let conv = e.named("conv");
-            let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
-                Instr::Load(op) if op == 0 || ep.conv_operands.contains(&op) => (conv, dt),
-                Instr::Load(op) => load(e, k, op, &format!("o{op}")),
-                Instr::Scalar(n) => (scal[n], k.scalars[n]),
-                _ => unreachable!("a pointwise epilogue has no accumulator"),
-            };
-            let mut vals = vec![None; k.body.len()];
-            let v = eval_value(&mut e, k, k.out, &mut vals, &mut leaf);
-            store_elem(&mut e, k, (0, k.out), v, "p0[oc]");
-            (
-                format!("conv2d+{}", k.name),
-                scalars,
-                std::mem::take(&mut e.code),
-            )
-        }
+    let idx = ["i0", "i1", "i2", "i3"];
+    let e = epilogue::emit("conv2d", spec.epilogue, dt, &idx, "conv", 4)?;
+    decl.extend(e.ptrs);
+    decl.extend(GEOMETRY.map(|g| (format!("const long long {g}"), Param::Int)));
+    decl.extend(e.tail);
+    let name = match spec.epilogue {
+        Some(ep) => format!("conv2d+{}", ep.kernel.name),
+        None => "conv2d".into(),
     };
-    for g in GEOMETRY {
-        decl.push(format!("const long long {g}"));
-        params.push(Param::Int);
-    }
-    if let Some(ep) = spec.epilogue {
-        for &op in &inputs {
-            for d in 0..4 {
-                decl.push(format!("const long long s{op}_{d}"));
-                params.push(Param::Int);
-            }
-        }
-        for (n, s) in ep.kernel.scalars.iter().enumerate() {
-            let (c, p) = if s.is_float() {
-                ("double", Param::F64)
-            } else {
-                ("long long", Param::Int)
-            };
-            decl.push(format!("const {c} sc{n}"));
-            params.push(p);
-        }
-    }
-    if name.len() > 48 {
-        name.truncate(48);
-    }
-    let mut src = String::from("// generated by kiln-codegen (cuda): implicit-GEMM convolution\n");
-    super::scalar::write_helpers(&mut src, &e.helpers);
-    src.push_str(
-        &BODY
-            .replace("$T", t)
+    let (decl, params): (Vec<String>, Vec<Param>) = decl.into_iter().unzip();
+    let src = format!(
+        "// generated by kiln-codegen (cuda): implicit-GEMM convolution\n{}{}",
+        e.helpers,
+        BODY.replace("$T", t)
             .replace("$PARAMS", &format!("    {}", decl.join(",\n    ")))
-            .replace("$SCALARS", &scalars)
+            .replace("$SCALARS", &e.scalars)
             .replace("$BIAS", if spec.bias { " + cb[i1]" } else { "" })
-            .replace("$EPILOGUE", &epilogue),
+            .replace("$EPILOGUE", &e.store)
     );
-    Ok(TemplateKernel::new(&name, &src, params, CONV_BLOCK))
+    Ok(TemplateKernel::new(
+        &truncate(name),
+        &src,
+        params,
+        CONV_BLOCK,
+    ))
 }
 
-/// The pointer type the shim casts an epilogue input to.
-fn shim_ptr(storage: &str) -> &'static str {
-    match storage {
-        "float" => "const float*",
-        "double" => "const double*",
-        "unsigned short" => "const unsigned short*",
-        "unsigned char" => "const unsigned char*",
-        "signed char" => "const signed char*",
-        "short" => "const short*",
-        "int" => "const int*",
-        _ => "const long long*",
+/// Kernel names stay short enough for symbols and profiles.
+pub(crate) fn truncate(mut name: String) -> String {
+    if name.len() > 48 {
+        let mut end = 48;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
     }
-}
-
-fn check_epilogue(k: &Kernel, dt: DType) -> Result<(), Error> {
-    validate(k)?;
-    let bad = |why: String| Err(Error::op("conv2d", format!("epilogue {}: {why}", k.name)));
-    if k.reduce.is_some() || !k.extra_out.is_empty() {
-        return bad("a conv epilogue is one pointwise store".into());
-    }
-    if k.rank != 4 {
-        return bad(format!(
-            "rank {} (a conv epilogue runs over [N, K, OH, OW])",
-            k.rank
-        ));
-    }
-    if k.operands[0].dtype != dt {
-        return bad(format!("stores {} over a {dt} conv", k.operands[0].dtype));
-    }
-    Ok(())
+    name
 }

@@ -51,6 +51,7 @@
 //! nearest even. No CUDA header is needed (`half.rs`).
 
 pub mod conv;
+pub mod epilogue;
 pub mod gemm;
 mod half;
 mod online;

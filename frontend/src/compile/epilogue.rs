@@ -37,19 +37,18 @@ fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
         .narrow(1, tile.p0 as i64, tile.cols)
 }
 
-/// The epilogue of `kernel` (an extern conv with one) as one pending
-/// expression over `value`, the conv's value; its other operands are read
-/// through `view`.
+/// The epilogue of `kernel` (an extern with one) as one pending expression
+/// over `value`, the extern's value; its other operands are read through `view`.
 fn expression(
     g: &Graph,
     kernel: &Kernel,
     root: NodeId,
     leaves: &[(NodeId, Leaf)],
-    value: &Tensor,
+    value: Lazy,
     view: &dyn Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Lazy> {
     let mut lz: HashMap<NodeId, Lazy> = HashMap::new();
-    lz.insert(kernel.root, Lazy::tensor(value));
+    lz.insert(kernel.root, value);
     for (id, leaf) in leaves {
         let l = match leaf {
             Leaf::Tensor(t) => Lazy::tensor(&view(t)?),
@@ -87,33 +86,36 @@ fn apply(
     view: &dyn Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<()> {
     let target = view(out)?;
-    expression(g, kernel, root, leaves, &target, view)?.materialize_into(&target)
+    expression(g, kernel, root, leaves, Lazy::tensor(&target), view)?.materialize_into(&target)
 }
 
-/// Runs the conv of `kernel` with its epilogue on each output tile; falls
-/// back to one pass over the whole output when an input's layout has no
-/// per-tile view. `value(id)` gives the stored tensors the kernel reads.
-pub fn run_conv_with_epilogue(
+/// Runs the extern of `kernel` (a conv or a matrix product) with its
+/// epilogue. On a CUDA device both are one launch where the extern has a
+/// template kernel; on the CPU a conv applies the epilogue to each output
+/// tile, falling back to one pass over the whole output when an input's
+/// layout has no per-tile view. `value(id)` gives the stored tensors the
+/// kernel reads.
+pub fn run_extern_with_epilogue(
     g: &Graph,
     kernel: &Kernel,
     root: NodeId,
     value: &dyn Fn(NodeId) -> Result<Tensor>,
     min_tiled_sample: usize,
 ) -> Result<Tensor> {
-    let conv = g.node(kernel.root);
-    let NodeOp::Op(Op::Conv { params, spatial }) = &conv.op else {
+    let ext = g.node(kernel.root);
+    let NodeOp::Op(op) = &ext.op else {
         bail!(
             "compile",
-            "a tiled epilogue needs a conv, got {}",
-            conv.op_name()
+            "an epilogue needs an extern op, got {}",
+            ext.op_name()
         );
     };
-    let ins = conv
+    let ins = ext
         .operands
         .iter()
         .map(|&o| value(o))
         .collect::<Result<Vec<_>>>()?;
-    // what the epilogue's nodes read besides each other and the conv
+    // what the epilogue's nodes read besides each other and the extern
     let mut reads: Vec<NodeId> = kernel
         .fused
         .iter()
@@ -132,15 +134,62 @@ pub fn run_conv_with_epilogue(
         };
         leaves.push((r, leaf));
     }
+    let one_pass = |out: Tensor| -> Result<Tensor> {
+        apply(g, kernel, root, &leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
+        Ok(out)
+    };
+    match op {
+        Op::Conv { params, spatial } => run_conv(
+            g,
+            kernel,
+            root,
+            &ins,
+            &leaves,
+            (params, *spatial),
+            min_tiled_sample,
+        ),
+        Op::Matmul | Op::Linear if ins[0].device().is_cuda() => {
+            // Linear is x @ w^T + bias: the bias joins the epilogue
+            let (w, bias) = match op {
+                Op::Linear => (ins[1].t()?, ins.get(2)),
+                _ => (ins[1].clone(), None),
+            };
+            let epilogue = |v: &Tensor, view: &dyn Fn(&Tensor) -> Result<Tensor>| {
+                let mut v = Lazy::tensor(v);
+                if let Some(b) = bias {
+                    let add = Op::Binary(kiln_ir::BinaryOp::Add);
+                    v = pointwise(&add, &[&v, &Lazy::tensor(&view(b)?)])?;
+                }
+                expression(g, kernel, root, &leaves, v, view)
+            };
+            match F::matmul_with_epilogue_on_device(&ins[0], &w, &epilogue)? {
+                Some(t) => Ok(t),
+                None => one_pass(crate::compile::dispatch::run_op(op, &ins)?.remove(0)),
+            }
+        }
+        _ => one_pass(crate::compile::dispatch::run_op(op, &ins)?.remove(0)),
+    }
+}
+
+/// [`run_extern_with_epilogue`] for a conv.
+fn run_conv(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    ins: &[Tensor],
+    leaves: &[(NodeId, Leaf)],
+    (params, spatial): (&kiln_ir::op::conv::ConvParams, usize),
+    min_tiled_sample: usize,
+) -> Result<Tensor> {
     let dims = g.meta(kernel.root)?.dims.clone();
     let b = ins.get(2);
     if ins[0].device().is_cuda() {
         // one launch: the conv kernel applies the epilogue before its tile is stored
         let epilogue = |cg: &ConvGeometry, value: &Tensor| {
             let view = |t: &Tensor| F::as_nkhw(cg, &t.expand_to(&dims)?);
-            expression(g, kernel, root, &leaves, value, &view)
+            expression(g, kernel, root, leaves, Lazy::tensor(value), &view)
         };
-        return F::conv_with_epilogue_on_device(&ins[0], &ins[1], b, params, *spatial, &epilogue);
+        return F::conv_with_epilogue_on_device(&ins[0], &ins[1], b, params, spatial, &epilogue);
     }
     // tiles are (sample, channels, positions): an unbatched conv has no sample dim
     let batched = dims.len() == spatial + 2;
@@ -163,14 +212,14 @@ pub fn run_conv_with_epilogue(
         });
     if tiled {
         let per_tile = |out: &Tensor, t: Tile| {
-            apply(g, kernel, root, &leaves, out, &|x: &Tensor| {
+            apply(g, kernel, root, leaves, out, &|x: &Tensor| {
                 tile_of(x, &dims, t)
             })
         };
-        return F::conv_with_epilogue(&ins[0], &ins[1], b, params, *spatial, &per_tile);
+        return F::conv_with_epilogue(&ins[0], &ins[1], b, params, spatial, &per_tile);
     }
-    let out = crate::compile::dispatch::run_op(&conv_op(params, *spatial), &ins)?.remove(0);
-    apply(g, kernel, root, &leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
+    let out = crate::compile::dispatch::run_op(&conv_op(params, spatial), ins)?.remove(0);
+    apply(g, kernel, root, leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
     Ok(out)
 }
 

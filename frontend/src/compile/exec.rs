@@ -129,14 +129,17 @@ impl Executable {
                 last_use[e.index()] = last_use[e.index()].max(r);
             }
         }
-        // a float conv's epilogue runs per output tile at the epilogue's root (on
-        // a CUDA device, inside the conv's one launch): the conv and the
-        // epilogue's nodes wait for it, and what they read lives until then
+        // a float conv's or matmul's epilogue runs at the epilogue's root (a
+        // conv's per output tile on the CPU; on a CUDA device inside the
+        // extern's one launch): the extern and the epilogue's nodes wait for
+        // it, and what they read lives until then
         let mut tiled_root = vec![None; n];
         let mut deferred = vec![false; n];
         for (k, kernel) in plan.kernels.iter().enumerate() {
-            let (KernelKind::Extern { epilogue: Some(r) }, NodeOp::Op(Op::Conv { .. })) =
-                (&kernel.kind, &graph.node(kernel.root).op)
+            let (
+                KernelKind::Extern { epilogue: Some(r) },
+                NodeOp::Op(Op::Conv { .. } | Op::Matmul | Op::Linear),
+            ) = (&kernel.kind, &graph.node(kernel.root).op)
             else {
                 continue;
             };
@@ -237,7 +240,7 @@ impl Executable {
                 let kernel = &self.plan.kernels[k];
                 let run = || {
                     let min = self.min_tiled_sample;
-                    super::epilogue::run_conv_with_epilogue(&self.graph, kernel, id, &value, min)
+                    super::epilogue::run_extern_with_epilogue(&self.graph, kernel, id, &value, min)
                 };
                 let t = match debug.as_deref_mut() {
                     Some(runs) => {

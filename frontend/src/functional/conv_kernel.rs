@@ -13,7 +13,8 @@ use crate::Tensor;
 use kiln_ir::op::conv::{self, ConvGeometry, ConvParams};
 use kiln_ir::op::Layout;
 use kiln_ir::{bail, DType, Result};
-use kiln_runtime::cuda::conv::{ConvEpilogue, ConvViews};
+use kiln_runtime::cuda::conv::ConvViews;
+use kiln_runtime::cuda::epilogue::EpilogueViews;
 
 /// The patches of `x` under `g`'s windows, `[n, groups, oh*ow, cg*kh*kw]`
 /// (im2col): `x` copied into a zero-padded buffer, then gathered by one copy
@@ -126,7 +127,7 @@ pub fn conv_with_epilogue_on_device(
     let value = as_nkhw(&g, &out)?;
     let expr = epilogue(&g, &value)?;
     expr.materialize_into_with(&value, |kernel, views, scalars| {
-        let e = ConvEpilogue {
+        let e = EpilogueViews {
             kernel,
             views,
             scalars,

@@ -6,9 +6,12 @@
 //! `[.., m, 1, k]`, `b` transposed as `[.., 1, n, k]`), one block per output
 //! element.
 
+use crate::ops::fuse::Lazy;
 use crate::ops::kernel::KernelCall;
 use crate::Tensor;
+use kiln_ir::op::matmul as mm;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result};
+use kiln_runtime::cuda::epilogue::EpilogueViews;
 
 /// `ae [.., m, k] @ be [.., k, n]` (batch dims already equal) in `dt`.
 pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tensor> {
@@ -21,7 +24,7 @@ pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tenso
         let a = ae.reshape(&[batch as i64, m as i64, k as i64])?;
         let b = be.reshape(&[batch as i64, k as i64, n as i64])?;
         let out = Tensor::empty_on(&[batch, m, n], c, ae.device())?;
-        kiln_runtime::cuda::gemm::gemm(a.view(), b.view(), out.view())?;
+        kiln_runtime::cuda::gemm::gemm(a.view(), b.view(), out.view(), None)?;
         let mut dims = ae.dims()[..r - 2].to_vec();
         dims.extend([m, n]);
         return out.reshape_dims(&dims)?.to_dtype(dt);
@@ -38,4 +41,49 @@ pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tenso
     k.reduce("matmul", ReduceKind::Sum, p, &loop_dims, dt, |_, acc| {
         vec![acc]
     })
+}
+
+/// `a @ b` on a CUDA device with a compiled graph's pointwise epilogue in
+/// the same launch (no autograd). `epilogue(v, view)` builds the expression
+/// over `v`, which stands for the product as `[B, M, N]`; `view` maps a
+/// tensor of the product's shape to those dims. None where the product has
+/// no such form in one launch (a 1-D operand, a half dtype): the caller
+/// runs the matmul and its epilogue apart.
+pub fn matmul_with_epilogue_on_device(
+    a: &Tensor,
+    b: &Tensor,
+    epilogue: &dyn Fn(&Tensor, &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Lazy>,
+) -> Result<Option<Tensor>> {
+    let dt = super::float_dtype("matmul", &[a, b])?;
+    if !matches!(dt, DType::F32 | DType::F64) || a.rank() < 2 || b.rank() < 2 {
+        return Ok(None);
+    }
+    let _p = super::op_scope("matmul", &[a, b]);
+    let plan = mm::matmul_plan(a.dims(), b.dims())?;
+    let batch: usize = plan.batch.iter().product();
+    let (m, k, n) = (plan.m, plan.k, plan.n);
+    let in3 = |t: &Tensor, r: usize, c: usize| -> Result<Tensor> {
+        let mut d = plan.batch.to_vec();
+        d.extend([r, c]);
+        t.detach()
+            .to_dtype(dt)?
+            .expand_to(&d)?
+            .reshape(&[batch as i64, r as i64, c as i64])
+    };
+    let (a3, b3) = (in3(a, m, k)?, in3(b, k, n)?);
+    let out = Tensor::empty_on(&[batch, m, n], dt, a.device())?;
+    let view = |t: &Tensor| {
+        t.expand_to(&plan.out)?
+            .reshape(&[batch as i64, m as i64, n as i64])
+    };
+    let expr = epilogue(&out, &view)?;
+    expr.materialize_into_with(&out, |kernel, views, scalars| {
+        let e = EpilogueViews {
+            kernel,
+            views,
+            scalars,
+        };
+        kiln_runtime::cuda::gemm::gemm(a3.view(), b3.view(), out.view(), Some(&e))
+    })?;
+    Ok(Some(out.reshape_dims(&plan.out)?))
 }

@@ -551,4 +551,5 @@ mod conv_grad;
 mod conv_kernel;
 pub(crate) use conv_kernel::as_nkhw;
 pub use conv_kernel::conv_with_epilogue_on_device;
+pub use matmul_kernel::matmul_with_epilogue_on_device;
 mod matmul_kernel;

@@ -2,15 +2,14 @@
 //! (`kiln_codegen::cuda::conv`), with a pointwise epilogue fused into it
 //! when a compiled graph has one (Conv + folded BatchNorm + ReLU).
 
+use super::epilogue::{epilogue_args, EpilogueViews};
 use super::launch::launch_device;
 use crate::launch::View;
 use crate::memory::Device;
 use crate::profiler::{self, Category};
-use crate::storage::Storage;
 use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue};
-use kiln_codegen::Kernel;
 use kiln_ir::op::conv::ConvGeometry;
-use kiln_ir::{bail, DType, Result};
+use kiln_ir::{bail, Result};
 
 /// Most blocks per launch; blocks loop over the remaining tiles.
 const MAX_GRID: usize = 1 << 16;
@@ -27,18 +26,9 @@ pub struct ConvViews<'a> {
     pub out: View<'a>,
 }
 
-/// A pointwise kernel over the output as `[N, K, OH, OW]` (operand 0 the
-/// output), its views and scalar bits; inputs viewing `out` itself read the
-/// conv's value.
-pub struct ConvEpilogue<'a> {
-    pub kernel: &'a Kernel,
-    pub views: &'a [View<'a>],
-    pub scalars: &'a [u64],
-}
-
 /// Runs `out = epilogue(conv(x, w) + bias)` for `g` as one launch on the
 /// operands' device.
-pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) -> Result<()> {
+pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&EpilogueViews>) -> Result<()> {
     let name = "conv2d";
     let mut all = vec![v.out, v.x, v.w];
     all.extend(v.bias);
@@ -63,48 +53,15 @@ pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) 
     }
     let [oh, ow] = g.out_size;
     let out_dims = [g.n, g.c_out, oh, ow];
-    let mut conv_operands = vec![];
-    if let Some(e) = epilogue {
-        if e.views.len() != e.kernel.operands.len() {
-            bail!(
-                name,
-                "epilogue {}: {} views for {} operands",
-                e.kernel.name,
-                e.views.len(),
-                e.kernel.operands.len()
-            );
-        }
-        for (op, ev) in e.views.iter().enumerate() {
-            if ev.layout.dims.as_slice() != out_dims {
-                bail!(
-                    name,
-                    "epilogue {} operand {op} has shape {:?}, not the output's {out_dims:?}",
-                    e.kernel.name,
-                    ev.layout.dims
-                );
-            }
-            let is_out =
-                std::ptr::eq(ev.storage, v.out.storage) && *ev.layout == v.out.layout_as(&out_dims);
-            if op == 0 && !is_out {
-                bail!(
-                    name,
-                    "epilogue {} must store to the conv's output",
-                    e.kernel.name
-                );
-            }
-            if op > 0 && is_out {
-                conv_operands.push(op);
-            }
-        }
-        all.extend(e.views.iter().copied());
-        launch_device(name, &all)?;
-    }
+    let e = epilogue
+        .map(|e| epilogue_args(name, e, v.out, &out_dims, dev))
+        .transpose()?;
     let spec = ConvSpec {
         dtype: dt,
         bias: v.bias.is_some(),
-        epilogue: epilogue.map(|e| Epilogue {
-            kernel: e.kernel,
-            conv_operands: &conv_operands,
+        epilogue: epilogue.zip(e.as_ref()).map(|(ev, a)| Epilogue {
+            kernel: ev.kernel,
+            value_operands: &a.value_operands,
         }),
     };
     let t = conv_template(&spec)?;
@@ -115,20 +72,8 @@ pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) 
     let addr = |o: &View| o.storage.device_ptr() + (o.layout.offset * o.dtype().size()) as u64;
     let mut words = vec![addr(&v.out), addr(&v.x), addr(&v.w)];
     words.extend(v.bias.as_ref().map(addr));
-    // a one-element CPU operand of the epilogue travels with the launch
-    let mut uploads: Vec<Storage> = vec![];
-    let inputs = spec.epilogue_inputs();
-    if let Some(e) = epilogue {
-        for &op in &inputs {
-            let ev = &e.views[op];
-            let base = if ev.storage.device() == dev {
-                ev.storage.device_ptr()
-            } else {
-                uploads.push(ev.storage.to_device(dev)?);
-                uploads.last().expect("just pushed").device_ptr()
-            };
-            words.push(base + (ev.layout.offset * ev.dtype().size()) as u64);
-        }
+    if let Some(e) = &e {
+        words.extend(&e.ptrs);
     }
     let [h, wd] = g.in_size;
     let [r, s] = g.kernel;
@@ -151,11 +96,8 @@ pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) 
         g.groups,
     ];
     words.extend(geometry.iter().map(|&x| x as u64));
-    if let Some(e) = epilogue {
-        for &op in &inputs {
-            words.extend(e.views[op].layout.strides.iter().map(|&s| s as i64 as u64));
-        }
-        words.extend_from_slice(e.scalars);
+    if let Some(e) = &e {
+        words.extend(&e.tail);
     }
     if words.len() != t.params.len() {
         bail!(
@@ -168,21 +110,5 @@ pub fn conv2d(g: &ConvGeometry, v: &ConvViews, epilogue: Option<&ConvEpilogue>) 
     }
     let tiles = g.groups * g.c_out_per_group().div_ceil(TILE) * (g.n * oh * ow).div_ceil(TILE);
     let grid = tiles.clamp(1, MAX_GRID) as u32;
-    super::gpu(ordinal)?.launch_template(&t, &words, grid)?;
-    drop(uploads);
-    Ok(())
-}
-
-impl View<'_> {
-    /// This contiguous view's layout read as `dims` (same elements).
-    fn layout_as(&self, dims: &[usize]) -> kiln_ir::op::Layout {
-        let mut l = kiln_ir::op::Layout::contiguous(dims);
-        l.offset = self.layout.offset;
-        l
-    }
-}
-
-/// Whether `dt` has a CUDA conv kernel (the template computes in f32 or f64).
-pub fn conv_dtype_supported(dt: DType) -> bool {
-    matches!(dt, DType::F32 | DType::F64)
+    super::gpu(ordinal)?.launch_template(&t, &words, grid)
 }

@@ -20,6 +20,7 @@
 pub mod conv;
 pub mod driver;
 pub mod emulator;
+pub mod epilogue;
 pub mod gemm;
 pub mod launch;
 pub mod nvrtc;
