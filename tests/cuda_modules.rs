@@ -357,3 +357,39 @@ fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
         .expect("the launched template was compiled");
     insta::assert_snapshot!("conv_bn_relu_cuda", t.source);
 }
+
+/// A compiled MLP on the device launches one GEMM per Linear, each with its
+/// bias (and the ReLU after the first) applied before the store.
+#[test]
+fn compiled_linear_relu_is_one_launch_per_layer_on_the_device() {
+    use kiln::profiler::{self, Category};
+    let Some(dev) = device() else { return };
+    let mut m = mlp().unwrap();
+    m.eval();
+    let x = randn(&[16, 64], 40);
+    let _ng = kiln::autograd::no_grad();
+    let want = m.forward(&x).unwrap();
+    m.to_device(dev).unwrap();
+    let fast = kiln::compile::compile(&m);
+    let xd = x.to_device(dev).unwrap();
+    close(
+        "mlp compiled on the device",
+        &fast.forward(&xd).unwrap(),
+        &want,
+    );
+    let (got, p) = profiler::profile(|| fast.forward(&xd).unwrap());
+    close("mlp compiled (warm)", &got, &want);
+    let kernels: Vec<String> = p
+        .events()
+        .iter()
+        // (the profiler is global: other tests launch kernels on their threads)
+        .filter(|e| e.category == Category::Kernel && e.tid == profiler::current_thread_id())
+        .map(|e| e.name.to_string())
+        .collect();
+    assert_eq!(kernels.len(), 2, "{kernels:?}");
+    assert!(
+        kernels.iter().all(|k| k.starts_with("matmul_f32+")),
+        "{kernels:?}"
+    );
+    assert!(kernels[0].contains("relu"), "{kernels:?}");
+}

@@ -189,9 +189,26 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             // with a gradient to record, the primitives (transpose, matmul,
             // add) record graph nodes while tracing: their backward rules save
             // `weight.t()`, which must be a graph value of a joint trace
-            let _inline = crate::autograd::needs_grad(&ins(&[Some(x), Some(weight), bias]))
+            let inline = crate::autograd::needs_grad(&ins(&[Some(x), Some(weight), bias]))
                 .then(trace::inline_decomposition);
             let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
+            if let (Some(b), None) = (bias, inline.as_ref()) {
+                if x.device().is_cuda() && !trace::is_tracing() {
+                    // inference on a device: the bias is added by the GEMM's one launch
+                    let add_bias = |v: &Tensor, view: &dyn Fn(&Tensor) -> Result<Tensor>| {
+                        use kiln_passes::decompose::Builder;
+                        crate::ops::fuse::Fuser.binary(
+                            kiln_ir::BinaryOp::Add,
+                            &Lazy::tensor(v),
+                            &Lazy::tensor(&view(b)?),
+                        )
+                    };
+                    let w = weight.detach().t()?;
+                    if let Some(y) = matmul_with_epilogue_on_device(&x.detach(), &w, &add_bias)? {
+                        return y.reshape_dims(&shape);
+                    }
+                }
+            }
             let y = matmul(x, &weight.t()?)?;
             let y = match bias {
                 Some(b) => y.add(b)?,
@@ -547,6 +564,7 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
     crate::autograd::rules::index::embedding(indices, weight, padding_idx, out)
 }
 
+use crate::ops::fuse::Lazy;
 mod conv_grad;
 mod conv_kernel;
 pub(crate) use conv_kernel::as_nkhw;
