@@ -26,7 +26,8 @@ use kiln_ir::op::Layout;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result};
 use kiln_runtime::Device;
 
-/// Above every flat index: the key of a window element that is not a candidate.
+/// Above every flat index: the key of a window element that is not a
+/// candidate (the geometry checks leave every window some input position).
 const NOT_A_CANDIDATE: i64 = 1 << 40;
 
 /// Where one axis of the windows reads: output `i`, tap `k` reads position
@@ -200,9 +201,8 @@ fn padded(x: &Tensor, planes: usize, ah: &Axis, aw: &Axis) -> Result<Tensor> {
     Ok(p)
 }
 
-/// The two levels' views for the forward pass over `xp` `[P, Hp, Wp]`: the
-/// column windows of every padded row (`[P, Hp, OW, KW]`), and the row windows
-/// of a per-row result `[P, Hp, OW]` (`[P, OH, OW, KH]`).
+/// The first level's view of `xp` `[P, Hp, Wp]`: the column windows of
+/// every padded row, `[P, Hp, OW, KW]`.
 fn row_view(xp: &Tensor, aw: &Axis) -> Tensor {
     let d = xp.dims();
     let s: Vec<usize> = xp.strides().iter().map(|&s| s as usize).collect();
@@ -214,6 +214,8 @@ fn row_view(xp: &Tensor, aw: &Axis) -> Tensor {
     )
 }
 
+/// The second level's view of a per-row result `r` `[P, Hp, OW]`: its row
+/// windows, `[P, OH, OW, KH]`.
 fn col_view(r: &Tensor, ah: &Axis) -> Tensor {
     let (p, hp, ow) = (r.dims()[0], r.dims()[1], r.dims()[2]);
     strided(
@@ -224,7 +226,8 @@ fn col_view(r: &Tensor, ah: &Axis) -> Tensor {
     )
 }
 
-/// Max of `v` over the last loop dim where `valid` (an i64 position, -1 for none), NaN winning.
+/// Max of `v` over the last loop dim where `pos` (an i64 position) is not
+/// -1, NaN winning; -inf where there is none.
 fn masked_max(name: &str, v: &Tensor, pos: &Tensor, loop_dims: &[usize]) -> Result<Tensor> {
     let dt = v.dtype();
     let mut k = KernelCall::new();
