@@ -115,6 +115,21 @@ fn pool(k: [usize; 2], s: [usize; 2], p: [usize; 2], d: [usize; 2], ceil: bool) 
 fn pooling_embedding_and_conv_transpose_run_on_the_device() {
     let Some(dev) = device() else { return };
     let before = kiln::host_fallbacks();
+    let ((), launched) = kiln_runtime::record_kernels(|| run_all(dev));
+    assert_eq!(kiln::host_fallbacks(), before, "ops fell back to the host");
+    // what the GPU would load: every distinct kernel through real NVRTC
+    if kiln::cuda::nvrtc_present() {
+        let mut seen = std::collections::HashSet::new();
+        for k in launched.iter().filter(|k| seen.insert((*k).clone())) {
+            kiln_codegen::cuda::cuda_source(k)
+                .and_then(|src| kiln::cuda::compile_cubin(&src, (9, 0)))
+                .unwrap_or_else(|e| panic!("nvrtc {}: {e}", k.name));
+        }
+        eprintln!("nvrtc: {} device kernels compiled for sm_90", seen.len());
+    }
+}
+
+fn run_all(dev: Device) {
     let x = leaf(&[2, 3, 9, 8], 1);
     for p in [
         Pool2dParams::new([2, 2]),
@@ -210,8 +225,6 @@ fn pooling_embedding_and_conv_transpose_run_on_the_device() {
         got.to_vec::<bool>().unwrap(),
         want.to_vec::<bool>().unwrap()
     );
-
-    assert_eq!(kiln::host_fallbacks(), before, "ops fell back to the host");
 }
 
 #[test]
