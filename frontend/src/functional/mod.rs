@@ -1,6 +1,7 @@
 //! `torch.nn.functional` for kiln: matmul/linear/conv/pooling/embedding call
-//! the runtime's extern kernels; norms and losses come from the decomposition
-//! table (`kiln_passes::decompose`), run eagerly.
+//! the runtime's extern kernels on the CPU and generated kernels on a CUDA
+//! device (the `*_kernel` modules); norms and losses come from the
+//! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod loss;
 mod norm;
