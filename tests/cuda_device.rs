@@ -13,8 +13,8 @@
 //! With `KILN_CUDA=driver` (scripts/gpu-check.sh on the GPU machine) it is the
 //! real device and the lines read `cuda SUITE: P/T`. Convolutions and f32/f64
 //! matrix products run as template kernels (`kiln_codegen::cuda::{conv,
-//! gemm}`), also compiled by NVRTC here. Ops with no device kernel yet run on the host between two copies;
-//! the test lists them.
+//! gemm}`), also compiled by NVRTC here. Ops with no device kernel yet run
+//! on the host between two copies; the test lists them.
 
 mod fixture_support;
 
@@ -23,15 +23,17 @@ use kiln::{DType, Device, Tensor};
 use std::io::Write;
 
 /// Gradient cases whose golden values need PyTorch's CPU summation order
-/// exactly (rtol 0): the gradient of a broadcast is a sum, which a device
-/// reduction adds in tree order (per-thread partials, then warp shuffles), so
-/// it may differ in the last bit. They are printed when they differ, and fail
-/// the test for any other reason.
-const SUMMATION_ORDER: [&str; 4] = [
+/// exactly (rtol 0): the gradient of a broadcast, or of a gather with
+/// repeated indices (scatter_add), is a sum, which a device reduction adds in
+/// tree order (per-thread partials, then warp shuffles), so it may differ in
+/// the last bit. They are printed when they differ, and fail the test for
+/// any other reason.
+const SUMMATION_ORDER: [&str; 5] = [
     "views/expand_col",
     "views/expand_new_dims",
     "views/expand_minus1",
     "views/expand_contiguous",
+    "views/gather_d1",
 ];
 
 /// The device under test and its label in the summary lines.

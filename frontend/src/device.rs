@@ -158,8 +158,9 @@ pub fn host_fallbacks() -> Vec<(&'static str, usize)> {
     HOST_FALLBACKS.lock().map(|v| v.clone()).unwrap_or_default()
 }
 
-/// For an op with no CUDA kernel yet (convolution, pooling, gathers, GEMM on
-/// the emulator): when any of `ins` is on a CUDA device, runs `f` on CPU
+/// For an op with no CUDA kernel for its operands' placement (a gather or an
+/// embedding lookup whose operands are split between the host and a device):
+/// when any of `ins` is on a CUDA device, runs `f` on CPU
 /// copies of them and moves its results back to that device. Both copies
 /// are differentiable, so autograd is unchanged; nothing is traced (the
 /// traced node is the op itself). None when everything is on the CPU.

@@ -1,6 +1,7 @@
 //! `torch.nn.functional` for kiln: matmul/linear/conv/pooling/embedding call
-//! the runtime's extern kernels; norms and losses come from the decomposition
-//! table (`kiln_passes::decompose`), run eagerly.
+//! the runtime's extern kernels on the CPU and generated kernels on a CUDA
+//! device (the `*_kernel` modules); norms and losses come from the
+//! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod loss;
 mod norm;
@@ -344,11 +345,6 @@ fn conv_transpose2d_eager(
     bias: Option<&Tensor>,
     p: &ConvTransposeParams,
 ) -> Result<Tensor> {
-    if let Some(r) = via_host("conv_transpose2d", &ins(&[Some(x), Some(w), bias]), |h| {
-        conv_transpose2d_eager(&h[0], &h[1], h.get(2), p)
-    }) {
-        return r;
-    }
     let _p = op_scope("conv_transpose2d", &[x, w]);
     let mut ts = vec![x, w];
     ts.extend(bias);
@@ -363,6 +359,11 @@ fn conv_transpose2d_eager(
     )?;
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
+    if ts.iter().any(|t| t.device().is_cuda()) {
+        let y =
+            conv_transpose_kernel::conv_transpose_kernel(&g, &xc, &wc, bc.as_ref(), dt.compute())?;
+        return rules::conv_transpose(g, x, w, bias, y.to_dtype(dt)?);
+    }
     let y = extern_out(
         "conv_transpose2d",
         &[&xc, &wc],
@@ -383,23 +384,24 @@ fn pool_with_indices(
     g: &Pool2dGeometry,
     run: &dyn Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
 ) -> Result<(Tensor, Tensor)> {
-    if let Some(r) = via_host(op, &[x], |h| pool_with_indices(op, &h[0], g, run)) {
-        return r;
-    }
     let _p = op_scope(op, &[x]);
     trace::check_launch(op, &[x])?;
     let dt = float_dtype(op, &[x])?;
     let xc = compute_input(x)?;
+    if x.device().is_cuda() {
+        let adaptive = op == "adaptive_max_pool2d";
+        let (y, idx) = pool_kernel::max_pool_kernel(g, adaptive, &xc)?;
+        let (y, idx) = (
+            y.reshape_dims(&g.out_shape())?,
+            idx.reshape_dims(&g.out_shape())?,
+        );
+        return Ok((rules::max_pool(op, *g, x, &idx, y.to_dtype(dt)?)?, idx));
+    }
     let idx = Tensor::zeros(&g.out_shape(), DType::I64);
     let out = extern_out(op, &[&xc], &g.out_shape(), dt, |out| {
         run(g, &xc, out, &idx, dt)
     })?;
-    let name = if op == "max_pool2d" {
-        "max_pool2d"
-    } else {
-        "adaptive_max_pool2d"
-    };
-    Ok((rules::max_pool(name, *g, x, &idx, out)?, idx))
+    Ok((rules::max_pool(op, *g, x, &idx, out)?, idx))
 }
 
 /// `F.max_pool2d(..., return_indices=True)`: values and flat h*W+w indices.
@@ -478,17 +480,25 @@ fn avg_pool2d_eager(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
-    if let Some(r) = via_host("avg_pool2d", &[x], |h| {
-        avg_pool2d_eager(&h[0], p, count_include_pad, divisor_override)
-    }) {
-        return r;
-    }
     let _p = op_scope("avg_pool2d", &[x]);
     trace::check_launch("avg_pool2d", &[x])?;
     let dt = float_dtype("avg_pool2d", &[x])?;
     pool::check_divisor_override("avg_pool2d", divisor_override)?;
     let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
     let xc = compute_input(x)?;
+    if x.device().is_cuda() {
+        let y = pool_kernel::avg_pool_kernel(&g, false, count_include_pad, divisor_override, &xc)?;
+        let y = y.reshape_dims(&g.out_shape())?.to_dtype(dt)?;
+        return rules::avg_pool(
+            "avg_pool2d",
+            g,
+            false,
+            count_include_pad,
+            divisor_override,
+            x,
+            y,
+        );
+    }
     let y = extern_out("avg_pool2d", &[&xc], &g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::pool::avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>(), count_include_pad, divisor_override))
     })?;
@@ -510,16 +520,16 @@ pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor
 }
 
 fn adaptive_avg_pool2d_eager(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    if let Some(r) = via_host("adaptive_avg_pool2d", &[x], |h| {
-        adaptive_avg_pool2d_eager(&h[0], output_size)
-    }) {
-        return r;
-    }
     let _p = op_scope("adaptive_avg_pool2d", &[x]);
     trace::check_launch("adaptive_avg_pool2d", &[x])?;
     let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
     let g = pool::adaptive_pool2d_geometry("adaptive_avg_pool2d", x.dims(), output_size)?;
     let xc = compute_input(x)?;
+    if x.device().is_cuda() {
+        let y = pool_kernel::avg_pool_kernel(&g, true, false, None, &xc)?;
+        let y = y.reshape_dims(&g.out_shape())?.to_dtype(dt)?;
+        return rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y);
+    }
     let y = extern_out(
         "adaptive_avg_pool2d",
         &[&xc],
@@ -543,10 +553,18 @@ pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) ->
 }
 
 fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
-    if let Some(r) = via_host("embedding", &[indices, weight], |h| {
-        embedding_eager(&h[0], &h[1], padding_idx)
-    }) {
-        return r;
+    // host indices join a table on the device (a small copy); device
+    // indices into a host table run on the host
+    if weight.device().is_cuda() && indices.device() != weight.device() {
+        let on = trace::untraced(|| indices.to_device(weight.device()))?;
+        return embedding_eager(&on, weight, padding_idx);
+    }
+    if !weight.device().is_cuda() {
+        if let Some(r) = via_host("embedding", &[indices, weight], |h| {
+            embedding_eager(&h[0], &h[1], padding_idx)
+        }) {
+            return r;
+        }
     }
     let _p = op_scope("embedding", &[indices, weight]);
     trace::check_launch("embedding", &[indices, weight])?;
@@ -555,6 +573,12 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
     let dt = float_dtype("embedding", &[weight])?;
     let idx = indices.to_dtype(DType::I64)?.contiguous()?;
     let wc = compute_input(weight)?;
+    if weight.device().is_cuda() {
+        let out = embedding_kernel::embedding_kernel(&idx, &wc)?
+            .reshape_dims(&shape)?
+            .to_dtype(dt)?;
+        return crate::autograd::rules::index::embedding(indices, weight, padding_idx, out);
+    }
     let (v, d) = (weight.dims()[0], weight.dims()[1]);
     let mut res = Ok(());
     let out = extern_out("embedding", &[&idx, &wc], &shape, dt, |out| unsafe {
@@ -567,7 +591,10 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
 use crate::ops::fuse::Lazy;
 mod conv_grad;
 mod conv_kernel;
+mod conv_transpose_kernel;
+mod embedding_kernel;
 pub(crate) use conv_kernel::as_nkhw;
 pub use conv_kernel::conv_with_epilogue_on_device;
 pub use matmul_kernel::matmul_with_epilogue_on_device;
 mod matmul_kernel;
+pub(crate) mod pool_kernel;

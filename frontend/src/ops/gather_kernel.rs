@@ -4,9 +4,11 @@
 //! broadcast views and `j` from an `arange`. It reads the indexed dim whole
 //! for every output, which is what a class dimension (cross-entropy's
 //! gather) costs anyway; [`index_select_kernel`] says when that beats one
-//! copy launch per index.
+//! copy launch per index. Gather's backward, `scatter_add`, is the same
+//! reduction turned round.
 
 use crate::ops::kernel::KernelCall;
+use crate::ops::pointwise::copy_into;
 use crate::Tensor;
 use kiln_ir::op::Layout;
 use kiln_ir::shape::fmt_dims;
@@ -67,6 +69,11 @@ fn check_bounds(op: &str, index: &Tensor, d: usize, dims: &[usize], shape: &str)
     Ok(())
 }
 
+/// [`gather_kernel`] without the bounds check, for callers that checked.
+pub(crate) fn gather_unchecked(x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
+    pick_along("gather", x, d, index)
+}
+
 /// `out[p] = x[p with dim d replaced by index[p]]` over `index`'s dims, as
 /// one reduction named `name`; indices are in range, negative ones wrap.
 fn pick_along(name: &str, x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
@@ -98,4 +105,72 @@ fn pick_along(name: &str, x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor
     let zero = k.scalar(0.0, dt.compute());
     let v = k.select(hit, xval, zero, dt.compute());
     k.reduce(name, ReduceKind::Sum, v, &loop_dims, dt, |_, acc| vec![acc])
+}
+
+/// `zeros(dims).scatter_add(d, index, src)` (index i64 of `src`'s shape, in
+/// range; `src` no larger than `dims` off `d`) on `src`'s device, as one
+/// reduction: each output position sums, over `j` along `d`, `src` where
+/// `index == position`. It reads `src`'s dim `d` whole for every output
+/// position (`dims[d] * src.dims()[d]` per line: an embedding gradient costs
+/// vocabulary x tokens x width) but is deterministic and needs no atomics.
+pub(crate) fn scatter_add_kernel(
+    dims: &[usize],
+    d: usize,
+    index: &Tensor,
+    src: &Tensor,
+) -> Result<Tensor> {
+    let (sd, n) = (src.dims().to_vec(), dims[d]);
+    let mut kept = sd.clone();
+    kept[d] = n;
+    let mut loop_dims = kept.clone();
+    loop_dims.push(sd[d]);
+    // src and index over [kept.., j]: dim d broadcast, j along their dim d
+    let along = |t: &Tensor| {
+        let mut st: Vec<isize> = t.strides().to_vec();
+        let sj = st[d];
+        st[d] = 0;
+        st.push(sj);
+        t.with_layout(Layout {
+            dims: loop_dims.iter().copied().collect(),
+            strides: st.into_iter().collect(),
+            offset: t.offset(),
+        })
+    };
+    let (sv, iv) = (along(src), along(&index.expand_to(&sd)?));
+    let mut at = vec![1usize; loop_dims.len()];
+    at[d] = n;
+    let pos = Tensor::arange(n, DType::I64)
+        .reshape_dims(&at)?
+        .to_device(src.device())?;
+    let dt = src.dtype();
+    let mut k = KernelCall::new();
+    let x = k.input(&sv, dt.compute());
+    let i = k.input(&iv, DType::I64);
+    let p = k.input(&pos, DType::I64);
+    // a negative index counts from the end
+    let hit = k.binary(BinaryOp::Eq, i, p, DType::I64);
+    let nv = k.scalar(n as f64, DType::I64);
+    let pneg = k.binary(BinaryOp::Sub, p, nv, DType::I64);
+    let hit_neg = k.binary(BinaryOp::Eq, i, pneg, DType::I64);
+    let hit = k.binary(BinaryOp::Or, hit, hit_neg, DType::Bool);
+    let zero = k.scalar(0.0, dt.compute());
+    let v = k.select(hit, x, zero, dt.compute());
+    let out = k.reduce(
+        "scatter_add",
+        ReduceKind::Sum,
+        v,
+        &loop_dims,
+        dt,
+        |_, acc| vec![acc],
+    )?;
+    if kept == dims {
+        return Ok(out);
+    }
+    let full = Tensor::zeros_on(dims, dt, src.device())?;
+    let mut region = full.clone();
+    for (k, &e) in kept.iter().enumerate() {
+        region = region.narrow(k as i64, 0, e)?;
+    }
+    copy_into(&out, &region)?;
+    Ok(full)
 }

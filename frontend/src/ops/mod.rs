@@ -3,7 +3,7 @@
 
 pub mod composite;
 pub mod fuse;
-mod gather_kernel;
+pub(crate) mod gather_kernel;
 pub(crate) mod kernel;
 pub mod pointwise;
 pub mod reduce;

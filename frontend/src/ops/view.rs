@@ -381,9 +381,14 @@ impl Tensor {
     }
 
     fn gather_eager(&self, dim: i64, index: &Tensor) -> Result<Tensor> {
-        // a device kernel when both are on one device (not for bool: it sums)
+        // a device kernel when both are on one device
         let on_device = self.device().is_cuda() && index.device() == self.device();
-        if !on_device || self.dtype() == DType::Bool {
+        if on_device && self.dtype() == DType::Bool {
+            // the kernel sums its one hit, which bool cannot: gather bytes
+            let bytes = self.detach().to_dtype(DType::U8)?;
+            return bytes.gather_eager(dim, index)?.to_dtype(DType::Bool);
+        }
+        if !on_device {
             if let Some(r) =
                 crate::device::via_host("gather", &[self, index], |h| h[0].gather_eager(dim, &h[1]))
             {

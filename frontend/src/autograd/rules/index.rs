@@ -1,6 +1,7 @@
 //! Backward rules of the indexing ops: gather, index_select and embedding
 //! scatter-add their gradient back. Scatter-add is one graph op
-//! (`scatter_add`), run by a loop here (one pass over `src`); while tracing,
+//! (`scatter_add`), run by a loop here (one pass over `src`), or on a CUDA
+//! device by a generated reduction; while tracing,
 //! one index per row becomes a one-hot select that fuses.
 
 use crate::autograd::{needs_grad, record, Saved};
@@ -33,8 +34,12 @@ pub(crate) fn scatter_add(
     })
 }
 
-/// [`scatter_add`]'s loop.
+/// [`scatter_add`]'s loop (one generated reduction on a CUDA device).
 fn scatter_add_loop(dims: &[usize], dim: usize, index: &Tensor, src: &Tensor) -> Result<Tensor> {
+    if src.device().is_cuda() {
+        let index = index.to_device(src.device())?.to_dtype(DType::I64)?;
+        return crate::ops::gather_kernel::scatter_add_kernel(dims, dim, &index, &src.detach());
+    }
     let sd = src.dims();
     let v = src.to_f64_vec();
     let idx = index

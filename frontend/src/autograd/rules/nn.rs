@@ -1,11 +1,13 @@
 //! Backward rules of matmul, convolution and pooling. Matmul and conv
 //! gradients are matmuls and convolutions themselves (written with the
 //! Tensor-level ops); avg pooling calls its extern backward kernel, max
-//! pooling scatter-adds into the recorded argmax positions.
+//! pooling scatter-adds into the recorded argmax positions. On a CUDA device
+//! both run as generated kernels (`functional::pool_kernel`).
 
 use super::index::scatter_add;
 use crate::autograd::{needs_grad, record, Saved};
 use crate::functional as F;
+use crate::functional::pool_kernel;
 use crate::Tensor;
 use kiln_ir::op::conv::{
     ConvGeometry, ConvParams, ConvTransposeGeometry, ConvTransposeParams, Padding,
@@ -236,6 +238,17 @@ pub(crate) fn max_pool(
     record(name, y, &[x], move |g| {
         let planes = geo.planes();
         let plane_out = geo.out_size[0] * geo.out_size[1];
+        if g.device().is_cuda() && !crate::compile::trace::is_tracing() {
+            // reads each input's window taps instead of scattering
+            let [oh, ow] = geo.out_size;
+            let gc = g
+                .to_dtype(g.dtype().compute())?
+                .reshape_dims(&[planes, oh, ow])?;
+            let ic = si.get()?.reshape_dims(&[planes, oh, ow])?;
+            let adaptive = name == "adaptive_max_pool2d";
+            let gx = pool_kernel::max_pool_backward_kernel(&geo, adaptive, &gc, &ic)?;
+            return Ok(vec![Some(gx.reshape_dims(&xd)?.to_dtype(g.dtype())?)]);
+        }
         let g2 = g.reshape_dims(&[planes, plane_out])?;
         let i2 = si.get()?.reshape_dims(&[planes, plane_out])?;
         let gx = scatter_add(&[planes, geo.in_size[0] * geo.in_size[1]], 1, &i2, &g2)?;
@@ -302,6 +315,21 @@ pub(crate) fn avg_pool_backward(
     xd: &[usize],
     dt: DType,
 ) -> Result<Tensor> {
+    if g.device().is_cuda() {
+        let [oh, ow] = geo.out_size;
+        let gc = g
+            .to_dtype(g.dtype().compute())?
+            .reshape_dims(&[geo.planes(), oh, ow])?;
+        let gx = pool_kernel::avg_pool_backward_kernel(
+            geo,
+            adaptive,
+            count_include_pad,
+            divisor_override,
+            &gc,
+        )?;
+        let out = if dt.is_float() { dt } else { DType::F32 };
+        return gx.reshape_dims(xd)?.to_dtype(out);
+    }
     let gv = g.to_f64_vec();
     let mut gx = vec![0.0f64; xd.iter().product()];
     if adaptive {
