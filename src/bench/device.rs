@@ -146,20 +146,20 @@ pub fn run_on(
         rows,
         skipped,
         host_fallbacks: crate::host_fallbacks(),
-        cnn_compile_ms: cnn_compile_ms(device)?,
+        cnn_compile_ms: cnn_compile_ms(device, size)?,
     })
 }
 
 /// Milliseconds from `compile()` of the small CNN (eval mode, a 64-image
-/// batch on `device`) to its first output on the host: first in this
+/// batch on `device`, 4 at quick sizes) to its first output on the host: first in this
 /// process (kernels from the disk cache, or NVRTC when it is cold), then
 /// for a second `compile()` of the same model (warm: every kernel cached).
-fn cnn_compile_ms(device: Device) -> Result<[f64; 2]> {
+fn cnn_compile_ms(device: Device, size: Size) -> Result<[f64; 2]> {
     use crate::nn::ModuleExt;
     let mut m = super::train::small_cnn()?;
     m.to_device(device)?;
     m.eval();
-    let x = super::randn(&[64, 1, 8, 8], 7).to_device(device)?;
+    let x = super::randn(&[size.pick(64, 4), 1, 8, 8], 7).to_device(device)?;
     let _ng = crate::autograd::no_grad();
     let once = || -> Result<f64> {
         let t = std::time::Instant::now();

@@ -40,7 +40,7 @@ impl Size {
             Size::Full
         }
     }
-    fn pick(self, full: usize, quick: usize) -> usize {
+    pub(crate) fn pick(self, full: usize, quick: usize) -> usize {
         match self {
             Size::Full => full,
             Size::Quick => quick,
