@@ -13,8 +13,9 @@
 //! With `KILN_CUDA=driver` (scripts/gpu-check.sh on the GPU machine) it is the
 //! real device and the lines read `cuda SUITE: P/T`. Convolutions and f32/f64
 //! matrix products run as template kernels (`kiln_codegen::cuda::{conv,
-//! gemm}`), also compiled by NVRTC here. Ops with no device kernel yet run
-//! on the host between two copies; the test lists them.
+//! gemm}`), also compiled by NVRTC here. An op whose operands are split
+//! between host and device runs on the host between copies; the test lists
+//! such fallbacks (none in the suites).
 
 mod fixture_support;
 
