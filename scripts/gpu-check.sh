@@ -7,7 +7,9 @@
 #       the NVRTC test of kiln-codegen (cuda_nvrtc), kiln's device tests
 #       (cuda_device: every forward fixture suite on a CUDA device, eager and
 #       compiled; cuda_modules: modules moved with to_device, a training step,
-#       compile on the device) and the `kiln` binary; copies them, stripped,
+#       compile on the device, Conv+BN+ReLU and Linear+ReLU as one launch;
+#       cuda_ops: pooling, embedding, conv_transpose2d against the CPU) and the
+#       `kiln` binary; copies them, stripped,
 #       into .gpu/bin/ and the PyTorch baseline into .gpu/bench/, and makes sure
 #       .git/info/exclude ignores .gpu/. With --dry-run it then also runs the
 #       device stage in dry mode (every command is printed, nothing GPU-side is
@@ -22,6 +24,7 @@
 #         cuda_device   `cuda SUITE: P/T` and `cuda compiled SUITE: P/T` per
 #                       suite, and the ops that ran on the host
 #         cuda_modules  `cuda modules mlp|cnn: ...` and its test result
+#         cuda_ops      pooling/embedding/conv_transpose2d on the device
 #         kiln bench --device cuda --only W1,W2,W3,W4,W7 (eager and compiled)
 #       and `torch_baseline.py --device cuda --json` for the same workloads;
 #       logs under $OUT (or .gpu/out when $OUT is unset). Every step has its
@@ -32,17 +35,15 @@
 #   run(command="bash scripts/gpu-check.sh device", carry=[".gpu"], timeout_s=420)
 #
 # NOT POSSIBLE YET (extend here when kiln has them):
-#   - GEMM and convolution are generated kernels on the device (a reduction
-#     GEMM, one block per output element, and im2col as a copy kernel): correct
-#     but untiled, far from cuBLAS/cuDNN speed; no cuBLAS path yet; gather and
-#     conv2d_weight_grad are generated kernels too. Pooling, embedding and
-#     conv_transpose2d run on the host between two copies (`kiln::host_fallbacks()`, listed by cuda_device
-#     and by `kiln bench --device cuda`).
+#   - GEMM and convolution are tiled template kernels (64x64 tiles, 4x4 per
+#     thread, CUDA cores only): no tensor-core (mma/wgmma) path and no cuBLAS
+#     or cuDNN, so large GEMMs and convs stay well below the H200's peak.
 #   - `kiln bench --device cuda` times the inference workloads only; the
 #     training steps W5/W6 (and W8, the host copy reference) are CPU-only.
-#   - The CPU-shim tests (codegen/tests/cuda_shim.rs, and the emulator runs of
-#     cuda_device/cuda_modules/cuda_bench) are not run there: they need a C++
-#     compiler and cache under this machine's target dir; they run in CI here.
+#   - The CPU-shim tests (codegen/tests/cuda_shim.rs, cuda_templates.rs, and
+#     the emulator runs of cuda_device/cuda_modules/cuda_bench) are not run
+#     there: they need a C++ compiler and cache under this machine's target
+#     dir; they run in CI here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec 3>&1 # the console, for lines of commands whose output goes to a log
@@ -54,7 +55,7 @@ GPU_DIR=.gpu
 # Test targets of kiln-codegen whose release binaries the device runs.
 TEST_TARGETS=(cuda_nvrtc)
 # Test targets of the kiln package (tests/*.rs) whose release binaries the device runs.
-KILN_TEST_TARGETS=(cuda_device cuda_modules)
+KILN_TEST_TARGETS=(cuda_device cuda_modules cuda_ops)
 # Workloads `kiln bench --device cuda` and the torch baseline time there.
 DEVICE_WORKLOADS=W1,W2,W3,W4,W7
 # Seconds the device stage may take in all (each step gets what is left, at most its own cap).
