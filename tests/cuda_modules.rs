@@ -293,12 +293,25 @@ fn compiled_modules_on_the_device_match_eager() {
     }
 }
 
+/// `f()` and the names of the kernels it launched on this thread (the
+/// profiler is global: other tests launch kernels on their threads).
+fn launched<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+    use kiln::profiler::{self, Category};
+    let (r, p) = profiler::profile(f);
+    let names = p
+        .events()
+        .iter()
+        .filter(|e| e.category == Category::Kernel && e.tid == profiler::current_thread_id())
+        .map(|e| e.name.to_string())
+        .collect();
+    (r, names)
+}
+
 /// A compiled Conv + BatchNorm (eval, so folded into the conv) + ReLU on the
 /// device is ONE kernel launch: the conv template with the ReLU fused in.
 #[test]
 fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
     use kiln::nn::{BatchNorm, Conv, ConvOptions};
-    use kiln::profiler::{self, Category};
     let Some(dev) = device() else { return };
     let build = || -> kiln::Result<Sequential> {
         let p = ConvOptions {
@@ -339,15 +352,8 @@ fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
         &want,
     );
     // the folded weights are hoisted by the first call; a warm call launches the conv only
-    let (got, p) = profiler::profile(|| fast.forward(&xd).unwrap());
+    let (got, kernels) = launched(|| fast.forward(&xd).unwrap());
     close("conv+bn+relu compiled (warm)", &got, &want);
-    let kernels: Vec<String> = p
-        .events()
-        .iter()
-        // (the profiler is global: other tests launch kernels on their threads)
-        .filter(|e| e.category == Category::Kernel && e.tid == profiler::current_thread_id())
-        .map(|e| e.name.to_string())
-        .collect();
     assert_eq!(kernels.len(), 1, "{kernels:?}");
     assert!(kernels[0].starts_with("conv2d+"), "{kernels:?}");
     // the CUDA C of that launch: the conv template with the ReLU in its store
@@ -362,7 +368,6 @@ fn compiled_conv_bn_relu_is_one_launch_on_the_device() {
 /// bias (and the ReLU after the first) applied before the store.
 #[test]
 fn compiled_linear_relu_is_one_launch_per_layer_on_the_device() {
-    use kiln::profiler::{self, Category};
     let Some(dev) = device() else { return };
     let mut m = mlp().unwrap();
     m.eval();
@@ -377,15 +382,8 @@ fn compiled_linear_relu_is_one_launch_per_layer_on_the_device() {
         &fast.forward(&xd).unwrap(),
         &want,
     );
-    let (got, p) = profiler::profile(|| fast.forward(&xd).unwrap());
+    let (got, kernels) = launched(|| fast.forward(&xd).unwrap());
     close("mlp compiled (warm)", &got, &want);
-    let kernels: Vec<String> = p
-        .events()
-        .iter()
-        // (the profiler is global: other tests launch kernels on their threads)
-        .filter(|e| e.category == Category::Kernel && e.tid == profiler::current_thread_id())
-        .map(|e| e.name.to_string())
-        .collect();
     assert_eq!(kernels.len(), 2, "{kernels:?}");
     assert!(
         kernels.iter().all(|k| k.starts_with("matmul_f32+")),

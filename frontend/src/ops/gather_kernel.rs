@@ -93,18 +93,29 @@ fn pick_along(name: &str, x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor
     let j = Tensor::arange(n, DType::I64).to_device(x.device())?;
     let dt = x.dtype();
     let mut k = KernelCall::new();
-    let xval = k.input(&xv, dt.compute());
-    let ival = k.input(&iv, DType::I64);
-    let jval = k.input(&j, DType::I64);
-    // a negative index counts from the end
-    let neg = k.binary(BinaryOp::Eq, ival, jval, DType::I64);
-    let nj = k.scalar(n as f64, DType::I64);
-    let jneg = k.binary(BinaryOp::Sub, jval, nj, DType::I64);
-    let hit_neg = k.binary(BinaryOp::Eq, ival, jneg, DType::I64);
-    let hit = k.binary(BinaryOp::Or, neg, hit_neg, DType::Bool);
-    let zero = k.scalar(0.0, dt.compute());
-    let v = k.select(hit, xval, zero, dt.compute());
+    let v = where_index_is(&mut k, (&xv, dt), &iv, &j, n);
     k.reduce(name, ReduceKind::Sum, v, &loop_dims, dt, |_, acc| vec![acc])
+}
+
+/// `index == at (or at - n, a negative index counting from the end) ? x : 0`
+/// in `x`'s compute dtype, all three read through their views.
+fn where_index_is(
+    k: &mut KernelCall,
+    (x, dt): (&Tensor, DType),
+    index: &Tensor,
+    at: &Tensor,
+    n: usize,
+) -> kiln_codegen::ValueId {
+    let xval = k.input(x, dt.compute());
+    let ival = k.input(index, DType::I64);
+    let aval = k.input(at, DType::I64);
+    let hit = k.binary(BinaryOp::Eq, ival, aval, DType::I64);
+    let nv = k.scalar(n as f64, DType::I64);
+    let aneg = k.binary(BinaryOp::Sub, aval, nv, DType::I64);
+    let hit_neg = k.binary(BinaryOp::Eq, ival, aneg, DType::I64);
+    let hit = k.binary(BinaryOp::Or, hit, hit_neg, DType::Bool);
+    let zero = k.scalar(0.0, dt.compute());
+    k.select(hit, xval, zero, dt.compute())
 }
 
 /// `zeros(dims).scatter_add(d, index, src)` (index i64 of `src`'s shape, in
@@ -144,17 +155,7 @@ pub(crate) fn scatter_add_kernel(
         .to_device(src.device())?;
     let dt = src.dtype();
     let mut k = KernelCall::new();
-    let x = k.input(&sv, dt.compute());
-    let i = k.input(&iv, DType::I64);
-    let p = k.input(&pos, DType::I64);
-    // a negative index counts from the end
-    let hit = k.binary(BinaryOp::Eq, i, p, DType::I64);
-    let nv = k.scalar(n as f64, DType::I64);
-    let pneg = k.binary(BinaryOp::Sub, p, nv, DType::I64);
-    let hit_neg = k.binary(BinaryOp::Eq, i, pneg, DType::I64);
-    let hit = k.binary(BinaryOp::Or, hit, hit_neg, DType::Bool);
-    let zero = k.scalar(0.0, dt.compute());
-    let v = k.select(hit, x, zero, dt.compute());
+    let v = where_index_is(&mut k, (&sv, dt), &iv, &pos, n);
     let out = k.reduce(
         "scatter_add",
         ReduceKind::Sum,
