@@ -60,7 +60,9 @@ const BODY: &str = r#"#define KILN_BM 64
 #define KILN_BK 16
 extern "C" __global__ void SYMBOL(
 $PARAMS) {
-  __shared__ $T tile_w[KILN_BK][KILN_BM];
+  // (+1: the weight slice is stored along k, and a row of 64 would put a
+  // warp's stores in two banks)
+  __shared__ $T tile_w[KILN_BK][KILN_BM + 1];
   __shared__ $T tile_x[KILN_BK][KILN_BN];
   const long long cg = C / groups, kg = K / groups;
   const long long P = N * OH * OW, KR = cg * R * S;

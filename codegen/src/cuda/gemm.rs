@@ -33,8 +33,9 @@ const BODY: &str = r#"#define KILN_BM 64
 #define KILN_BK 16
 extern "C" __global__ void SYMBOL(
 $PARAMS) {
-  __shared__ $T tile_a[KILN_BK][KILN_BM];
-  __shared__ $T tile_w[KILN_BK][KILN_BN];
+  // (+1: a slice stored along k would put a warp's stores in two banks)
+  __shared__ $T tile_a[KILN_BK][KILN_BM + 1];
+  __shared__ $T tile_w[KILN_BK][KILN_BN + 1];
   const long long tiles_m = (M + KILN_BM - 1) / KILN_BM;
   const long long tiles_n = (N + KILN_BN - 1) / KILN_BN;
   const long long tiles = B * tiles_m * tiles_n;
