@@ -91,7 +91,7 @@ pub fn template_wrapper(t: &TemplateKernel, ns: &str) -> String {
         .params
         .iter()
         .enumerate()
-        .map(|(i, p)| p.from_word(i))
+        .map(|(i, p)| p.of_word(i))
         .collect();
     let sync = t.source.contains("__syncthreads");
     format!(

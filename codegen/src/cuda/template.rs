@@ -21,7 +21,7 @@ pub enum Param {
 
 impl Param {
     /// How the CPU shim turns word `a[i]` into this parameter.
-    pub(crate) fn from_word(self, i: usize) -> String {
+    pub(crate) fn of_word(self, i: usize) -> String {
         match self {
             Param::Ptr(t) => format!("({t})a[{i}]"),
             Param::Int => format!("(long long)a[{i}]"),

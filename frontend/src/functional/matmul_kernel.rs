@@ -43,6 +43,12 @@ pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tenso
     })
 }
 
+/// Builds an epilogue's expression over the product `v` (see
+/// [`matmul_with_epilogue_on_device`]); the second argument views a tensor
+/// of the product's shape as `v`'s dims.
+pub type DeviceEpilogue<'a> =
+    dyn Fn(&Tensor, &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Lazy> + 'a;
+
 /// `a @ b` on a CUDA device with a compiled graph's pointwise epilogue in
 /// the same launch (no autograd). `epilogue(v, view)` builds the expression
 /// over `v`, which stands for the product as `[B, M, N]`; `view` maps a
@@ -52,7 +58,7 @@ pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tenso
 pub fn matmul_with_epilogue_on_device(
     a: &Tensor,
     b: &Tensor,
-    epilogue: &dyn Fn(&Tensor, &dyn Fn(&Tensor) -> Result<Tensor>) -> Result<Lazy>,
+    epilogue: &DeviceEpilogue<'_>,
 ) -> Result<Option<Tensor>> {
     let dt = super::float_dtype("matmul", &[a, b])?;
     if !matches!(dt, DType::F32 | DType::F64) || a.rank() < 2 || b.rank() < 2 {
