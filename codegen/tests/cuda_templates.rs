@@ -14,6 +14,7 @@
 use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue, GEOMETRY};
 use kiln_codegen::cuda::gemm::{gemm_template, GemmSpec};
 use kiln_codegen::cuda::shim::{self, ShimLibrary};
+use kiln_codegen::cuda::take::take_template;
 use kiln_codegen::cuda::TemplateKernel;
 use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
 use kiln_ir::{BinaryOp, DType};
@@ -494,6 +495,75 @@ fn gemm_template_matches_a_direct_product() {
     assert_eq!(pass, total);
 }
 
+/// `out[o, j, i] = x[o, idx[j], i]` for `x` of `[o, n, i]` stored with its
+/// last two dims swapped (strided reads), negative indices counting from the
+/// end; whether the take template gives exactly that.
+fn run_take<T: Copy + PartialEq + std::fmt::Debug>(
+    lib: &ShimLibrary,
+    t: &TemplateKernel,
+    of: impl Fn(usize) -> T,
+    grid: u32,
+) -> bool {
+    let (o, n, i) = (3usize, 7usize, 5usize);
+    let idx: Vec<i64> = vec![0, 6, -1, 3, -7, 3, 2, 5];
+    let k = idx.len();
+    // x[a, r, c] lives at a*n*i + c*n + r
+    let x: Vec<T> = (0..o * n * i).map(&of).collect();
+    let mut want = vec![];
+    for a in 0..o {
+        for &r in &idx {
+            let r = if r < 0 { r + n as i64 } else { r } as usize;
+            for c in 0..i {
+                want.push(x[a * n * i + c * n + r]);
+            }
+        }
+    }
+    let mut out = vec![of(usize::MAX % 251); o * k * i];
+    let mut words = vec![
+        out.as_mut_ptr() as u64,
+        x.as_ptr() as u64,
+        idx.as_ptr() as u64,
+    ];
+    words.extend([o, k, i, n, n * i, 1, n].map(|v| v as u64));
+    let f = lib.template_launcher(t).unwrap();
+    // SAFETY: the words follow the template's parameters; the buffers outlive the call.
+    assert_eq!(unsafe { f(words.as_ptr(), grid, t.block) }, 0);
+    out == want
+}
+
+#[test]
+fn take_template_picks_rows_of_every_dtype() {
+    if !shim::compiler_present() {
+        eprintln!("cuda-shim take: no c++ compiler, skipped");
+        return;
+    }
+    let ts = [DType::F32, DType::F64, DType::F16, DType::I64, DType::Bool].map(take_template);
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda_shim");
+    let lib = ShimLibrary::build_templates(&ts, &dir).unwrap();
+    for grid in [1, 3, 64] {
+        assert!(
+            run_take(&lib, &ts[0], |v| v as f32 * 0.5, grid),
+            "f32 grid {grid}"
+        );
+        assert!(
+            run_take(&lib, &ts[1], |v| v as f64 - 0.25, grid),
+            "f64 grid {grid}"
+        );
+        assert!(
+            run_take(&lib, &ts[2], |v| (v * 7) as u16, grid),
+            "f16 bits grid {grid}"
+        );
+        assert!(
+            run_take(&lib, &ts[3], |v| -(v as i64) << 33, grid),
+            "i64 grid {grid}"
+        );
+        assert!(
+            run_take(&lib, &ts[4], |v| (v % 3 == 0) as u8, grid),
+            "bool grid {grid}"
+        );
+    }
+}
+
 #[test]
 fn nvrtc_compiles_the_templates() {
     // SAFETY: only tries to dlopen NVRTC by its known names.
@@ -503,6 +573,7 @@ fn nvrtc_compiles_the_templates() {
     }
     let mut ts: Vec<TemplateKernel> = templates().into_iter().map(|t| t.1).collect();
     ts.extend(gemm_templates().into_iter().map(|t| t.2));
+    ts.extend([DType::F32, DType::F16, DType::I64, DType::Bool].map(take_template));
     let mut failed = 0;
     for t in &ts {
         let opts = cudarc::nvrtc::CompileOptions {

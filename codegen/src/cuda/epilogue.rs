@@ -11,7 +11,7 @@
 //! plus the scalars `sc{n}` (after the template's sizes).
 
 use super::scalar::{c_storage_type, CudaC};
-use super::template::Param;
+use super::template::{ptr_params, Param};
 use super::{declare_scalars, load, store_elem};
 use crate::interp::{eval_value, validate};
 use crate::kernel::{Instr, Kernel};
@@ -73,10 +73,8 @@ pub(crate) fn emit(
     let mut out = Emitted::default();
     for &op in &inputs {
         let st = c_storage_type(k.operands[op].dtype);
-        out.ptrs.push((
-            format!("const {st}* __restrict__ p{op}"),
-            Param::Ptr(const_ptr(st)),
-        ));
+        out.ptrs
+            .push((format!("const {st}* __restrict__ p{op}"), ptr_params(st).1));
         for d in 0..idx.len() {
             out.tail
                 .push((format!("const long long s{op}_{d}"), Param::Int));
@@ -117,20 +115,6 @@ pub(crate) fn emit(
     out.store = std::mem::take(&mut e.code);
     super::scalar::write_helpers(&mut out.helpers, &e.helpers);
     Ok(out)
-}
-
-/// The pointer type the shim casts an epilogue input to.
-fn const_ptr(storage: &str) -> &'static str {
-    match storage {
-        "float" => "const float*",
-        "double" => "const double*",
-        "unsigned short" => "const unsigned short*",
-        "unsigned char" => "const unsigned char*",
-        "signed char" => "const signed char*",
-        "short" => "const short*",
-        "int" => "const int*",
-        _ => "const long long*",
-    }
 }
 
 fn check(op_name: &str, k: &Kernel, dt: DType, rank: usize) -> Result<(), Error> {

@@ -58,6 +58,7 @@ mod online;
 mod pointwise;
 pub mod scalar;
 pub mod shim;
+pub mod take;
 pub mod template;
 
 use crate::interp::{eval_value, reduce_identity, validate, Leaf};

@@ -133,3 +133,19 @@ pub(crate) fn assemble(p: Parts, e: Emitted) -> TemplateKernel {
     }
     TemplateKernel::new(&name, &src, params, p.block)
 }
+
+/// The (mutable, const) pointer parameters to elements of C storage type
+/// `storage` (see [`super::c_storage_type`]).
+pub(crate) fn ptr_params(storage: &str) -> (Param, Param) {
+    let (m, c) = match storage {
+        "float" => ("float*", "const float*"),
+        "double" => ("double*", "const double*"),
+        "unsigned short" => ("unsigned short*", "const unsigned short*"),
+        "unsigned char" => ("unsigned char*", "const unsigned char*"),
+        "signed char" => ("signed char*", "const signed char*"),
+        "short" => ("short*", "const short*"),
+        "int" => ("int*", "const int*"),
+        _ => ("long long*", "const long long*"),
+    };
+    (Param::Ptr(m), Param::Ptr(c))
+}

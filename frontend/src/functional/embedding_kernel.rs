@@ -1,9 +1,8 @@
-//! `embedding` on a CUDA device: the rows of the table gathered by one
-//! generated reduction ([`gather_unchecked`]: every output element reads its
-//! column of the table whole, `vocabulary` loads each, the price of having no
-//! indexed load), after one bounds check. Its backward is `scatter_add`.
+//! `embedding` on a CUDA device: the rows of the table picked by one launch
+//! of the take kernel ([`take_rows`]), after one bounds check. Its backward
+//! is `scatter_add`.
 
-use crate::ops::gather_kernel::gather_unchecked;
+use crate::ops::gather_kernel::take_rows;
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
@@ -36,5 +35,5 @@ pub(super) fn embedding_kernel(idx: &Tensor, weight: &Tensor) -> Result<Tensor> 
         }
     }
     debug_assert_eq!(idx.dtype(), DType::I64);
-    gather_unchecked(weight, 0, &flat.expand_to(&[n, d])?)
+    take_rows(weight, 0, &flat.contiguous()?)
 }

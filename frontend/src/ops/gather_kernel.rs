@@ -1,11 +1,11 @@
-//! `gather` and `index_select` on a CUDA device as one generated reduction:
-//! for each output position, the sum over `j` of `index == j ? x[.., j, ..] : 0`
+//! Indexing ops on a CUDA device. `gather` is one generated reduction: for
+//! each output position, the sum over `j` of `index == j ? x[.., j, ..] : 0`
 //! along the indexed dim, with `x` and `index` read in place through
 //! broadcast views and `j` from an `arange`. It reads the indexed dim whole
 //! for every output, which is what a class dimension (cross-entropy's
-//! gather) costs anyway; [`index_select_kernel`] says when that beats one
-//! copy launch per index. Gather's backward, `scatter_add`, is the same
-//! reduction turned round.
+//! gather) costs anyway. Its backward, `scatter_add`, is the same reduction
+//! turned round. `index_select` (and `embedding`) pick whole rows, so they
+//! use the take kernel instead, which reads each element once.
 
 use crate::ops::kernel::KernelCall;
 use crate::ops::pointwise::copy_into;
@@ -20,33 +20,33 @@ pub(crate) fn gather_kernel(x: &Tensor, d: usize, index: &Tensor) -> Result<Tens
     pick_along("gather", x, d, index)
 }
 
-/// Reads of `x` per selected index beyond which `index_select` launches one
-/// copy per index instead: the reduction reads the whole indexed dim for
-/// every output element, and about this many reads cost what a launch does
-/// on a GPU (4M f32 reads ≈ 16 MB ≈ 4 µs at H200 bandwidth).
-const SCAN_READS_PER_INDEX: usize = 1 << 22;
+/// `x.index_select(d, index)` (index a 1-D integer tensor, on any device)
+/// on `x`'s device as one launch of the take kernel, after the bounds check.
+pub(crate) fn index_select_kernel(x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
+    let idx = index
+        .to_dtype(DType::I64)?
+        .to_device(x.device())?
+        .contiguous()?;
+    check_bounds("index_select", &idx, d, x.dims(), "shape")?;
+    take_rows(x, d, &idx)
+}
 
-/// `x.index_select(d, index)` (index a 1-D integer tensor, checked by the
-/// caller) on `x`'s device as one kernel, or None when the dim is so long
-/// that scanning it for every output would cost more than a launch per index
-/// (see [`SCAN_READS_PER_INDEX`]), or `x` is bool (the kernel sums).
-pub(crate) fn index_select_kernel(x: &Tensor, d: usize, index: &Tensor) -> Option<Result<Tensor>> {
-    let n = x.dims()[d];
-    let rest = x.numel() / n.max(1);
-    if x.dtype() == DType::Bool || n.saturating_mul(rest) > SCAN_READS_PER_INDEX {
-        return None;
-    }
-    Some((|| {
-        let idx = index.to_dtype(DType::I64)?.to_device(x.device())?;
-        check_bounds("index_select", &idx, d, x.dims(), "shape")?;
-        // the index along dim d of the output, broadcast over the other dims
-        let mut along = vec![1usize; x.rank()];
-        along[d] = idx.numel();
-        let mut out_dims = x.dims_vec();
-        out_dims[d] = idx.numel();
-        let iv = idx.reshape_dims(&along)?.expand_to(&out_dims)?;
-        pick_along("index_select", x, d, &iv)
-    })())
+/// The rows `idx` (i64, contiguous, in range) of `x` along dim `d`, as one
+/// launch of the take kernel (`kiln_runtime::cuda::take`): each output
+/// element read once, where a generated kernel would scan the whole dim.
+pub(crate) fn take_rows(x: &Tensor, d: usize, idx: &Tensor) -> Result<Tensor> {
+    let dims = x.dims();
+    let (outer, inner): (usize, usize) =
+        (dims[..d].iter().product(), dims[d + 1..].iter().product());
+    let k = idx.numel();
+    // the dims before and after d merge into one stride each unless the view forbids it
+    let x3 = x.reshape(&[outer as i64, dims[d] as i64, inner as i64])?;
+    let out = Tensor::empty_on(&[outer, k, inner], x.dtype(), x.device())?;
+    let flat = idx.reshape(&[k as i64])?;
+    kiln_runtime::cuda::take::take(x3.view(), flat.view(), out.view())?;
+    let mut od = dims.to_vec();
+    od[d] = k;
+    out.reshape_dims(&od)
 }
 
 /// The host paths' out-of-range error for any element of `index` outside
@@ -67,11 +67,6 @@ fn check_bounds(op: &str, index: &Tensor, d: usize, dims: &[usize], shape: &str)
         );
     }
     Ok(())
-}
-
-/// [`gather_kernel`] without the bounds check, for callers that checked.
-pub(crate) fn gather_unchecked(x: &Tensor, d: usize, index: &Tensor) -> Result<Tensor> {
-    pick_along("gather", x, d, index)
 }
 
 /// `out[p] = x[p with dim d replaced by index[p]]` over `index`'s dims, as

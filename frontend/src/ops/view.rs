@@ -342,9 +342,8 @@ impl Tensor {
             );
         }
         if self.device().is_cuda() {
-            if let Some(out) = super::gather_kernel::index_select_kernel(&self.detach(), d, index) {
-                return crate::autograd::rules::index::index_select(self, d, index, out?);
-            }
+            let out = super::gather_kernel::index_select_kernel(&self.detach(), d, index)?;
+            return crate::autograd::rules::index::index_select(self, d, index, out);
         }
         let idx = index.to_dtype(DType::I64)?.to_vec::<i64>()?;
         let n = self.dims()[d] as i64;

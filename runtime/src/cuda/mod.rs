@@ -25,6 +25,7 @@ pub mod gemm;
 pub mod launch;
 pub mod nvrtc;
 pub mod pinned;
+pub mod take;
 
 pub use nvrtc::{compile_cubin, KernelCache};
 
