@@ -182,10 +182,7 @@ fn forward_fixtures_on_cuda() {
             }
         }
         for suite in BACKWARD_SUITES {
-            let cases: Vec<Case> = load_suite(&fx, suite)
-                .into_iter()
-                .filter(|c| !c.expect_error && fixture_support::backward::has_grads(&fx, c))
-                .collect();
+            let cases = fixture_support::backward::grad_cases(&fx, suite);
             let mut pass = 0;
             for c in &cases {
                 let key = format!("{suite}/{}", c.case);

@@ -174,10 +174,7 @@ fn backward_suites(compiled: bool) {
         "backward"
     };
     for suite in BACKWARD_SUITES {
-        let cases: Vec<Case> = load_suite(&fx, suite)
-            .into_iter()
-            .filter(|c| !c.expect_error && fixture_support::backward::has_grads(&fx, c))
-            .collect();
+        let cases = fixture_support::backward::grad_cases(&fx, suite);
         let mut pass = 0;
         for c in &cases {
             let r = if compiled {

@@ -36,6 +36,14 @@ pub fn has_grads(fx: &Fixtures, c: &Case) -> bool {
     !names(&raw(fx, c)["grads"]).is_empty()
 }
 
+/// The cases of `suite` with gradients to check.
+pub fn grad_cases(fx: &Fixtures, suite: &str) -> Vec<Case> {
+    super::load_suite(fx, suite)
+        .into_iter()
+        .filter(|c| !c.expect_error && has_grads(fx, c))
+        .collect()
+}
+
 /// Runs one backward case; Ok(()) when every gradient matches.
 pub fn run_case(fx: &Fixtures, c: &Case) -> Result<(), String> {
     run_case_on(fx, c, kiln::Device::Cpu)

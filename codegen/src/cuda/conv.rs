@@ -55,8 +55,8 @@ impl ConvSpec<'_> {
     }
 }
 
-const BODY: &str = r#"#define KILN_BM 64
-#define KILN_BN 64
+const BODY: &str = r#"#define KILN_BM $TILE
+#define KILN_BN $TILE
 #define KILN_BK 16
 extern "C" __global__ void SYMBOL(
 $PARAMS) {

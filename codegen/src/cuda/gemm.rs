@@ -28,8 +28,8 @@ pub const SIZES: [&str; 10] = [
     "B", "M", "N", "K", "sa_b", "sa_m", "sa_k", "sw_b", "sw_k", "sw_n",
 ];
 
-const BODY: &str = r#"#define KILN_BM 64
-#define KILN_BN 64
+const BODY: &str = r#"#define KILN_BM $TILE
+#define KILN_BN $TILE
 #define KILN_BK 16
 extern "C" __global__ void SYMBOL(
 $PARAMS) {

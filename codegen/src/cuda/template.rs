@@ -63,6 +63,10 @@ impl TemplateKernel {
     }
 }
 
+/// Output rows and columns one block of the conv and GEMM templates
+/// computes (`$TILE` in their text); launchers size grids with it.
+pub const TILE: usize = 64;
+
 /// The C value type and the output and input pointer parameters of a
 /// template computing in `dt` (f32 or f64); `what` names it in the error.
 pub(crate) fn float_types(
@@ -85,7 +89,7 @@ pub(crate) struct Parts<'a> {
     pub name: String,
     /// The header comment's description.
     pub what: &'a str,
-    /// The kernel with `SYMBOL`, `$T`, `$PARAMS`, `$SCALARS` and `$EPILOGUE`.
+    /// The kernel with `SYMBOL`, `$TILE`, `$T`, `$PARAMS`, `$SCALARS` and `$EPILOGUE`.
     pub body: &'a str,
     /// The value type replacing `$T`.
     pub t: &'a str,
@@ -111,6 +115,7 @@ pub(crate) fn assemble(p: Parts, e: Emitted) -> TemplateKernel {
     let (decl, params): (Vec<String>, Vec<Param>) = decl.into_iter().unzip();
     let mut body = p
         .body
+        .replace("$TILE", &TILE.to_string())
         .replace("$T", p.t)
         .replace("$PARAMS", &format!("    {}", decl.join(",\n    ")))
         .replace("$SCALARS", &e.scalars)

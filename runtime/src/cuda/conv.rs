@@ -3,18 +3,14 @@
 //! when a compiled graph has one (Conv + folded BatchNorm + ReLU).
 
 use super::epilogue::{epilogue_args, EpilogueViews};
-use super::launch::launch_device;
+use super::launch::{launch_device, MAX_GRID};
 use crate::launch::View;
 use crate::memory::Device;
 use crate::profiler::{self, Category};
 use kiln_codegen::cuda::conv::{conv_template, ConvSpec, Epilogue};
+use kiln_codegen::cuda::template::TILE;
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::{bail, Result};
-
-/// Most blocks per launch; blocks loop over the remaining tiles.
-const MAX_GRID: usize = 1 << 16;
-/// The template's output tile: channels by positions.
-const TILE: usize = 64;
 
 /// The operands of one convolution: contiguous `x` `[N, C, H, W]`, `w`
 /// `[K, C/groups, R, S]`, `bias` `[K]`, and a fresh contiguous `out`

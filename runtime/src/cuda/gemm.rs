@@ -3,18 +3,14 @@
 //! graph's pointwise epilogue fused in when it has one.
 
 use super::epilogue::{epilogue_args, EpilogueViews};
-use super::launch::launch_device;
+use super::launch::{launch_device, MAX_GRID};
 use crate::launch::View;
 use crate::memory::Device;
 use crate::profiler::{self, Category};
 use kiln_codegen::cuda::epilogue::Epilogue;
 use kiln_codegen::cuda::gemm::{gemm_template, GemmSpec};
+use kiln_codegen::cuda::template::TILE;
 use kiln_ir::{bail, Result};
-
-/// Most blocks per launch; blocks loop over the remaining tiles.
-const MAX_GRID: usize = 1 << 16;
-/// The template's output tile is 64 x 64.
-const TILE: usize = 64;
 
 /// `out [B, M, N] = epilogue(a [B, M, K] @ w [B, K, N])`: `a` and `w` any
 /// views of those dims (stride 0 broadcasts a batch), `out` contiguous; f32

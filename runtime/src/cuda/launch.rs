@@ -14,7 +14,7 @@ use kiln_codegen::Kernel;
 use kiln_ir::{bail, Result};
 
 /// Most blocks per launch: kernels loop over the rest (grid-stride).
-const MAX_GRID: usize = 1 << 16;
+pub(crate) const MAX_GRID: usize = 1 << 16;
 
 /// The device every operand is on, or an error naming the two that differ.
 /// A one-element CPU input (a scalar tensor, broadcast or not) may join a

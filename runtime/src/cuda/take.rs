@@ -1,15 +1,12 @@
 //! Rows picked by an index on a CUDA device: one launch of the take
 //! template (`kiln_codegen::cuda::take`), for `index_select` and `embedding`.
 
-use super::launch::launch_device;
+use super::launch::{launch_device, MAX_GRID};
 use crate::launch::View;
 use crate::memory::Device;
 use crate::profiler::{self, Category};
 use kiln_codegen::cuda::take::take_template;
 use kiln_ir::{bail, DType, Result};
-
-/// Most blocks per launch; threads loop over the rest.
-const MAX_GRID: usize = 1 << 16;
 
 /// `out [O, K, I] = x [O, n, I] at rows index [K]`: `x` any view of those
 /// dims, `index` contiguous i64 with every entry in `-n..n` (checked by the
