@@ -9,6 +9,14 @@
 
 pub mod bench;
 pub mod checkpoint;
+/// `kiln export` and `kiln run` (the deployment commands).
+pub mod deploy;
+/// `torch.export` for kiln: a model as one self-contained `.kiln` file.
+pub mod export;
+/// ONNX export and import (`kiln::onnx::export`, `kiln::onnx::load`).
+pub mod onnx;
+/// NumPy `.npy` files.
+pub mod npy;
 pub mod train;
 
 pub use kiln_frontend::amp;

@@ -64,6 +64,10 @@ enum Cmd {
     /// Train a CNN or MLP on the shipped digits (8x8, 10 classes); the last
     /// line printed is `test accuracy: 0.xxxx`.
     Train(kiln::train::TrainArgs),
+    /// Export a digits model (cnn or mlp) as a self-contained `.kiln` file or as `.onnx`.
+    Export(kiln::deploy::ExportArgs),
+    /// Run a `.kiln` or `.onnx` model on tensors from `.npy`, `.pb` or `.safetensors` files.
+    Run(kiln::deploy::RunArgs),
 }
 
 fn main() {
@@ -141,5 +145,19 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Cmd::Export(args) => match kiln::deploy::export_cli(&args) {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                eprintln!("kiln export: {e}");
+                std::process::exit(1);
+            }
+        },
+        Cmd::Run(args) => match kiln::deploy::run_cli(&args) {
+            Ok(lines) => println!("{lines}"),
+            Err(e) => {
+                eprintln!("kiln run: {e}");
+                std::process::exit(1);
+            }
+        },
     }
 }

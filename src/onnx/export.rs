@@ -1,0 +1,636 @@
+//! ONNX export: the graph [`crate::export`] traces, node by node, as ONNX
+//! ops. Composites stay whole (Conv, BatchNormalization, Gemm, Softmax,
+//! LayerNormalization, pools), weights become initializers holding raw
+//! data, and dynamic dims become `dim_param`s (as `torch.onnx.export`'s
+//! `dynamic_axes`). A kiln op with no ONNX counterpart here is an error
+//! naming it.
+
+use super::proto::{
+    attribute_type as at, tensor_shape_proto, type_proto, AttributeProto, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
+use super::tensor::{onnx_dtype, to_proto};
+use crate::export::{Dim, DynamicDim, ExportedModel, TensorSpec};
+use crate::ir::op::conv::resolve_padding;
+use crate::ir::op::Op;
+use crate::ir::{BinaryOp, UnaryOp};
+use crate::nn::Module;
+use crate::{Result, Tensor};
+use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
+use kiln_ir::{bail, Error};
+use prost::Message;
+use std::path::Path;
+
+/// The opset [`export`] writes unless told otherwise (as `torch.onnx.export`).
+pub const DEFAULT_OPSET: i64 = 17;
+
+/// Exports `model` traced on `example` to an ONNX file at `path` (all dims
+/// fixed; see [`export_dynamic`] for a dynamic batch).
+pub fn export<M: Module>(
+    model: &M,
+    example: &[Tensor],
+    path: impl AsRef<Path>,
+    opset: i64,
+) -> Result<()> {
+    export_dynamic(model, example, &[], path, opset)
+}
+
+/// [`export`] with dims left free, e.g. `[DynamicDim::new(0, 0, "batch")]`.
+pub fn export_dynamic<M: Module>(
+    model: &M,
+    example: &[Tensor],
+    dynamic: &[DynamicDim],
+    path: impl AsRef<Path>,
+    opset: i64,
+) -> Result<()> {
+    let e = crate::export::export(model, example, dynamic)?;
+    from_exported(&e, path, opset)
+}
+
+/// Writes an already exported model (names and dynamic dims as it has them) as ONNX.
+pub fn from_exported(e: &ExportedModel, path: impl AsRef<Path>, opset: i64) -> Result<()> {
+    let bytes = to_model(e, opset)?.encode_to_vec();
+    crate::serialize::write_atomic(path.as_ref(), &bytes)
+}
+
+/// The ONNX model of an exported model.
+pub fn to_model(e: &ExportedModel, opset: i64) -> Result<ModelProto> {
+    if !(13..=21).contains(&opset) {
+        bail!("onnx::export", "opset {opset} is not supported (13-21)");
+    }
+    let base = e.example_dims().to_vec();
+    let g = e.graph_at(&base)?;
+    // which view/reshape targets depend on a dynamic dim: trace the graph one larger
+    let bumped = if base.is_empty() {
+        None
+    } else {
+        Some(e.graph_at(&base.iter().map(|d| d + 1).collect::<Vec<_>>())?)
+    };
+    let mut w = Writer {
+        g: &g,
+        bumped: bumped.as_deref(),
+        opset,
+        names: vec![String::new(); g.len()],
+        nodes: vec![],
+        inits: vec![],
+        fresh: 0,
+    };
+    w.name_values(e)?;
+    for (id, node) in g.iter() {
+        if let NodeOp::Op(op) = &node.op {
+            w.op(id, op)?;
+        } else if let NodeOp::Project(k) = &node.op {
+            w.project(id, *k)?;
+        } else if let NodeOp::Const(c) = &node.op {
+            let n = c.meta.dims.iter().product::<usize>();
+            let v: Vec<f64> = (0..n).map(|k| c.value(k)).collect();
+            let t = Tensor::from_vec(v, &c.meta.dims)?.to_dtype(c.meta.dtype)?;
+            let name = w.names[id.index()].clone();
+            w.inits.push(to_proto(&name, &t)?);
+        }
+    }
+    // outputs that are not their own node's value (an input returned as is)
+    for (o, spec) in g.outputs().iter().zip(e.outputs()) {
+        if w.names[o.index()] != spec.name {
+            let src = w.names[o.index()].clone();
+            w.node("Identity", &[&src], &[&spec.name], vec![]);
+        }
+    }
+    let mut inputs = vec![];
+    for spec in e.inputs() {
+        inputs.push(value_info(spec));
+    }
+    for (k, t) in e.weights() {
+        w.inits.push(to_proto(k, t)?);
+    }
+    let graph = GraphProto {
+        node: w.nodes,
+        name: e.name().to_string(),
+        initializer: w.inits,
+        input: inputs,
+        output: e.outputs().iter().map(value_info).collect(),
+        ..Default::default()
+    };
+    Ok(ModelProto {
+        ir_version: 8,
+        opset_import: vec![OperatorSetIdProto {
+            domain: String::new(),
+            version: opset,
+        }],
+        producer_name: "kiln".into(),
+        producer_version: env!("CARGO_PKG_VERSION").into(),
+        graph: Some(graph),
+        ..Default::default()
+    })
+}
+
+fn value_info(s: &TensorSpec) -> ValueInfoProto {
+    use tensor_shape_proto::{dimension::Value as D, Dimension};
+    let dim = s
+        .dims
+        .iter()
+        .map(|d| Dimension {
+            value: Some(match d {
+                Dim::Fixed(n) => D::DimValue(*n as i64),
+                Dim::Dynamic(p) => D::DimParam(p.clone()),
+            }),
+            denotation: String::new(),
+        })
+        .collect();
+    ValueInfoProto {
+        name: s.name.clone(),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: onnx_dtype(s.dtype),
+                shape: Some(TensorShapeProto { dim }),
+            })),
+            denotation: String::new(),
+        }),
+        doc_string: String::new(),
+    }
+}
+
+fn attr_int(name: &str, i: i64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: at::INT,
+        i,
+        ..Default::default()
+    }
+}
+
+fn attr_ints(name: &str, ints: Vec<i64>) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: at::INTS,
+        ints,
+        ..Default::default()
+    }
+}
+
+fn attr_float(name: &str, f: f64) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: at::FLOAT,
+        f: f as f32,
+        ..Default::default()
+    }
+}
+
+struct Writer<'a> {
+    g: &'a Graph,
+    bumped: Option<&'a Graph>,
+    opset: i64,
+    names: Vec<String>,
+    nodes: Vec<NodeProto>,
+    inits: Vec<TensorProto>,
+    fresh: usize,
+}
+
+impl Writer<'_> {
+    fn name_values(&mut self, e: &ExportedModel) -> Result<()> {
+        let g = self.g;
+        for (k, id) in g.inputs().iter().enumerate() {
+            let NodeOp::Input { name } = &g.node(*id).op else {
+                unreachable!()
+            };
+            // the call's arguments under the input names, the weights under their keys
+            self.names[id.index()] = match e.arg_of_graph_input(k) {
+                Some(i) => e.inputs()[i].name.clone(),
+                None => name.clone(),
+            };
+        }
+        for (id, _) in g.iter() {
+            if self.names[id.index()].is_empty() {
+                self.names[id.index()] = format!("v{}", id.index());
+            }
+        }
+        for (o, spec) in g.outputs().iter().zip(e.outputs()) {
+            let is_input = g.inputs().contains(o);
+            let taken = self.names.iter().any(|n| *n == spec.name);
+            if !is_input && !taken {
+                self.names[o.index()] = spec.name.clone();
+            }
+        }
+        Ok(())
+    }
+
+    fn tmp(&mut self, what: &str) -> String {
+        self.fresh += 1;
+        format!("{what}_{}", self.fresh)
+    }
+
+    fn node(&mut self, op: &str, ins: &[&str], outs: &[&str], attribute: Vec<AttributeProto>) {
+        let name = format!("{op}_{}", self.nodes.len());
+        self.nodes.push(NodeProto {
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            name,
+            op_type: op.into(),
+            attribute,
+            ..Default::default()
+        });
+    }
+
+    /// An initializer holding `t`; returns its name.
+    fn constant(&mut self, what: &str, t: &Tensor) -> Result<String> {
+        let name = self.tmp(what);
+        self.inits.push(to_proto(&name, t)?);
+        Ok(name)
+    }
+
+    fn ints_const(&mut self, what: &str, v: &[i64]) -> Result<String> {
+        self.constant(what, &Tensor::from_vec(v.to_vec(), &[v.len()])?)
+    }
+
+    fn project(&mut self, id: NodeId, k: usize) -> Result<()> {
+        let src = self.g.node(id).operands[0];
+        if k != 0 {
+            bail!(
+                "onnx::export",
+                "result {k} of `{}` (pooling indices) has no ONNX export",
+                self.g.node(src).op_name()
+            );
+        }
+        // the multi-output op wrote its first result under the projection's name
+        Ok(())
+    }
+
+    fn meta(&self, id: NodeId) -> &kiln_ir::op::Meta {
+        self.g.node(id).meta().expect("single-result node")
+    }
+
+    fn op(&mut self, id: NodeId, op: &Op) -> Result<()> {
+        let node = self.g.node(id);
+        let ins: Vec<String> = node
+            .operands
+            .iter()
+            .map(|o| self.names[o.index()].clone())
+            .collect();
+        let x: Vec<&str> = ins.iter().map(|s| s.as_str()).collect();
+        // a multi-output op writes into its projection 0's name
+        let out = if node.metas.len() > 1 {
+            let p0 = self
+                .g
+                .iter()
+                .find(|(_, n)| matches!(n.op, NodeOp::Project(0)) && n.operands[0] == id);
+            p0.map(|(p, _)| self.names[p.index()].clone())
+                .unwrap_or_else(|| self.tmp("unused"))
+        } else {
+            self.names[id.index()].clone()
+        };
+        let o = [out.as_str()];
+        match op {
+            Op::Unary(u) => self.unary(u, x[0], &out)?,
+            Op::Binary(b) => {
+                let name = binary_name(*b).ok_or_else(|| unsupported(&op.name()))?;
+                self.node(name, &x, &o, vec![]);
+            }
+            Op::BinaryScalar {
+                op: b,
+                value,
+                reversed,
+            } => {
+                let name = binary_name(*b).ok_or_else(|| unsupported(&op.name()))?;
+                let dt = self.meta(node.operands[0]).dtype;
+                let v = match value {
+                    ScalarValue::Bool(b) => *b as i64 as f64,
+                    ScalarValue::Int(i) => *i as f64,
+                    ScalarValue::Float(f) => f.0,
+                };
+                let s = self.constant("scalar", &Tensor::from_vec(vec![v], &[])?.to_dtype(dt)?)?;
+                let pair = if *reversed {
+                    [s.as_str(), x[0]]
+                } else {
+                    [x[0], s.as_str()]
+                };
+                self.node(name, &pair, &o, vec![]);
+            }
+            Op::Cast(d) => self.node("Cast", &x, &o, vec![attr_int("to", onnx_dtype(*d) as i64)]),
+            Op::Where => self.node("Where", &x, &o, vec![]),
+            Op::Matmul => self.node("MatMul", &x, &o, vec![]),
+            Op::Linear => {
+                if self.meta(node.operands[0]).dims.len() == 2 {
+                    self.node("Gemm", &x, &o, vec![attr_int("transB", 1)]);
+                } else {
+                    let wt = self.tmp("weight_t");
+                    self.node(
+                        "Transpose",
+                        &[x[1]],
+                        &[&wt],
+                        vec![attr_ints("perm", vec![1, 0])],
+                    );
+                    if x.len() > 2 {
+                        let mm = self.tmp("matmul");
+                        self.node("MatMul", &[x[0], &wt], &[&mm], vec![]);
+                        self.node("Add", &[&mm, x[2]], &o, vec![]);
+                    } else {
+                        self.node("MatMul", &[x[0], &wt], &o, vec![]);
+                    }
+                }
+            }
+            Op::Conv { params, spatial } => {
+                let wdims = &self.meta(node.operands[1]).dims;
+                let kernel: Vec<usize> = wdims[2..].to_vec();
+                let s = *spatial;
+                let per = |v: &[usize]| -> Vec<usize> {
+                    if v.len() == 1 {
+                        vec![v[0]; s]
+                    } else {
+                        v.to_vec()
+                    }
+                };
+                let (stride, dil) = (per(&params.stride), per(&params.dilation));
+                let pads = resolve_padding("conv", &params.padding, &kernel, &dil, &stride)?;
+                let mut p: Vec<i64> = pads.iter().map(|x| x.0 as i64).collect();
+                p.extend(pads.iter().map(|x| x.1 as i64));
+                let attrs = vec![
+                    attr_ints("kernel_shape", kernel.iter().map(|&k| k as i64).collect()),
+                    attr_ints("strides", stride.iter().map(|&k| k as i64).collect()),
+                    attr_ints("dilations", dil.iter().map(|&k| k as i64).collect()),
+                    attr_ints("pads", p),
+                    attr_int("group", params.groups as i64),
+                ];
+                self.node("Conv", &x, &o, attrs);
+            }
+            Op::BatchNorm {
+                training: false,
+                eps,
+                has_running_stats: true,
+                has_weight,
+                has_bias,
+                ..
+            } => {
+                let c = self.meta(node.operands[0]).dims[1];
+                let dt = self.meta(node.operands[0]).dtype;
+                let (mean, var) = (x[1], x[2]);
+                let mut k = 3;
+                let scale = if *has_weight {
+                    k += 1;
+                    x[k - 1].to_string()
+                } else {
+                    self.constant("ones", &Tensor::ones(&[c], dt))?
+                };
+                let bias = if *has_bias {
+                    x[k].to_string()
+                } else {
+                    self.constant("zeros", &Tensor::zeros(&[c], dt))?
+                };
+                self.node(
+                    "BatchNormalization",
+                    &[x[0], &scale, &bias, mean, var],
+                    &o,
+                    vec![attr_float("epsilon", eps.0)],
+                );
+            }
+            Op::LayerNorm {
+                normalized_shape,
+                eps,
+                has_weight,
+                has_bias,
+            } => {
+                if self.opset < 17 {
+                    bail!(
+                        "onnx::export",
+                        "layer_norm needs opset 17 or later (LayerNormalization), got {}",
+                        self.opset
+                    );
+                }
+                let dt = self.meta(node.operands[0]).dtype;
+                let scale = if *has_weight {
+                    x[1].to_string()
+                } else {
+                    self.constant("ones", &Tensor::ones(normalized_shape, dt))?
+                };
+                let mut args = vec![x[0].to_string(), scale];
+                if *has_bias {
+                    args.push(x[if *has_weight { 2 } else { 1 }].to_string());
+                }
+                let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+                let attrs = vec![
+                    attr_int("axis", -(normalized_shape.len() as i64)),
+                    attr_float("epsilon", eps.0),
+                ];
+                self.node("LayerNormalization", &a, &o, attrs);
+            }
+            Op::Softmax { dim } => self.node("Softmax", &x, &o, vec![attr_int("axis", *dim)]),
+            Op::LogSoftmax { dim } => self.node("LogSoftmax", &x, &o, vec![attr_int("axis", *dim)]),
+            Op::Reduce {
+                kind,
+                dims,
+                keepdim,
+            } => {
+                let name = match kind {
+                    crate::ir::ReduceKind::Sum => "ReduceSum",
+                    crate::ir::ReduceKind::Prod => "ReduceProd",
+                    crate::ir::ReduceKind::Max => "ReduceMax",
+                    crate::ir::ReduceKind::Min => "ReduceMin",
+                    _ => return Err(unsupported(&op.name())),
+                };
+                self.reduce(name, x[0], &out, dims, *keepdim)?;
+            }
+            Op::Mean { dims, keepdim } => self.reduce("ReduceMean", x[0], &out, dims, *keepdim)?,
+            Op::AdaptiveAvgPool2d(size) => {
+                let d = &self.meta(node.operands[0]).dims;
+                let (h, w) = (d[d.len() - 2], d[d.len() - 1]);
+                if *size == [1, 1] {
+                    self.node("GlobalAveragePool", &x, &o, vec![]);
+                } else if h % size[0] == 0 && w % size[1] == 0 {
+                    let k = vec![(h / size[0]) as i64, (w / size[1]) as i64];
+                    self.node(
+                        "AveragePool",
+                        &x,
+                        &o,
+                        vec![
+                            attr_ints("kernel_shape", k.clone()),
+                            attr_ints("strides", k),
+                        ],
+                    );
+                } else {
+                    bail!("onnx::export", "adaptive_avg_pool2d from {h}x{w} to {size:?} has no ONNX export (sizes must divide)");
+                }
+            }
+            Op::MaxPool2d(p) | Op::AvgPool2d { params: p, .. } => {
+                let mut attrs = vec![
+                    attr_ints("kernel_shape", p.kernel.iter().map(|&k| k as i64).collect()),
+                    attr_ints("strides", p.stride.iter().map(|&k| k as i64).collect()),
+                    attr_ints(
+                        "pads",
+                        [p.padding, p.padding]
+                            .concat()
+                            .iter()
+                            .map(|&k| k as i64)
+                            .collect(),
+                    ),
+                    attr_int("ceil_mode", p.ceil_mode as i64),
+                ];
+                let name = if let Op::AvgPool2d {
+                    count_include_pad, ..
+                } = op
+                {
+                    if p.dilation != [1, 1] {
+                        return Err(unsupported("avg_pool2d with dilation"));
+                    }
+                    attrs.push(attr_int("count_include_pad", *count_include_pad as i64));
+                    "AveragePool"
+                } else {
+                    attrs.push(attr_ints(
+                        "dilations",
+                        p.dilation.iter().map(|&k| k as i64).collect(),
+                    ));
+                    "MaxPool"
+                };
+                self.node(name, &x[..1], &o, attrs);
+            }
+            Op::View(_) => {
+                let shape = self.view_shape(id)?;
+                let s = self.ints_const("shape", &shape)?;
+                self.node("Reshape", &[x[0], &s], &o, vec![]);
+            }
+            Op::Permute(p) => self.node("Transpose", &x, &o, vec![attr_ints("perm", p.clone())]),
+            Op::Cat { dim } => self.node("Concat", &x, &o, vec![attr_int("axis", *dim)]),
+            _ => return Err(unsupported(&op.name())),
+        }
+        Ok(())
+    }
+
+    /// A view's target shape, with the one dim that depends on the dynamic dims as -1.
+    fn view_shape(&self, id: NodeId) -> Result<Vec<i64>> {
+        let dims: Vec<i64> = self.meta(id).dims.iter().map(|&d| d as i64).collect();
+        let Some(b) = self.bumped else {
+            return Ok(dims);
+        };
+        let other: Vec<i64> = b
+            .node(id)
+            .meta()
+            .expect("view")
+            .dims
+            .iter()
+            .map(|&d| d as i64)
+            .collect();
+        let free: Vec<usize> = (0..dims.len()).filter(|&i| dims[i] != other[i]).collect();
+        match free.as_slice() {
+            [] => Ok(dims),
+            [k] => {
+                let mut s = dims.clone();
+                s[*k] = -1;
+                Ok(s)
+            }
+            _ => Err(Error::op(
+                "onnx::export",
+                format!("a view to {dims:?} with {} dims depending on the dynamic dims has no static ONNX Reshape", free.len()),
+            )),
+        }
+    }
+
+    fn reduce(&mut self, name: &str, x: &str, out: &str, dims: &[i64], keep: bool) -> Result<()> {
+        let mut attrs = vec![attr_int("keepdims", keep as i64)];
+        let axes_as_input = self.opset >= 18 || name == "ReduceSum";
+        if dims.is_empty() {
+            self.node(name, &[x], &[out], attrs);
+        } else if axes_as_input {
+            let a = self.ints_const("axes", dims)?;
+            self.node(name, &[x, &a], &[out], attrs);
+        } else {
+            attrs.push(attr_ints("axes", dims.to_vec()));
+            self.node(name, &[x], &[out], attrs);
+        }
+        Ok(())
+    }
+
+    fn unary(&mut self, u: &UnaryOp, x: &str, out: &str) -> Result<()> {
+        let simple = match u {
+            UnaryOp::Neg => Some("Neg"),
+            UnaryOp::Abs => Some("Abs"),
+            UnaryOp::Exp => Some("Exp"),
+            UnaryOp::Log => Some("Log"),
+            UnaryOp::Sqrt => Some("Sqrt"),
+            UnaryOp::Reciprocal => Some("Reciprocal"),
+            UnaryOp::Sin => Some("Sin"),
+            UnaryOp::Cos => Some("Cos"),
+            UnaryOp::Tanh => Some("Tanh"),
+            UnaryOp::Erf => Some("Erf"),
+            UnaryOp::Floor => Some("Floor"),
+            UnaryOp::Not => Some("Not"),
+            UnaryOp::Sigmoid => Some("Sigmoid"),
+            UnaryOp::Relu => Some("Relu"),
+            _ => None,
+        };
+        if let Some(s) = simple {
+            self.node(s, &[x], &[out], vec![]);
+            return Ok(());
+        }
+        match u {
+            UnaryOp::LeakyRelu { slope } => self.node(
+                "LeakyRelu",
+                &[x],
+                &[out],
+                vec![attr_float("alpha", slope.0)],
+            ),
+            UnaryOp::Elu { alpha } => {
+                self.node("Elu", &[x], &[out], vec![attr_float("alpha", alpha.0)])
+            }
+            UnaryOp::Square => self.node("Mul", &[x, x], &[out], vec![]),
+            UnaryOp::Rsqrt => {
+                let s = self.tmp("sqrt");
+                self.node("Sqrt", &[x], &[&s], vec![]);
+                self.node("Reciprocal", &[&s], &[out], vec![]);
+            }
+            UnaryOp::Silu => {
+                let s = self.tmp("sigmoid");
+                self.node("Sigmoid", &[x], &[&s], vec![]);
+                self.node("Mul", &[x, &s], &[out], vec![]);
+            }
+            UnaryOp::Softplus { beta, threshold } if beta.0 == 1.0 && threshold.0 >= 20.0 => {
+                self.node("Softplus", &[x], &[out], vec![]);
+            }
+            UnaryOp::Gelu if self.opset >= 20 => self.node("Gelu", &[x], &[out], vec![]),
+            UnaryOp::Gelu => {
+                // x/2 * (1 + erf(x / sqrt 2)) in f32, as the primitive chain
+                let c = |w: &mut Self, v: f32| {
+                    w.constant("c", &Tensor::from_vec(vec![v], &[]).unwrap())
+                };
+                let (r2, one, half) = (
+                    c(self, std::f32::consts::FRAC_1_SQRT_2)?,
+                    c(self, 1.0)?,
+                    c(self, 0.5)?,
+                );
+                let (a, b, d, e) = (self.tmp("g"), self.tmp("g"), self.tmp("g"), self.tmp("g"));
+                self.node("Mul", &[x, &r2], &[&a], vec![]);
+                self.node("Erf", &[&a], &[&b], vec![]);
+                self.node("Add", &[&b, &one], &[&d], vec![]);
+                self.node("Mul", &[x, &half], &[&e], vec![]);
+                self.node("Mul", &[&e, &d], &[out], vec![]);
+            }
+            other => return Err(unsupported(&format!("{other:?}").to_lowercase())),
+        }
+        Ok(())
+    }
+}
+
+fn binary_name(b: BinaryOp) -> Option<&'static str> {
+    Some(match b {
+        BinaryOp::Add => "Add",
+        BinaryOp::Sub => "Sub",
+        BinaryOp::Mul => "Mul",
+        BinaryOp::Div => "Div",
+        BinaryOp::Pow => "Pow",
+        BinaryOp::Maximum => "Max",
+        BinaryOp::Minimum => "Min",
+        BinaryOp::Eq => "Equal",
+        BinaryOp::Lt => "Less",
+        BinaryOp::Le => "LessOrEqual",
+        BinaryOp::Gt => "Greater",
+        BinaryOp::Ge => "GreaterOrEqual",
+        BinaryOp::And => "And",
+        BinaryOp::Or => "Or",
+        _ => return None,
+    })
+}
+
+fn unsupported(op: &str) -> Error {
+    Error::op(
+        "onnx::export",
+        format!("kiln op `{op}` has no ONNX export yet"),
+    )
+}

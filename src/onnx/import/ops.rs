@@ -1,0 +1,496 @@
+//! The importer's op table: which ONNX ops run, and the elementwise,
+//! reduction and softmax ops (layers are in `ops_nn.rs`, shapes and data
+//! movement in `ops_shape.rs`).
+
+use super::attrs::Node;
+use super::host::{Host, Value};
+use super::{ops_nn, ops_shape};
+use crate::ir::BinaryOp;
+use crate::{DType, Result, Tensor};
+
+/// Every op the importer runs (anything else is refused at load time).
+pub(crate) const SUPPORTED: &[&str] = &[
+    // elementwise
+    "Abs",
+    "Neg",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Sin",
+    "Cos",
+    "Tanh",
+    "Erf",
+    "Floor",
+    "Ceil",
+    "Sigmoid",
+    "Relu",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Softplus",
+    "Softsign",
+    "HardSigmoid",
+    "HardSwish",
+    "Gelu",
+    "Mish",
+    "PRelu",
+    "Sign",
+    "Not",
+    "Clip",
+    "Shrink",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Where",
+    "Cast",
+    "Identity",
+    "Dropout",
+    // reductions and softmax
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceLogSumExp",
+    "ReduceSumSquare",
+    "ReduceL2",
+    "ReduceL1",
+    "ArgMax",
+    "ArgMin",
+    "Softmax",
+    "LogSoftmax",
+    // layers
+    "Conv",
+    "ConvTranspose",
+    "BatchNormalization",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "Gemm",
+    "MatMul",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "Pad",
+    // shapes and data movement
+    "Shape",
+    "Size",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Concat",
+    "Slice",
+    "Gather",
+    "Split",
+    "Expand",
+    "Tile",
+    "Constant",
+    "ConstantOfShape",
+    "Range",
+];
+
+pub(crate) fn supported(op: &str) -> bool {
+    SUPPORTED.contains(&op)
+}
+
+fn t(v: Tensor) -> Result<Vec<Value>> {
+    Ok(vec![Value::T(v)])
+}
+
+/// Input `i` as a tensor (an error naming it when absent).
+pub(crate) fn input(n: &Node, ins: &[Value], i: usize) -> Result<Tensor> {
+    match ins.get(i) {
+        Some(v) if !v.is_none() => v.tensor(),
+        _ => Err(n.err(format!("input {i} is required"))),
+    }
+}
+
+/// Runs one node.
+pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = || input(n, ins, 0);
+    match n.op() {
+        "Abs" => t(x()?.abs()?),
+        "Neg" if ins[0].host().is_some() => {
+            let h = ins[0].host().unwrap();
+            Ok(vec![Value::Host(Host {
+                data: h.data.iter().map(|v| -v).collect(),
+                ..h.clone()
+            })])
+        }
+        "Neg" => t(x()?.neg()?),
+        "Exp" => t(x()?.exp()?),
+        "Log" => t(x()?.log()?),
+        "Sqrt" => t(x()?.sqrt()?),
+        "Reciprocal" => t(x()?.reciprocal()?),
+        "Sin" => t(x()?.sin()?),
+        "Cos" => t(x()?.cos()?),
+        "Tanh" => t(x()?.tanh()?),
+        "Erf" => t(x()?.unary(crate::ir::UnaryOp::Erf)?),
+        "Floor" => t(x()?.unary(crate::ir::UnaryOp::Floor)?),
+        "Ceil" => t(x()?.neg()?.unary(crate::ir::UnaryOp::Floor)?.neg()?),
+        "Sigmoid" => t(x()?.sigmoid()?),
+        "Relu" => t(x()?.relu()?),
+        "LeakyRelu" => t(x()?.leaky_relu(n.float_or("alpha", 0.01)?)?),
+        "Elu" => t(x()?.elu(n.float_or("alpha", 1.0)?)?),
+        "Selu" => {
+            let alpha = n.float_or("alpha", 1.673_263_192_176_818_8)?;
+            let gamma = n.float_or("gamma", 1.050_701_022_148_132_3)?;
+            t(&x()?.elu(alpha)? * gamma)
+        }
+        "Softplus" => t(x()?.softplus(1.0, f64::INFINITY)?),
+        "Softsign" => {
+            let x = x()?;
+            t(x.div(&(&x.abs()? + 1.0))?)
+        }
+        "HardSigmoid" => {
+            let (a, b) = (n.float_or("alpha", 0.2)?, n.float_or("beta", 0.5)?);
+            t(clamp(&(&(&x()? * a) + b), Some(0.0), Some(1.0))?)
+        }
+        "HardSwish" => {
+            let x = x()?;
+            t(x.mul(&clamp(&(&(&x * (1.0 / 6.0)) + 0.5), Some(0.0), Some(1.0))?)?)
+        }
+        "Gelu" => {
+            let approx = n.string("approximate")?.unwrap_or_else(|| "none".into());
+            match approx.as_str() {
+                "none" => t(x()?.gelu(false)?),
+                "tanh" => t(x()?.gelu(true)?),
+                a => Err(n.unsupported(format!("approximate=`{a}`"))),
+            }
+        }
+        "Mish" => {
+            let x = x()?;
+            t(x.mul(&x.softplus(1.0, f64::INFINITY)?.tanh()?)?)
+        }
+        "PRelu" => {
+            let (x, slope) = (x()?, input(n, ins, 1)?);
+            let slope = legacy_align(n, &x, slope, 1)?;
+            let neg = x.lt(&Tensor::zeros(&[], x.dtype()))?;
+            t(Tensor::where_(&neg, &x.mul(&slope)?, &x)?)
+        }
+        "Sign" => {
+            let x = x()?;
+            let z = Tensor::zeros(&[], x.dtype());
+            t(x.gt(&z)?
+                .to_dtype(x.dtype())?
+                .sub(&x.lt(&z)?.to_dtype(x.dtype())?)?)
+        }
+        "Not" => t(x()?.logical_not()?),
+        "Clip" => clip(n, ins),
+        "Shrink" => {
+            let (bias, lambd) = (n.float_or("bias", 0.0)?, n.float_or("lambd", 0.5)?);
+            let x = x()?;
+            let zero = Tensor::zeros(x.dims(), x.dtype());
+            let lo = Tensor::where_(
+                &x.lt(&Tensor::full(&[], -lambd, x.dtype()))?,
+                &(&x + bias),
+                &zero,
+            )?;
+            t(Tensor::where_(
+                &x.gt(&Tensor::full(&[], lambd, x.dtype()))?,
+                &(&x - bias),
+                &lo,
+            )?)
+        }
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "LessOrEqual" | "Greater"
+        | "GreaterOrEqual" | "And" | "Or" => binary(n, ins),
+        "Max" | "Min" | "Sum" | "Mean" => variadic(n, ins),
+        "Where" => {
+            let c = input(n, ins, 0)?;
+            t(Tensor::where_(&c, &input(n, ins, 1)?, &input(n, ins, 2)?)?)
+        }
+        "Cast" => cast(n, ins),
+        "Identity" => Ok(vec![ins[0].clone()]),
+        "Dropout" => dropout(n, ins),
+        "ReduceSum" | "ReduceMean" | "ReduceMax" | "ReduceMin" | "ReduceProd"
+        | "ReduceLogSumExp" | "ReduceSumSquare" | "ReduceL2" | "ReduceL1" => reduce(n, ins),
+        "ArgMax" | "ArgMin" => {
+            let axis = n.int_or("axis", 0)?;
+            let keep = n.int_or("keepdims", 1)? != 0;
+            if n.int_or("select_last_index", 0)? != 0 {
+                return Err(n.unsupported("select_last_index=1"));
+            }
+            let x = x()?;
+            t(if n.op() == "ArgMax" {
+                x.argmax(Some(axis), keep)?
+            } else {
+                x.argmin(Some(axis), keep)?
+            })
+        }
+        "Softmax" | "LogSoftmax" => softmax(n, ins),
+        "Conv"
+        | "ConvTranspose"
+        | "BatchNormalization"
+        | "InstanceNormalization"
+        | "LayerNormalization"
+        | "Gemm"
+        | "MatMul"
+        | "MaxPool"
+        | "AveragePool"
+        | "GlobalAveragePool"
+        | "GlobalMaxPool"
+        | "Pad" => ops_nn::run(n, ins),
+        _ => ops_shape::run(n, ins),
+    }
+}
+
+/// `min(max(x, lo), hi)` with optional bounds.
+pub(crate) fn clamp(x: &Tensor, lo: Option<f64>, hi: Option<f64>) -> Result<Tensor> {
+    let mut y = x.clone();
+    if let Some(lo) = lo {
+        y = y.binary_scalar(BinaryOp::Maximum, lo, false)?;
+    }
+    if let Some(hi) = hi {
+        y = y.binary_scalar(BinaryOp::Minimum, hi, false)?;
+    }
+    Ok(y)
+}
+
+fn clip(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = input(n, ins, 0)?;
+    let (lo, hi) = if n.opset < 11 {
+        (
+            n.float_or("min", f64::NEG_INFINITY)?,
+            n.float_or("max", f64::INFINITY)?,
+        )
+    } else {
+        let bound = |i: usize, d: f64| -> Result<f64> {
+            match ins.get(i) {
+                Some(v) if !v.is_none() => Ok(v.floats()?[0]),
+                _ => Ok(d),
+            }
+        };
+        (bound(1, f64::NEG_INFINITY)?, bound(2, f64::INFINITY)?)
+    };
+    let lo = (lo > f64::NEG_INFINITY).then_some(lo);
+    let hi = (hi < f64::INFINITY).then_some(hi);
+    t(clamp(&x, lo, hi)?)
+}
+
+/// Before opset 7, `broadcast=1` with `axis` aligns `b` with `a` from `axis`
+/// (PyTorch's old exporter wrote it); PRelu's slope aligns at dim 1.
+fn legacy_align(n: &Node, a: &Tensor, b: Tensor, default_axis: i64) -> Result<Tensor> {
+    let axis = if n.op() == "PRelu" {
+        // a per-channel slope of shape [C] applies along dim 1
+        if b.rank() == 1 && a.rank() > 1 && b.dims()[0] == a.dims()[1] && b.dims()[0] != 1 {
+            Some(default_axis)
+        } else {
+            None
+        }
+    } else {
+        n.int("axis")?
+    };
+    match axis {
+        Some(axis) if n.opset < 7 || n.op() == "PRelu" => {
+            let axis = if axis < 0 {
+                axis + a.rank() as i64
+            } else {
+                axis
+            } as usize;
+            let trailing = a.rank().saturating_sub(axis + b.rank());
+            let mut dims: Vec<i64> = b.dims().iter().map(|&d| d as i64).collect();
+            dims.extend(std::iter::repeat_n(1, trailing));
+            b.reshape(&dims)
+        }
+        _ => Ok(b),
+    }
+}
+
+fn host_binary(op: &str, a: &Host, b: &Host) -> Option<Host> {
+    let f: fn(i64, i64) -> Option<i64> = match op {
+        "Add" => |x, y| x.checked_add(y),
+        "Sub" => |x, y| x.checked_sub(y),
+        "Mul" => |x, y| x.checked_mul(y),
+        "Div" => |x, y| x.checked_div(y),
+        "Equal" => |x, y| Some((x == y) as i64),
+        _ => return None,
+    };
+    let (dims, n) = if a.data.len() == b.data.len() && a.dims == b.dims {
+        (a.dims.clone(), a.data.len())
+    } else if b.data.len() == 1 && b.dims.len() <= a.dims.len() {
+        (a.dims.clone(), a.data.len())
+    } else if a.data.len() == 1 && a.dims.len() <= b.dims.len() {
+        (b.dims.clone(), b.data.len())
+    } else {
+        return None;
+    };
+    let at = |h: &Host, i: usize| h.data[if h.data.len() == 1 { 0 } else { i }];
+    let data = (0..n)
+        .map(|i| f(at(a, i), at(b, i)))
+        .collect::<Option<Vec<_>>>()?;
+    let dtype = if op == "Equal" { DType::Bool } else { a.dtype };
+    Some(Host { dims, data, dtype })
+}
+
+fn binary(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    n.ignore(&["broadcast"]);
+    if let (Some(a), Some(b)) = (ins[0].host(), ins.get(1).and_then(|v| v.host())) {
+        if n.int("axis")?.is_none() {
+            if let Some(h) = host_binary(n.op(), a, b) {
+                return Ok(vec![Value::Host(h)]);
+            }
+        }
+    }
+    let a = input(n, ins, 0)?;
+    let b = legacy_align(n, &a, input(n, ins, 1)?, 0)?;
+    let int = |d: DType| !d.is_float() && d != DType::Bool;
+    t(match n.op() {
+        "Add" => a.add(&b)?,
+        "Sub" => a.sub(&b)?,
+        "Mul" => a.mul(&b)?,
+        "Div" if int(a.dtype()) => {
+            return Err(n.unsupported("Div of integer tensors (truncating division)"))
+        }
+        "Div" => a.div(&b)?,
+        "Pow" => {
+            let y = a.pow(&b.to_dtype(a.dtype())?)?;
+            y.to_dtype(a.dtype())?
+        }
+        "Equal" => a.eq(&b)?,
+        "Less" => a.lt(&b)?,
+        "LessOrEqual" => a.le(&b)?,
+        "Greater" => a.gt(&b)?,
+        "GreaterOrEqual" => a.ge(&b)?,
+        "And" => a.binary(BinaryOp::And, &b)?,
+        "Or" => a.binary(BinaryOp::Or, &b)?,
+        op => unreachable!("{op} is not binary"),
+    })
+}
+
+fn variadic(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let xs = (0..ins.len())
+        .map(|i| input(n, ins, i))
+        .collect::<Result<Vec<_>>>()?;
+    let Some(first) = xs.first() else {
+        return Err(n.err("needs at least one input"));
+    };
+    let mut acc = first.clone();
+    for x in &xs[1..] {
+        acc = match n.op() {
+            "Max" => acc.maximum(x)?,
+            "Min" => acc.minimum(x)?,
+            _ => acc.add(x)?,
+        };
+    }
+    if n.op() == "Mean" {
+        acc = &acc * (1.0 / xs.len() as f64);
+    }
+    t(acc)
+}
+
+fn cast(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let to = n
+        .int("to")?
+        .ok_or_else(|| n.err("attribute `to` is required"))?;
+    n.ignore(&["saturate"]);
+    let dtype =
+        crate::onnx::tensor::kiln_dtype(to as i32, &format!("Cast node `{}`", n.proto.name))?;
+    if let Some(h) = ins[0].host() {
+        if !dtype.is_float() {
+            let data = if dtype == DType::Bool {
+                h.data.iter().map(|v| (*v != 0) as i64).collect()
+            } else {
+                h.data.clone()
+            };
+            return Ok(vec![Value::Host(Host {
+                dims: h.dims.clone(),
+                data,
+                dtype,
+            })]);
+        }
+    }
+    t(input(n, ins, 0)?.to_dtype(dtype)?)
+}
+
+fn dropout(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    n.ignore(&["ratio", "is_test", "seed"]);
+    if let Some(v) = ins.get(2) {
+        if !v.is_none() && v.ints()?.first().copied().unwrap_or(0) != 0 {
+            return Err(n.unsupported("training_mode=true"));
+        }
+    }
+    if n.proto.output.len() > 1 && !n.proto.output[1].is_empty() {
+        let x = input(n, ins, 0)?;
+        return Ok(vec![
+            ins[0].clone(),
+            Value::T(Tensor::ones(x.dims(), DType::Bool)),
+        ]);
+    }
+    Ok(vec![ins[0].clone()])
+}
+
+fn reduce(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = input(n, ins, 0)?;
+    let keep = n.int_or("keepdims", 1)? != 0;
+    // the axes moved from an attribute to an input: ReduceSum at 13, the others at 18
+    let from_input = n.opset >= 18 || (n.op() == "ReduceSum" && n.opset >= 13);
+    let axes = if from_input {
+        match ins.get(1) {
+            Some(v) if !v.is_none() => Some(v.ints()?),
+            _ => None,
+        }
+    } else {
+        n.ints("axes")?
+    };
+    let axes = axes.filter(|a| !a.is_empty());
+    if axes.is_none() && n.int_or("noop_with_empty_axes", 0)? != 0 {
+        return Ok(vec![ins[0].clone()]);
+    }
+    let all: Vec<i64> = (0..x.rank() as i64).collect();
+    let dims = axes.unwrap_or(all);
+    let d = Some(dims.as_slice());
+    t(match n.op() {
+        "ReduceSum" => x.sum(d, keep)?,
+        "ReduceMean" => x.mean(d, keep)?,
+        "ReduceMax" => x.amax(d, keep)?,
+        "ReduceMin" => x.amin(d, keep)?,
+        "ReduceProd" => x.prod(d, keep)?,
+        "ReduceLogSumExp" => x.logsumexp(&dims, keep)?,
+        "ReduceSumSquare" => x.square()?.sum(d, keep)?,
+        "ReduceL2" => x.square()?.sum(d, keep)?.sqrt()?,
+        "ReduceL1" => x.abs()?.sum(d, keep)?,
+        op => unreachable!("{op} is not a reduction"),
+    })
+}
+
+/// Softmax/LogSoftmax: before opset 13 over the input flattened to 2-D at `axis`.
+fn softmax(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = input(n, ins, 0)?;
+    let log = n.op() == "LogSoftmax";
+    let r = x.rank() as i64;
+    let f = |x: &Tensor, dim: i64| {
+        if log {
+            x.log_softmax(dim)
+        } else {
+            x.softmax(dim)
+        }
+    };
+    if n.opset >= 13 {
+        return t(f(&x, n.int_or("axis", -1)?)?);
+    }
+    let axis = n.int_or("axis", 1)?;
+    let axis = if axis < 0 { axis + r } else { axis };
+    if axis == r - 1 {
+        return t(f(&x, -1)?);
+    }
+    let outer: usize = x.dims()[..axis as usize].iter().product();
+    let flat = x.reshape(&[outer as i64, -1])?;
+    let dims: Vec<i64> = x.dims().iter().map(|&d| d as i64).collect();
+    t(f(&flat, 1)?.reshape(&dims)?)
+}

@@ -1,0 +1,426 @@
+//! Imported layers: convolution, normalisation, Gemm/MatMul, pooling, Pad.
+
+use super::attrs::Node;
+use super::host::Value;
+use super::ops::input;
+use crate::functional as F;
+use crate::ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
+use crate::ir::op::pool::Pool2dParams;
+use crate::{Result, Tensor};
+
+fn t(v: Tensor) -> Result<Vec<Value>> {
+    Ok(vec![Value::T(v)])
+}
+
+fn opt(ins: &[Value], i: usize) -> Result<Option<Tensor>> {
+    match ins.get(i) {
+        Some(v) if !v.is_none() => Ok(Some(v.tensor()?)),
+        _ => Ok(None),
+    }
+}
+
+pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    match n.op() {
+        "Conv" => conv(n, ins),
+        "ConvTranspose" => conv_transpose(n, ins),
+        "BatchNormalization" => batch_norm(n, ins),
+        "InstanceNormalization" => {
+            let x = input(n, ins, 0)?;
+            let eps = n.float_or("epsilon", 1e-5)?;
+            let (s, b) = (input(n, ins, 1)?, input(n, ins, 2)?);
+            t(F::group_norm(&x, x.dims()[1], Some(&s), Some(&b), eps)?)
+        }
+        "LayerNormalization" => {
+            let x = input(n, ins, 0)?;
+            let axis = n.int_or("axis", -1)?;
+            let eps = n.float_or("epsilon", 1e-5)?;
+            if n.int_or("stash_type", 1)? != 1 {
+                return Err(n.unsupported("stash_type other than 1 (f32)"));
+            }
+            let axis = if axis < 0 {
+                axis + x.rank() as i64
+            } else {
+                axis
+            } as usize;
+            let shape = x.dims()[axis..].to_vec();
+            let (s, b) = (input(n, ins, 1)?, opt(ins, 2)?);
+            let s = s.expand_to(&shape)?;
+            let b = b.map(|b| b.expand_to(&shape)).transpose()?;
+            t(F::layer_norm(&x, &shape, Some(&s), b.as_ref(), eps)?)
+        }
+        "Gemm" => gemm(n, ins),
+        "MatMul" => t(F::matmul(&input(n, ins, 0)?, &input(n, ins, 1)?)?),
+        "MaxPool" | "AveragePool" => pool(n, ins),
+        "GlobalAveragePool" | "GlobalMaxPool" => {
+            let x = input(n, ins, 0)?;
+            let dims: Vec<i64> = (2..x.rank() as i64).collect();
+            t(if n.op() == "GlobalAveragePool" {
+                x.mean(Some(&dims), true)?
+            } else {
+                x.amax(Some(&dims), true)?
+            })
+        }
+        "Pad" => pad_node(n, ins),
+        op => unreachable!("{op} is not a layer"),
+    }
+}
+
+/// Per spatial dim `(begin, end)` padding from `pads`/`auto_pad`.
+fn spatial_pads(
+    n: &Node,
+    in_sizes: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+) -> Result<Vec<(usize, usize)>> {
+    let s = in_sizes.len();
+    let auto = n.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    match auto.as_str() {
+        "NOTSET" => {
+            let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * s]);
+            if pads.len() != 2 * s || pads.iter().any(|p| *p < 0) {
+                return Err(n.err(format!("pads {pads:?} for {s} spatial dims")));
+            }
+            Ok((0..s)
+                .map(|i| (pads[i] as usize, pads[i + s] as usize))
+                .collect())
+        }
+        "VALID" => Ok(vec![(0, 0); s]),
+        "SAME_UPPER" | "SAME_LOWER" => Ok((0..s)
+            .map(|i| {
+                let out = in_sizes[i].div_ceil(strides[i]);
+                let span = (kernel[i] - 1) * dilations[i] + 1;
+                let total = ((out - 1) * strides[i] + span).saturating_sub(in_sizes[i]);
+                let small = total / 2;
+                if auto == "SAME_UPPER" {
+                    (small, total - small)
+                } else {
+                    (total - small, small)
+                }
+            })
+            .collect()),
+        a => Err(n.unsupported(format!("auto_pad=`{a}`"))),
+    }
+}
+
+fn ints_or(n: &Node, name: &str, len: usize, default: usize) -> Result<Vec<usize>> {
+    match n.ints(name)? {
+        Some(v) if v.len() == len && v.iter().all(|x| *x >= 1) => {
+            Ok(v.iter().map(|x| *x as usize).collect())
+        }
+        Some(v) => Err(n.err(format!("attribute `{name}` = {v:?} for {len} spatial dims"))),
+        None => Ok(vec![default; len]),
+    }
+}
+
+/// Symmetric padding as one value per dim, or `None` when some dim is asymmetric.
+fn symmetric(p: &[(usize, usize)]) -> Option<Vec<usize>> {
+    p.iter()
+        .all(|(a, b)| a == b)
+        .then(|| p.iter().map(|x| x.0).collect())
+}
+
+fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
+    let s = x.rank().saturating_sub(2);
+    if s != 1 && s != 2 {
+        return Err(n.unsupported(format!("Conv with {s} spatial dims (kiln has 1-d and 2-d)")));
+    }
+    let kernel: Vec<usize> = w.dims()[2..].to_vec();
+    if let Some(k) = n.ints("kernel_shape")? {
+        if k.iter().map(|v| *v as usize).collect::<Vec<_>>() != kernel {
+            return Err(n.err(format!(
+                "kernel_shape {k:?} disagrees with the weight {:?}",
+                w.dims()
+            )));
+        }
+    }
+    let strides = ints_or(n, "strides", s, 1)?;
+    let dilations = ints_or(n, "dilations", s, 1)?;
+    let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
+    let (x, padding) = match symmetric(&pads) {
+        Some(p) => (x, p),
+        None => (pad(&x, &pads_full(&pads), "constant", 0.0)?, vec![0; s]),
+    };
+    let p = ConvParams {
+        stride: strides,
+        padding: Padding::Explicit(padding),
+        dilation: dilations,
+        groups: n.int_or("group", 1)? as usize,
+    };
+    t(if s == 1 {
+        F::conv1d(&x, &w, b.as_ref(), &p)?
+    } else {
+        F::conv2d(&x, &w, b.as_ref(), &p)?
+    })
+}
+
+/// `(begin, end)` for every dim of an N-C-spatial tensor (none on N and C).
+fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
+    let mut v = vec![(0, 0), (0, 0)];
+    v.extend(spatial.iter().map(|(a, b)| (*a as i64, *b as i64)));
+    v
+}
+
+fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
+    if x.rank() != 4 {
+        return Err(n.unsupported(format!(
+            "ConvTranspose on a rank-{} input (kiln has 2-d)",
+            x.rank()
+        )));
+    }
+    if n.has("output_shape") {
+        n.ignore(&["output_shape"]);
+        return Err(n.unsupported("attribute `output_shape`"));
+    }
+    let _ = n.ints("kernel_shape")?;
+    let strides = ints_or(n, "strides", 2, 1)?;
+    let dilations = ints_or(n, "dilations", 2, 1)?;
+    if let Some(a) = n.string("auto_pad")? {
+        if a != "NOTSET" {
+            return Err(n.unsupported(format!("auto_pad=`{a}`")));
+        }
+    }
+    let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 4]);
+    let pads: Vec<(usize, usize)> = (0..2)
+        .map(|i| (pads[i] as usize, pads[i + 2] as usize))
+        .collect();
+    let padding = symmetric(&pads).ok_or_else(|| n.unsupported("asymmetric pads"))?;
+    let output_padding = match n.ints("output_padding")? {
+        Some(v) => v.iter().map(|x| *x as usize).collect(),
+        None => vec![0, 0],
+    };
+    let p = ConvTransposeParams {
+        stride: strides,
+        padding,
+        output_padding,
+        dilation: dilations,
+        groups: n.int_or("group", 1)? as usize,
+    };
+    t(F::conv_transpose2d(&x, &w, b.as_ref(), &p)?)
+}
+
+fn batch_norm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    n.ignore(&["momentum", "consumed_inputs"]);
+    if n.int_or("spatial", 1)? != 1 {
+        return Err(n.unsupported("spatial=0"));
+    }
+    if n.opset < 7 && n.int_or("is_test", 0)? == 0 && n.proto.output.len() > 1 {
+        return Err(n.unsupported("training mode (is_test=0 with running-stat outputs)"));
+    }
+    if n.opset < 7 {
+        let _ = n.int("is_test")?;
+    }
+    if n.int_or("training_mode", 0)? != 0 {
+        return Err(n.unsupported("training_mode=1"));
+    }
+    let eps = n.float_or("epsilon", 1e-5)?;
+    let x = input(n, ins, 0)?;
+    let (s, b, m, v) = (
+        input(n, ins, 1)?,
+        input(n, ins, 2)?,
+        input(n, ins, 3)?,
+        input(n, ins, 4)?,
+    );
+    t(F::batch_norm(
+        &x,
+        Some(&m),
+        Some(&v),
+        Some(&s),
+        Some(&b),
+        false,
+        0.1,
+        eps,
+    )?)
+}
+
+fn gemm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    n.ignore(&["broadcast"]);
+    let (a, b, c) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
+    let alpha = n.float_or("alpha", 1.0)?;
+    let beta = n.float_or("beta", 1.0)?;
+    let (ta, tb) = (n.int_or("transA", 0)? != 0, n.int_or("transB", 0)? != 0);
+    let a = if ta { a.t()? } else { a };
+    // y = x W^T + b with a 1-d b is exactly a Linear (PyTorch's exporter writes it so)
+    if tb && alpha == 1.0 && beta == 1.0 && c.as_ref().is_none_or(|c| c.rank() == 1) {
+        return t(F::linear(&a, &b, c.as_ref())?);
+    }
+    let b = if tb { b.t()? } else { b };
+    let mut y = F::matmul(&a, &b)?;
+    if alpha != 1.0 {
+        y = &y * alpha;
+    }
+    if let Some(c) = c {
+        let c = if beta != 1.0 { &c * beta } else { c };
+        y = y.add(&c)?;
+    }
+    t(y)
+}
+
+fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = input(n, ins, 0)?;
+    let s = x.rank().saturating_sub(2);
+    if s != 1 && s != 2 {
+        return Err(n.unsupported(format!(
+            "{} with {s} spatial dims (kiln pools in 1-d and 2-d)",
+            n.op()
+        )));
+    }
+    if n.proto.output.len() > 1 && !n.proto.output[1].is_empty() {
+        return Err(n.unsupported("the Indices output"));
+    }
+    let kernel: Vec<usize> = n
+        .ints("kernel_shape")?
+        .ok_or_else(|| n.err("attribute `kernel_shape` is required"))?
+        .iter()
+        .map(|k| *k as usize)
+        .collect();
+    let strides = ints_or(n, "strides", s, 1)?;
+    let dilations = ints_or(n, "dilations", s, 1)?;
+    let ceil = n.int_or("ceil_mode", 0)? != 0;
+    if n.int_or("storage_order", 0)? != 0 {
+        return Err(n.unsupported("storage_order=1"));
+    }
+    let max = n.op() == "MaxPool";
+    let include_pad = n.int_or("count_include_pad", 0)? != 0;
+    let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
+    let (x, pads) = match symmetric(&pads) {
+        Some(p) => (x, p),
+        None if max || include_pad => {
+            let fill = if max { f64::NEG_INFINITY } else { 0.0 };
+            (pad(&x, &pads_full(&pads), "constant", fill)?, vec![0; s])
+        }
+        None => return Err(n.unsupported("asymmetric pads with count_include_pad=0")),
+    };
+    if !max && dilations.iter().any(|d| *d != 1) {
+        return Err(n.unsupported("AveragePool with dilations"));
+    }
+    // 1-d pools run as 2-d pools over [N, C, 1, L]
+    let (x2, k2, s2, p2, d2) = if s == 1 {
+        (
+            x.unsqueeze(2)?,
+            [1, kernel[0]],
+            [1, strides[0]],
+            [0, pads[0]],
+            [1, dilations[0]],
+        )
+    } else {
+        let a = |v: &[usize]| [v[0], v[1]];
+        (x.clone(), a(&kernel), a(&strides), a(&pads), a(&dilations))
+    };
+    let p = Pool2dParams {
+        kernel: k2,
+        stride: s2,
+        padding: p2,
+        dilation: d2,
+        ceil_mode: ceil,
+    };
+    let y = if max {
+        F::max_pool2d(&x2, &p)?.0
+    } else {
+        F::avg_pool2d(&x2, &p, include_pad, None)?
+    };
+    t(if s == 1 { y.squeeze(Some(&[2]))? } else { y })
+}
+
+fn pad_node(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let x = input(n, ins, 0)?;
+    let mode = n.string("mode")?.unwrap_or_else(|| "constant".into());
+    let r = x.rank();
+    let (pads, value, axes) = if n.opset < 11 {
+        let p = n
+            .ints(if n.opset < 2 { "paddings" } else { "pads" })?
+            .ok_or_else(|| n.err("attribute `pads` is required"))?;
+        (p, n.float_or("value", 0.0)?, None)
+    } else {
+        let p = ins
+            .get(1)
+            .ok_or_else(|| n.err("input `pads` is required"))?
+            .ints()?;
+        let v = match ins.get(2) {
+            Some(v) if !v.is_none() => v.floats()?.first().copied().unwrap_or(0.0),
+            _ => 0.0,
+        };
+        let axes = match ins.get(3) {
+            Some(a) if !a.is_none() => Some(a.ints()?),
+            _ => None,
+        };
+        (p, v, axes)
+    };
+    let axes: Vec<usize> = match axes {
+        Some(a) => a
+            .iter()
+            .map(|v| if *v < 0 { *v + r as i64 } else { *v } as usize)
+            .collect(),
+        None => (0..r).collect(),
+    };
+    let k = axes.len();
+    if pads.len() != 2 * k {
+        return Err(n.err(format!("{} pads for {k} axes", pads.len())));
+    }
+    let mut full = vec![(0i64, 0i64); r];
+    for (i, &a) in axes.iter().enumerate() {
+        full[a] = (pads[i], pads[i + k]);
+    }
+    match mode.as_str() {
+        "constant" | "reflect" | "edge" => t(pad(&x, &full, &mode, value)?),
+        m => Err(n.unsupported(format!("mode=`{m}`"))),
+    }
+}
+
+/// Pads (or, with negative amounts, crops) every dim by `(begin, end)`:
+/// `constant` fills with `value`, `reflect` mirrors without the edge, `edge`
+/// repeats it.
+pub(crate) fn pad(x: &Tensor, pads: &[(i64, i64)], mode: &str, value: f64) -> Result<Tensor> {
+    let mut y = x.clone();
+    for (d, &(b, e)) in pads.iter().enumerate() {
+        if b == 0 && e == 0 {
+            continue;
+        }
+        let len = y.dims()[d] as i64;
+        // crop first (negative pads)
+        let (cb, ce) = ((-b).max(0), (-e).max(0));
+        if cb + ce > 0 {
+            y = y.narrow(d as i64, cb, (len - cb - ce).max(0) as usize)?;
+        }
+        let (b, e) = (b.max(0), e.max(0));
+        if b == 0 && e == 0 {
+            continue;
+        }
+        let n = y.dims()[d] as i64;
+        if mode == "constant" {
+            let mut dims = y.dims().to_vec();
+            let mut parts = vec![];
+            dims[d] = b as usize;
+            let before = Tensor::full(&dims, value, y.dtype());
+            dims[d] = e as usize;
+            let after = Tensor::full(&dims, value, y.dtype());
+            if b > 0 {
+                parts.push(&before);
+            }
+            parts.push(&y);
+            if e > 0 {
+                parts.push(&after);
+            }
+            y = Tensor::cat(&parts, d as i64)?;
+        } else {
+            if mode == "reflect" && (b >= n || e >= n) {
+                kiln_ir::bail!(
+                    "Pad",
+                    "reflect padding {b},{e} needs more than {n} elements along dim {d}"
+                );
+            }
+            let idx: Vec<i64> = (-b..n + e)
+                .map(|i| match mode {
+                    "reflect" if i < 0 => -i,
+                    "reflect" if i >= n => 2 * (n - 1) - i,
+                    _ => i.clamp(0, n - 1),
+                })
+                .collect();
+            let len = idx.len();
+            y = y.index_select(d as i64, &Tensor::from_vec(idx, &[len])?)?;
+        }
+    }
+    Ok(y)
+}
