@@ -54,7 +54,10 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         "GlobalAveragePool" | "GlobalMaxPool" => {
             let x = input(n, ins, 0)?;
             let dims: Vec<i64> = (2..x.rank() as i64).collect();
-            t(if n.op() == "GlobalAveragePool" {
+            t(if n.op() == "GlobalAveragePool" && x.rank() == 4 {
+                // kiln's own op for it (what a kiln export of AdaptiveAvgPool(1) was)
+                F::adaptive_avg_pool2d(&x, [1, 1])?
+            } else if n.op() == "GlobalAveragePool" {
                 x.mean(Some(&dims), true)?
             } else {
                 x.amax(Some(&dims), true)?

@@ -1,0 +1,40 @@
+"""Checks an ONNX file kiln exported: onnx.checker (full check, with shape
+inference), then onnxruntime on each input against kiln's eager output.
+
+    python tests/onnx_check.py MODEL.onnx TOL IN_0.pb:OUT_0.pb [IN_1.pb:OUT_1.pb ...]
+
+Each pair is one input and kiln's eager output for it (ONNX TensorProto
+files). Prints one line per pair and exits 1 on any disagreement.
+"""
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+
+def read(path):
+    t = onnx.TensorProto()
+    with open(path, "rb") as f:
+        t.ParseFromString(f.read())
+    return numpy_helper.to_array(t)
+
+
+model_path, tol = sys.argv[1], float(sys.argv[2])
+model = onnx.load(model_path)
+onnx.checker.check_model(model, full_check=True)
+sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+name = sess.get_inputs()[0].name
+worst = 0.0
+for pair in sys.argv[3:]:
+    x_path, y_path = pair.split(":")
+    x, want = read(x_path), read(y_path)
+    (got,) = sess.run(None, {name: x})
+    if got.shape != want.shape:
+        print(f"shape {got.shape} from onnxruntime, kiln {want.shape}")
+        sys.exit(1)
+    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64))))
+    worst = max(worst, err)
+    print(f"{model_path}: checker ok, onnxruntime {ort.__version__} on {list(x.shape)}: max |ort - kiln| = {err:.3e}")
+sys.exit(0 if worst <= tol else 1)
