@@ -78,13 +78,15 @@ struct Tally {
 
 /// The op (or op and attribute) an unsupported error names.
 fn reason(e: &str) -> String {
-    let op = e
-        .split(" (")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap_or("?");
     let what = e.rsplit(": ").next().unwrap_or(e);
-    format!("{op}: {what}")
+    // `node `n` (Conv, opset 6): ...` names the op; other refusals (a dtype, an opset) say what
+    match e
+        .find(", opset ")
+        .and_then(|k| e[..k].rfind('(').map(|s| &e[s + 1..k]))
+    {
+        Some(op) => format!("{op}: {what}"),
+        None => what.to_string(),
+    }
 }
 
 fn run_suite(suite: &str, compiled: bool) -> Tally {
@@ -276,4 +278,10 @@ fn unsupported_op_and_attribute_name_node_op_and_opset() {
         .unwrap()
         .to_string();
     assert!(junk.contains("not an ONNX model"), "{junk}");
+}
+
+/// The ONNX node test cases for the ops kiln supports (scripts/onnx-node-fixtures.py).
+#[test]
+fn onnx_node() {
+    check_suite("node", 577);
 }

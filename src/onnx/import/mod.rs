@@ -108,10 +108,11 @@ impl OnnxModel {
             .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
             .map(|o| o.version)
             .unwrap_or(1);
-        if !(1..=21).contains(&opset) {
+        // opsets 22-25 changed only which types the ops kiln imports accept
+        if !(1..=25).contains(&opset) {
             bail!(
                 "onnx",
-                "opset {opset} is not supported (kiln reads opsets 1-21)"
+                "opset {opset} is not supported (kiln reads opsets 1-25)"
             );
         }
         let g = m

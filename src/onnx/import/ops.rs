@@ -253,11 +253,20 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
 /// `min(max(x, lo), hi)` with optional bounds.
 pub(crate) fn clamp(x: &Tensor, lo: Option<f64>, hi: Option<f64>) -> Result<Tensor> {
     let mut y = x.clone();
+    // an integer bound for an integer tensor: a float one would promote it to float
+    let int = !x.dtype().is_float();
+    let bound = |v: f64| -> crate::Scalar {
+        if int {
+            (v as i64).into()
+        } else {
+            v.into()
+        }
+    };
     if let Some(lo) = lo {
-        y = y.binary_scalar(BinaryOp::Maximum, lo, false)?;
+        y = y.binary_scalar(BinaryOp::Maximum, bound(lo), false)?;
     }
     if let Some(hi) = hi {
-        y = y.binary_scalar(BinaryOp::Minimum, hi, false)?;
+        y = y.binary_scalar(BinaryOp::Minimum, bound(hi), false)?;
     }
     Ok(y)
 }
@@ -449,12 +458,27 @@ fn reduce(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         n.ints("axes")?
     };
     let axes = axes.filter(|a| !a.is_empty());
-    if axes.is_none() && n.int_or("noop_with_empty_axes", 0)? != 0 {
+    let noop = n.int_or("noop_with_empty_axes", 0)? != 0;
+    if axes.is_none() && noop {
         return Ok(vec![ins[0].clone()]);
     }
     let all: Vec<i64> = (0..x.rank() as i64).collect();
     let dims = axes.unwrap_or(all);
     let d = Some(dims.as_slice());
+    let empty = dims.iter().any(|&a| {
+        x.dims().get(if a < 0 {
+            (a + x.rank() as i64) as usize
+        } else {
+            a as usize
+        }) == Some(&0)
+    });
+    if empty && matches!(n.op(), "ReduceMax" | "ReduceMin") {
+        return Err(n.unsupported(format!(
+            "{} over an empty dim (shape {:?})",
+            n.op(),
+            x.dims()
+        )));
+    }
     t(match n.op() {
         "ReduceSum" => x.sum(d, keep)?,
         "ReduceMean" => x.mean(d, keep)?,

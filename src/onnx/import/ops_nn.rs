@@ -46,7 +46,18 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             let (s, b) = (input(n, ins, 1)?, opt(ins, 2)?);
             let s = s.expand_to(&shape)?;
             let b = b.map(|b| b.expand_to(&shape)).transpose()?;
-            t(F::layer_norm(&x, &shape, Some(&s), b.as_ref(), eps)?)
+            let y = F::layer_norm(&x, &shape, Some(&s), b.as_ref(), eps)?;
+            let mut outs = vec![Value::T(y)];
+            // the optional Mean and InvStdDev outputs (computed in f32, keepdim)
+            if n.proto.output.len() > 1 {
+                let dims: Vec<i64> = (axis as i64..x.rank() as i64).collect();
+                let xf = x.to_dtype(crate::DType::F32)?;
+                let mean = xf.mean(Some(&dims), true)?;
+                let var = xf.var(&dims, 0.0, true)?;
+                outs.push(Value::T(mean));
+                outs.push(Value::T((&var + eps).rsqrt()?));
+            }
+            Ok(outs)
         }
         "Gemm" => gemm(n, ins),
         "MatMul" => t(F::matmul(&input(n, ins, 0)?, &input(n, ins, 1)?)?),
@@ -288,13 +299,25 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let max = n.op() == "MaxPool";
     let include_pad = n.int_or("count_include_pad", 0)? != 0;
     let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
-    let (x, pads) = match symmetric(&pads) {
+    if !x.dtype().is_float() {
+        return Err(n.unsupported(format!("{} on {} (kiln pools floats)", n.op(), x.dtype())));
+    }
+    // kiln pools pad at most half a window: wider padding is applied first
+    let wide = pads
+        .iter()
+        .zip(&kernel)
+        .any(|((a, b), k)| 2 * a.max(b) > *k);
+    let (x, pads) = match symmetric(&pads).filter(|_| !wide) {
         Some(p) => (x, p),
         None if max || include_pad => {
             let fill = if max { f64::NEG_INFINITY } else { 0.0 };
             (pad(&x, &pads_full(&pads), "constant", fill)?, vec![0; s])
         }
-        None => return Err(n.unsupported("asymmetric pads with count_include_pad=0")),
+        None => {
+            return Err(
+                n.unsupported("asymmetric or wider-than-half-window pads with count_include_pad=0")
+            )
+        }
     };
     if !max && dilations.iter().any(|d| *d != 1) {
         return Err(n.unsupported("AveragePool with dilations"));
