@@ -223,14 +223,30 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         "ArgMax" | "ArgMin" => {
             let axis = n.int_or("axis", 0)?;
             let keep = n.int_or("keepdims", 1)? != 0;
-            if n.int_or("select_last_index", 0)? != 0 {
-                return Err(n.unsupported("select_last_index=1"));
-            }
+            let last = n.int_or("select_last_index", 0)? != 0;
             let x = x()?;
-            t(if n.op() == "ArgMax" {
-                x.argmax(Some(axis), keep)?
+            let a = if axis < 0 {
+                axis + x.rank() as i64
             } else {
-                x.argmin(Some(axis), keep)?
+                axis
+            };
+            let len = x.dims().get(a as usize).copied().unwrap_or(1);
+            // the last extremum: the first one of the reversed dim, mapped back
+            let xs = if last {
+                let rev: Vec<i64> = (0..len as i64).rev().collect();
+                x.index_select(a, &Tensor::from_vec(rev, &[len])?)?
+            } else {
+                x
+            };
+            let i = if n.op() == "ArgMax" {
+                xs.argmax(Some(a), keep)?
+            } else {
+                xs.argmin(Some(a), keep)?
+            };
+            t(if last {
+                i.binary_scalar(BinaryOp::Sub, len as i64 - 1, true)?
+            } else {
+                i
             })
         }
         "Softmax" | "LogSoftmax" => softmax(n, ins),
@@ -363,8 +379,15 @@ fn binary(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         "Add" => a.add(&b)?,
         "Sub" => a.sub(&b)?,
         "Mul" => a.mul(&b)?,
-        "Div" if int(a.dtype()) => {
-            return Err(n.unsupported("Div of integer tensors (truncating division)"))
+        // ONNX integer division truncates: floor division, one up where the
+        // signs differ and it is inexact
+        "Div" if int(a.dtype()) && int(b.dtype()) => {
+            let q = a.binary(BinaryOp::FloorDiv, &b)?;
+            let r = a.binary(BinaryOp::Remainder, &b)?;
+            let z = Tensor::zeros(&[], a.dtype());
+            let signs = a.lt(&z)?.ne(&b.lt(&z)?)?;
+            let fix = r.ne(&z)?.binary(BinaryOp::And, &signs)?;
+            q.add(&fix.to_dtype(q.dtype())?)?
         }
         "Div" => a.div(&b)?,
         "Pow" => {

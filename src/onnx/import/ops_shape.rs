@@ -343,8 +343,17 @@ fn slice(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         let a = norm(n, axes[k], d.len())?;
         let len = d[a] as i64;
         let step = steps[k];
-        if step <= 0 {
-            return Err(n.unsupported(format!("Slice with step {step}")));
+        if step == 0 {
+            return Err(n.err("Slice step 0"));
+        }
+        if step < 0 {
+            // numpy semantics: from start down to (not including) end, clamped to [-1, len-1]
+            let c = |v: i64| (if v < 0 { v + len } else { v }).clamp(-1, len - 1);
+            let (s, e) = (c(starts[k]), c(ends[k]));
+            let idx: Vec<i64> = (e + 1..=s).rev().step_by((-step) as usize).collect();
+            let m = idx.len();
+            y = y.index_select(a as i64, &Tensor::from_vec(idx, &[m])?)?;
+            continue;
         }
         let c = |v: i64| (if v < 0 { v + len } else { v }).clamp(0, len);
         let (s, e) = (c(starts[k]), c(ends[k]));
