@@ -178,10 +178,10 @@ fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
 
 fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
-    if x.rank() != 4 {
+    let s = x.rank().saturating_sub(2);
+    if s != 1 && s != 2 {
         return Err(n.unsupported(format!(
-            "ConvTranspose on a rank-{} input (kiln has 2-d)",
-            x.rank()
+            "ConvTranspose with {s} spatial dims (kiln has 1-d and 2-d)"
         )));
     }
     if n.has("output_shape") {
@@ -189,29 +189,38 @@ fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         return Err(n.unsupported("attribute `output_shape`"));
     }
     let _ = n.ints("kernel_shape")?;
-    let strides = ints_or(n, "strides", 2, 1)?;
-    let dilations = ints_or(n, "dilations", 2, 1)?;
+    let strides = ints_or(n, "strides", s, 1)?;
+    let dilations = ints_or(n, "dilations", s, 1)?;
     if let Some(a) = n.string("auto_pad")? {
         if a != "NOTSET" {
             return Err(n.unsupported(format!("auto_pad=`{a}`")));
         }
     }
-    let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 4]);
-    let pads: Vec<(usize, usize)> = (0..2)
-        .map(|i| (pads[i] as usize, pads[i + 2] as usize))
+    let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * s]);
+    if pads.len() != 2 * s {
+        return Err(n.err(format!("pads {pads:?} for {s} spatial dims")));
+    }
+    let pads: Vec<(usize, usize)> = (0..s)
+        .map(|i| (pads[i] as usize, pads[i + s] as usize))
         .collect();
     let padding = symmetric(&pads).ok_or_else(|| n.unsupported("asymmetric pads"))?;
     let output_padding = match n.ints("output_padding")? {
         Some(v) => v.iter().map(|x| *x as usize).collect(),
-        None => vec![0, 0],
+        None => vec![0; s],
     };
+    // a 1-d transposed convolution runs as a 2-d one over [N, C, 1, L]
+    let two = |v: Vec<usize>, fill: usize| if s == 1 { vec![fill, v[0]] } else { v };
     let p = ConvTransposeParams {
-        stride: strides,
-        padding,
-        output_padding,
-        dilation: dilations,
+        stride: two(strides, 1),
+        padding: two(padding, 0),
+        output_padding: two(output_padding, 0),
+        dilation: two(dilations, 1),
         groups: n.int_or("group", 1)? as usize,
     };
+    if s == 1 {
+        let y = F::conv_transpose2d(&x.unsqueeze(2)?, &w.unsqueeze(2)?, b.as_ref(), &p)?;
+        return t(y.squeeze(Some(&[2]))?);
+    }
     t(F::conv_transpose2d(&x, &w, b.as_ref(), &p)?)
 }
 
@@ -390,14 +399,14 @@ fn pad_node(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         full[a] = (pads[i], pads[i + k]);
     }
     match mode.as_str() {
-        "constant" | "reflect" | "edge" => t(pad(&x, &full, &mode, value)?),
+        "constant" | "reflect" | "edge" | "wrap" => t(pad(&x, &full, &mode, value)?),
         m => Err(n.unsupported(format!("mode=`{m}`"))),
     }
 }
 
 /// Pads (or, with negative amounts, crops) every dim by `(begin, end)`:
 /// `constant` fills with `value`, `reflect` mirrors without the edge, `edge`
-/// repeats it.
+/// repeats it, `wrap` continues from the other end.
 pub(crate) fn pad(x: &Tensor, pads: &[(i64, i64)], mode: &str, value: f64) -> Result<Tensor> {
     let mut y = x.clone();
     for (d, &(b, e)) in pads.iter().enumerate() {
@@ -441,6 +450,7 @@ pub(crate) fn pad(x: &Tensor, pads: &[(i64, i64)], mode: &str, value: f64) -> Re
                 .map(|i| match mode {
                     "reflect" if i < 0 => -i,
                     "reflect" if i >= n => 2 * (n - 1) - i,
+                    "wrap" => i.rem_euclid(n),
                     _ => i.clamp(0, n - 1),
                 })
                 .collect();
