@@ -20,7 +20,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 src = open(os.path.join(here, "..", "src", "onnx", "import", "ops.rs")).read()
 block = src[src.index("pub(crate) const SUPPORTED"):]
 block = block[: block.index("];")]
-supported = set(re.findall(r'"([A-Za-z]+)"', block))
+supported = set(re.findall(r'"([A-Za-z0-9]+)"', block))
 ok_types = {np.float32, np.float64, np.float16, np.int64, np.int32, np.int16, np.int8, np.uint8, np.bool_}
 
 dst = os.path.join(here, "..", "tests", "fixtures", "onnx", "node")
