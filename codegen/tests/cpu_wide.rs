@@ -208,3 +208,68 @@ fn tiled_row_clif_snapshot() {
     assert!(text.contains("explicit_slot"), "{text}");
     insta::assert_snapshot!("tiled_sigmoid_mul_clif", text);
 }
+
+/// Median milliseconds of `f` over `reps` runs.
+fn time_ms(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut ts: Vec<f64> = (0..reps)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            f();
+            t.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    ts.sort_by(f64::total_cmp);
+    ts[reps / 2]
+}
+
+/// Not a test: one-thread times of W1's kernel and softmax's exp kernel,
+/// wide vs f32x4, alternating (`cargo test --release -p kiln-codegen --test
+/// cpu_wide -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn time_wide_vs_f32x4() {
+    let w1 = kernel(&[Inner::Contiguous; 3], |b| {
+        let x = b.load(1, DType::F32);
+        let a = b.load(2, DType::F32);
+        let c = b.load(3, DType::F32);
+        let m = b.binary(BinaryOp::Mul, x, a, DType::F32);
+        let s = b.binary(BinaryOp::Add, m, c, DType::F32);
+        let g = b.unary(UnaryOp::Gelu, s, DType::F32);
+        let h = b.constant(0.5, DType::F32);
+        let gh = b.binary(BinaryOp::Mul, g, h, DType::F32);
+        b.binary(BinaryOp::Add, gh, x, DType::F32)
+    });
+    let sm = kernel(
+        &[Inner::Contiguous, Inner::Broadcast, Inner::Broadcast],
+        |b| {
+            let x = b.load(1, DType::F32);
+            let c = b.load(2, DType::F32);
+            let l = b.load(3, DType::F32);
+            let d = b.binary(BinaryOp::Sub, x, c, DType::F32);
+            let z = b.binary(BinaryOp::Sub, d, l, DType::F32);
+            b.unary(UnaryOp::Exp, z, DType::F32)
+        },
+    );
+    for (name, k, rows, cols) in [
+        ("W1 gelu chain", &w1, 4096, 1024),
+        ("softmax exp", &sm, 4096, 1024),
+    ] {
+        let (w, p) = compile_both(k);
+        let mut bufs: Vec<Vec<f32>> = vec![vec![0f32; rows * cols]];
+        let mut strides = vec![cols as isize, 1];
+        for (i, o) in k.operands.iter().enumerate().skip(1) {
+            let bc = o.inner == Inner::Broadcast;
+            bufs.push(values(if bc { rows } else { rows * cols }, i as u64));
+            strides.extend_from_slice(&if bc { [1, 0] } else { [cols as isize, 1] });
+        }
+        let ptrs: Vec<*mut u8> = bufs.iter_mut().map(|b| b.as_mut_ptr() as *mut u8).collect();
+        let go =
+            |ck: &CompiledKernel| unsafe { ck.call(&ptrs, &strides, &[rows, cols], &[], 0, rows) };
+        for round in 0..3 {
+            let tp = time_ms(9, || go(&p));
+            let tw = time_ms(9, || go(&w));
+            eprintln!("{name} ({rows}x{cols}, 1 thread) round {round}: f32x4 {tp:.3} ms, wide {tw:.3} ms, {:.2}x", tp / tw);
+        }
+    }
+}

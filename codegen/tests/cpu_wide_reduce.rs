@@ -142,3 +142,39 @@ fn tiled_lse_row_clif_snapshot() {
     assert!(text.contains("explicit_slot"), "{text}");
     insta::assert_snapshot!("tiled_lse_clif", text);
 }
+
+/// Not a test: one-thread times of softmax's log-sum-exp row and
+/// layer_norm's moments row over 4096x1024, tiled vs one-pass, alternating
+/// (`cargo test --release -p kiln-codegen --test cpu_wide_reduce -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn time_tiled_vs_one_pass() {
+    let (rows, cols) = (4096, 1024);
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+        .collect();
+    for (name, k, outs) in [
+        ("lse", softmax_lse(), 2),
+        ("moments", layer_norm_moments(), 3),
+    ] {
+        let (w, p) = compile_both(&k);
+        for round in 0..3 {
+            let mut t = [0.0; 2];
+            for (j, ck) in [&p, &w].into_iter().enumerate() {
+                let mut ts: Vec<f64> = (0..9)
+                    .map(|_| {
+                        let s = std::time::Instant::now();
+                        std::hint::black_box(run(ck, &x, rows, cols, outs));
+                        s.elapsed().as_secs_f64() * 1e3
+                    })
+                    .collect();
+                ts.sort_by(f64::total_cmp);
+                t[j] = ts[4];
+            }
+            eprintln!(
+                "{name} row ({rows}x{cols}, 1 thread, incl. a 16 MiB input copy) round {round}: one-pass {:.3} ms, tiled {:.3} ms, {:.2}x",
+                t[0], t[1], t[0] / t[1]
+            );
+        }
+    }
+}
