@@ -16,7 +16,8 @@ static JITS: Mutex<Option<(CpuJit, CpuJit)>> = Mutex::new(None);
 fn compile_both(k: &Kernel) -> (CompiledKernel, CompiledKernel) {
     let mut g = JITS.lock().unwrap_or_else(|e| e.into_inner());
     let (w, p) = g.get_or_insert_with(|| {
-        let w = CpuJit::new().unwrap();
+        let mut w = CpuJit::new().unwrap();
+        w.set_wide(true);
         let mut p = CpuJit::new().unwrap();
         p.set_wide(false);
         (w, p)
@@ -125,7 +126,7 @@ fn check_same(name: &str, k: &Kernel) {
 
 #[test]
 fn every_wide_op_matches_f32x4_bit_for_bit() {
-    eprintln!("wide ISA here: {:?}", CpuJit::new().unwrap().wide_isa());
+    eprintln!("wide ISA here: {:?}", kiln_codegen::cpu::wide::detect());
     for op in wide::SUPPORTED {
         let k = kernel(&[Inner::Contiguous], |b| {
             let x = b.load(1, DType::F32);

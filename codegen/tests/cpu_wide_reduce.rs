@@ -19,7 +19,8 @@ static JITS: Mutex<Option<(CpuJit, CpuJit)>> = Mutex::new(None);
 fn compile_both(k: &Kernel) -> (CompiledKernel, CompiledKernel) {
     let mut g = JITS.lock().unwrap_or_else(|e| e.into_inner());
     let (w, p) = g.get_or_insert_with(|| {
-        let w = CpuJit::new().unwrap();
+        let mut w = CpuJit::new().unwrap();
+        w.set_wide(true);
         let mut p = CpuJit::new().unwrap();
         p.set_wide(false);
         (w, p)

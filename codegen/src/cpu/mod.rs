@@ -154,7 +154,7 @@ impl CpuJit {
             isa,
             host_ids,
             fma,
-            wide: fma && wide::detect().is_some(),
+            wide: fma && wide::on_by_default() && wide::detect().is_some(),
             fctx: FunctionBuilderContext::new(),
             ctx: Context::new(),
             compiled: 0,

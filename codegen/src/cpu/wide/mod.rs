@@ -5,8 +5,9 @@
 //! compute-bound at f32x4. These helpers are rustc code compiled for AVX2 +
 //! FMA (8 lanes) and AVX-512F (16 lanes); [`detect`] picks one at run time
 //! with `is_x86_feature_detected!`, and the JIT code of such a kernel calls
-//! it on L1-sized tiles ([`TILE`] elements, see `cpu/tiles.rs`). Without
-//! either ISA (or with `KILN_WIDE=0`) kernels keep their f32x4 Cranelift code.
+//! it on L1-sized tiles ([`TILE`] elements, see `cpu/tiles.rs`). Opt-in for
+//! now: `KILN_WIDE=1` (or `CpuJit::set_wide(true)`); without either ISA, or
+//! with `KILN_WIDE=0`, kernels keep their f32x4 Cranelift code.
 //!
 //! Results are the Cranelift code's bits: `math.rs` is `cpu/math.rs`
 //! operation for operation, and compound ops (gelu, sigmoid, ...) run the
@@ -158,6 +159,13 @@ extern "C" fn wide_reduce_avx512(kind: u64, x: *const f32, n: u64, st: *mut f32,
     }
     // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.
     unsafe { go(kind, x, n as usize, st, count) }
+}
+
+/// Whether new JITs use the helpers without being asked (`set_wide`):
+/// only with `KILN_WIDE=1`, until their speed is measured in release builds
+/// (in the opt-level-1 test profile they were slower than f32x4).
+pub fn on_by_default() -> bool {
+    std::env::var("KILN_WIDE").is_ok_and(|v| v == "1")
 }
 
 /// The widest ISA this CPU has (AVX-512F, else AVX2 + FMA), or `None` when it
