@@ -163,7 +163,8 @@ extern "C" fn wide_reduce_avx512(kind: u64, x: *const f32, n: u64, st: *mut f32,
 
 /// Whether new JITs use the helpers without being asked (`set_wide`):
 /// only with `KILN_WIDE=1`, until their speed is measured in release builds
-/// (in the opt-level-1 test profile they were slower than f32x4).
+/// (in the opt-level-1 test profile they were slower than f32x4, with the
+/// intrinsics left out of line).
 pub fn on_by_default() -> bool {
     std::env::var("KILN_WIDE").is_ok_and(|v| v == "1")
 }
