@@ -29,6 +29,9 @@ pub(crate) struct Emitter<'a, 'f> {
     pub pool_gv: GlobalValue,
     /// The pool's address as seen in the current loop (see `loops::for_loop`).
     pub pool_base: Option<Value>,
+    /// Pointwise rows with a transcendental call the wide-vector helpers on
+    /// tiles (`tiles.rs`); off: plain f32x4 code.
+    pub wide: bool,
 }
 
 /// The scalar Cranelift type of a (compute) dtype.
@@ -67,6 +70,7 @@ impl<'a, 'f> Emitter<'a, 'f> {
             pool: Vec::new(),
             pool_gv,
             pool_base: None,
+            wide: false,
         }
     }
 

@@ -26,10 +26,16 @@ pub(crate) enum HostFn {
     Pow,
     Fmod,
     IPow,
+    /// `(op code, tile pointer, n) -> ()`: a wide-vector block helper on a tile
+    /// (`wide::WideIsa::entry`, the ISA chosen when the module is made).
+    WideUnary,
+    /// `(kind, tile pointer, n, state pointer, count) -> ()`: folds a tile
+    /// into a log-sum-exp or Welford state (`wide::WideIsa::reduce_entry`).
+    WideReduce,
 }
 
 impl HostFn {
-    pub(crate) const ALL: [HostFn; 11] = [
+    pub(crate) const ALL: [HostFn; 13] = [
         HostFn::Sin,
         HostFn::Cos,
         HostFn::Exp,
@@ -41,6 +47,8 @@ impl HostFn {
         HostFn::Pow,
         HostFn::Fmod,
         HostFn::IPow,
+        HostFn::WideUnary,
+        HostFn::WideReduce,
     ];
 
     fn index(self) -> usize {
@@ -60,6 +68,8 @@ impl HostFn {
             HostFn::Pow => "kiln_host_pow",
             HostFn::Fmod => "kiln_host_fmod",
             HostFn::IPow => "kiln_host_ipow",
+            HostFn::WideUnary => "kiln_wide_unary",
+            HostFn::WideReduce => "kiln_wide_reduce",
         }
     }
 
@@ -76,18 +86,34 @@ impl HostFn {
             HostFn::Pow => host_pow as *const u8,
             HostFn::Fmod => host_fmod as *const u8,
             HostFn::IPow => host_ipow as *const u8,
+            HostFn::WideUnary => super::wide::detect()
+                .unwrap_or(super::wide::WideIsa::Portable)
+                .entry(),
+            HostFn::WideReduce => super::wide::detect()
+                .unwrap_or(super::wide::WideIsa::Portable)
+                .reduce_entry(),
         }
     }
 
-    /// Number of arguments; all take and return f64, except `IPow` (i64).
+    /// Number of arguments; all take and return f64, except `IPow` (i64)
+    /// and the wide helpers (i64 arguments, no result).
     pub(crate) fn arity(self) -> usize {
         match self {
             HostFn::Pow | HostFn::Fmod | HostFn::IPow => 2,
+            HostFn::WideUnary => 3,
+            HostFn::WideReduce => 5,
             _ => 1,
         }
     }
 
     pub(crate) fn signature(self, cc: CallConv) -> Signature {
+        if matches!(self, HostFn::WideUnary | HostFn::WideReduce) {
+            let mut sig = Signature::new(cc);
+            for _ in 0..self.arity() {
+                sig.params.push(AbiParam::new(ir::types::I64));
+            }
+            return sig;
+        }
         let t = if self == HostFn::IPow {
             ir::types::I64
         } else {

@@ -246,6 +246,21 @@ impl Row<'_> {
         byte_off: i32,
         pre: &[Option<Value>],
     ) -> Vec<Value> {
+        let known = vec![None; self.k.body.len() + self.k.epilogue.len()];
+        self.eval_known(em, roots, i, byte_off, pre, known)
+    }
+
+    /// [`Row::eval_many`] with some values already `known` (by value id),
+    /// e.g. a wide helper's results read back from its tile.
+    pub(crate) fn eval_known(
+        &self,
+        em: &mut Emitter,
+        roots: &[usize],
+        i: Value,
+        byte_off: i32,
+        pre: &[Option<Value>],
+        mut vals: Vec<Option<Value>>,
+    ) -> Vec<Value> {
         let addrs: Vec<Option<Value>> = (0..self.k.operands.len())
             .map(|op| {
                 (pre[op].is_none() && self.loaded.contains(&op)).then(|| self.addr(em, op, i))
@@ -272,7 +287,6 @@ impl Row<'_> {
                 _ => (em.fail("acc in the body".into(), DType::F32), DType::F32),
             }
         };
-        let mut vals = vec![None; k.body.len() + k.epilogue.len()];
         roots
             .iter()
             .map(|&r| eval_value(em, k, r, &mut vals, &mut leaf))
@@ -340,16 +354,19 @@ fn pointwise_row(
     };
     let mut tail_lo = lo;
     if plan.lanes > 1 {
+        tail_lo = super::tiles::tiled_row(em, &row, plan, lo, hi, &stores);
+    }
+    if plan.lanes > 1 {
         let lanes = plan.lanes as i64;
         let step = lanes * plan.unroll as i64;
-        let n = em.b.ins().isub(hi, lo);
+        let n = em.b.ins().isub(hi, tail_lo);
         let nm = em.b.ins().band_imm_s(n, !(step - 1));
-        let main_end = em.b.ins().iadd(lo, nm);
+        let main_end = em.b.ins().iadd(tail_lo, nm);
         let vbytes = (lanes * plan.vdt.size() as i64) as i32;
         em.lanes = plan.lanes;
         for_loop(
             em,
-            lo,
+            tail_lo,
             main_end,
             step,
             |em| row.preload(em),

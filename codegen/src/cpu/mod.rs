@@ -11,7 +11,8 @@
 //! Layout: `plan` decides scalar vs vector rows, `loops` emits the loop nest
 //! and pointwise rows, `reduce` the reduced rows, `emit` implements
 //! [`kiln_ir::scalar::ScalarOps`] in Cranelift terms, `math` the vectorisable
-//! f32 transcendentals, `jit` the module and host functions.
+//! f32 transcendentals, `jit` the module and host functions, `tiles` the
+//! pointwise rows that call [`wide`]'s AVX2/AVX-512 block helpers.
 
 mod emit;
 mod jit;
@@ -20,6 +21,8 @@ mod math;
 mod online;
 mod plan;
 mod reduce;
+mod tiles;
+pub mod wide;
 
 use crate::kernel::{Kernel, KernelFn};
 use cranelift_codegen::ir::immediates::Imm64;
@@ -41,6 +44,8 @@ pub struct CpuJit {
     isa: OwnedTargetIsa,
     host_ids: [u32; HostFn::ALL.len()],
     fma: bool,
+    /// Pointwise rows with transcendentals call the wide helpers (see [`wide`]).
+    wide: bool,
     fctx: FunctionBuilderContext,
     ctx: Context,
     compiled: usize,
@@ -105,7 +110,7 @@ fn build_function(
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
     hosts: HostImports,
-    fma: bool,
+    (fma, wide): (bool, bool),
     config: TargetFrontendConfig,
     pool_index: u32,
 ) -> Result<(plan::Plan, Vec<u8>), Error> {
@@ -124,6 +129,7 @@ fn build_function(
     });
     let mut b = FunctionBuilder::new(func, fctx);
     let mut em = emit::Emitter::new(&mut b, hosts, fma, pool_gv);
+    em.wide = wide && fma;
     loops::build(k, &mut em, &plan);
     if let Some(e) = em.err.take() {
         return Err(Error::Codegen(format!("kernel {}: {e}", k.name)));
@@ -148,10 +154,27 @@ impl CpuJit {
             isa,
             host_ids,
             fma,
+            wide: fma && wide::on_by_default() && wide::detect().is_some(),
             fctx: FunctionBuilderContext::new(),
             ctx: Context::new(),
             compiled: 0,
         })
+    }
+
+    /// The wide ISA kernels compiled from now on call on their tiles, if any
+    /// ([`wide::detect`]; `None` without AVX2/AVX-512 or after `set_wide(false)`).
+    pub fn wide_isa(&self) -> Option<wide::WideIsa> {
+        if self.wide {
+            wide::detect()
+        } else {
+            None
+        }
+    }
+
+    /// Turns the wide helpers on (where the CPU has them) or off for kernels
+    /// compiled from now on; off, they are plain f32x4 code (same results).
+    pub fn set_wide(&mut self, on: bool) {
+        self.wide = on && self.fma && wide::detect().is_some();
     }
 
     /// Number of kernels compiled so far.
@@ -181,7 +204,7 @@ impl CpuJit {
             &mut self.ctx.func,
             &mut self.fctx,
             hosts,
-            self.fma,
+            (self.fma, self.wide),
             config,
             data.as_u32(),
         )?;
@@ -223,6 +246,16 @@ impl CpuJit {
     /// The Cranelift IR of `k`, before optimisation (deterministic: fixed calling
     /// convention, FMA assumed, host functions numbered by kind).
     pub fn clif_text(k: &Kernel) -> Result<String, Error> {
+        Self::clif_text_with(k, false)
+    }
+
+    /// [`CpuJit::clif_text`] with the wide helpers on: what a kernel becomes
+    /// on a CPU with AVX2 or AVX-512.
+    pub fn clif_text_wide(k: &Kernel) -> Result<String, Error> {
+        Self::clif_text_with(k, true)
+    }
+
+    fn clif_text_with(k: &Kernel, wide: bool) -> Result<String, Error> {
         let mut func = Function::with_name_signature(
             UserFuncName::user(0, 0),
             kernel_signature(CallConv::SystemV),
@@ -230,7 +263,7 @@ impl CpuJit {
         let mut fctx = FunctionBuilderContext::new();
         let config = jit::host_isa()?.frontend_config();
         let hosts = HostImports::ordinal(CallConv::SystemV);
-        let (_, pool) = build_function(k, &mut func, &mut fctx, hosts, true, config, 0)?;
+        let (_, pool) = build_function(k, &mut func, &mut fctx, hosts, (true, wide), config, 0)?;
         let mut text = func.display().to_string();
         // The constant pool, one 16-byte slot per line (lanes as hex words).
         for (i, slot) in pool.chunks(16).enumerate() {
@@ -256,7 +289,7 @@ impl CpuJit {
             &mut ctx.func,
             &mut self.fctx,
             hosts,
-            self.fma,
+            (self.fma, self.wide),
             self.isa.frontend_config(),
             0,
         )?;

@@ -8,6 +8,10 @@
 //! iteration `i / step` gives every lane and unrolled state its
 //! `(i / step + 1)`-th value (one scalar division per iteration, splatted),
 //! and in the tail the element at index `i` is the `(i + 1)`-th of the row.
+//!
+//! Where the wide helpers are on, f32 rows go through tiles instead
+//! (`tiles::tiled_online_row`): one exp per element, two passes over each
+//! tile in L1.
 
 use super::emit::Emitter;
 use super::loops::{for_loop, Row};
@@ -61,6 +65,9 @@ pub(crate) fn online_row(
     hi: Value,
 ) -> Finished<Value> {
     let is_lse = kind == ReduceKind::LogSumExp;
+    if let Some(fin) = super::tiles::tiled_online_row(em, row, plan, value, is_lse, (vd, cd), hi) {
+        return fin;
+    }
     let init = |em: &mut Emitter| {
         if is_lse {
             let st = online::lse_init(em, cd);

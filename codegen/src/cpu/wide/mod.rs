@@ -1,0 +1,239 @@
+//! Wide-vector block helpers for the CPU JIT.
+//!
+//! Cranelift emits 128-bit vectors only, so a kernel whose time goes into a
+//! transcendental (exp, erf, tanh: gelu, sigmoid, silu, softmax's exp) is
+//! compute-bound at f32x4. These helpers are rustc code compiled for AVX2 +
+//! FMA (8 lanes) and AVX-512F (16 lanes); [`detect`] picks one at run time
+//! with `is_x86_feature_detected!`, and the JIT code of such a kernel calls
+//! it on L1-sized tiles ([`TILE`] elements, see `cpu/tiles.rs`). Opt-in for
+//! now: `KILN_WIDE=1` (or `CpuJit::set_wide(true)`); without either ISA, or
+//! with `KILN_WIDE=0`, kernels keep their f32x4 Cranelift code.
+//!
+//! Results are the Cranelift code's bits: `math.rs` is `cpu/math.rs`
+//! operation for operation, and compound ops (gelu, sigmoid, ...) run the
+//! shared [`kiln_ir::scalar::lower_unary`] on tiles (`tile.rs`).
+//!
+//! ```
+//! use kiln_codegen::cpu::wide;
+//! let mut xs = vec![0.5f32; 300];
+//! wide::apply(wide::detect(), kiln_ir::UnaryOp::Exp, &mut xs).unwrap();
+//! assert!((xs[0] - 0.5f32.exp()).abs() < 1e-6);
+//! ```
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod isa;
+mod lanes;
+mod math;
+mod reduce;
+#[cfg(test)]
+mod tests;
+mod tile;
+
+pub use reduce::{LSE, WELFORD};
+pub use tile::{op_code, SUPPORTED, TILE};
+
+use kiln_ir::{Error, UnaryOp};
+
+/// A wide instruction set the helpers are compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WideIsa {
+    /// AVX2 + FMA, 8 f32 lanes.
+    Avx2,
+    /// AVX-512F, 16 f32 lanes.
+    Avx512,
+    /// One lane of plain Rust (no wide ISA; for tests and as the fallback).
+    Portable,
+}
+
+impl WideIsa {
+    /// `avx2`, `avx512` or `portable`, for logs and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            WideIsa::Avx2 => "avx2",
+            WideIsa::Avx512 => "avx512",
+            WideIsa::Portable => "portable",
+        }
+    }
+
+    /// f32 lanes per vector.
+    pub fn lanes(self) -> usize {
+        match self {
+            WideIsa::Avx2 => 8,
+            WideIsa::Avx512 => 16,
+            WideIsa::Portable => 1,
+        }
+    }
+
+    /// Whether this CPU can run it.
+    pub fn available(self) -> bool {
+        match self {
+            WideIsa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The `extern "C" fn(op_code, buf, n)` the JIT code calls (see [`entry`]).
+    pub(crate) fn entry(self) -> *const u8 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx2 => wide_unary_avx2 as *const u8,
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx512 => wide_unary_avx512 as *const u8,
+            _ => wide_unary_portable as *const u8,
+        }
+    }
+}
+
+impl WideIsa {
+    /// The `extern "C" fn(kind, tile, n, state, count)` that folds a tile
+    /// into a row reduction's state (see `reduce.rs`).
+    pub(crate) fn reduce_entry(self) -> *const u8 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx2 => wide_reduce_avx2 as *const u8,
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx512 => wide_reduce_avx512 as *const u8,
+            _ => wide_reduce_portable as *const u8,
+        }
+    }
+}
+
+/// Folds `xs` into a reduction state with `isa` (`None`: portable), as the
+/// JIT code does per tile: `kind` is [`LSE`] (state `[m, s]`, start
+/// `[f32::MIN, 0]`) or [`WELFORD`] (state `[mean, m2]` of `count` values).
+pub fn fold_tile(
+    isa: Option<WideIsa>,
+    kind: u64,
+    xs: &[f32],
+    state: &mut [f32; 2],
+    count: u64,
+) -> Result<(), Error> {
+    let isa = isa.unwrap_or(WideIsa::Portable);
+    if !isa.available() {
+        return Err(Error::Codegen(format!(
+            "wide::fold_tile: this CPU lacks {}",
+            isa.name()
+        )));
+    }
+    let f: extern "C" fn(u64, *const f32, u64, *mut f32, u64) =
+        // SAFETY: every reduce entry has this signature.
+        unsafe { std::mem::transmute::<*const u8, _>(isa.reduce_entry()) };
+    f(
+        kind,
+        xs.as_ptr(),
+        xs.len() as u64,
+        state.as_mut_ptr(),
+        count,
+    );
+    Ok(())
+}
+
+extern "C" fn wide_reduce_portable(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+    // SAFETY: the JIT passes a tile of n f32 and a 2-f32 state.
+    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, count) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_reduce_avx2(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn go(kind: u64, x: *const f32, n: usize, st: *mut f32, count: u64) {
+        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, count)
+    }
+    // SAFETY: handed out only where the CPU has AVX2 + FMA; a tile of n f32.
+    unsafe { go(kind, x, n as usize, st, count) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_reduce_avx512(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn go(kind: u64, x: *const f32, n: usize, st: *mut f32, count: u64) {
+        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, count)
+    }
+    // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.
+    unsafe { go(kind, x, n as usize, st, count) }
+}
+
+/// Whether new JITs use the helpers without being asked (`set_wide`):
+/// only with `KILN_WIDE=1`, until their speed is measured in release builds
+/// (in the opt-level-1 test profile they were slower than f32x4, with the
+/// intrinsics left out of line).
+pub fn on_by_default() -> bool {
+    std::env::var("KILN_WIDE").is_ok_and(|v| v == "1")
+}
+
+/// The widest ISA this CPU has (AVX-512F, else AVX2 + FMA), or `None` when it
+/// has neither or the environment sets `KILN_WIDE=0` (then kernels keep
+/// their 128-bit Cranelift code). Detected once per process.
+pub fn detect() -> Option<WideIsa> {
+    static ISA: std::sync::OnceLock<Option<WideIsa>> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var("KILN_WIDE").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        [WideIsa::Avx512, WideIsa::Avx2]
+            .into_iter()
+            .find(|i| i.available())
+    })
+}
+
+/// `xs = op(xs)` in place with `isa` (`None`: the portable helper), for
+/// tests and callers outside the JIT.
+pub fn apply(isa: Option<WideIsa>, op: UnaryOp, xs: &mut [f32]) -> Result<(), Error> {
+    let isa = isa.unwrap_or(WideIsa::Portable);
+    let code = op_code(op).ok_or_else(|| {
+        Error::Codegen(format!(
+            "wide::apply: {op:?} has no wide helper (supported: {SUPPORTED:?})"
+        ))
+    })?;
+    if !isa.available() {
+        return Err(Error::Codegen(format!(
+            "wide::apply: this CPU lacks {}",
+            isa.name()
+        )));
+    }
+    let f: extern "C" fn(u64, *mut f32, u64) =
+        // SAFETY: every entry has this signature.
+        unsafe { std::mem::transmute::<*const u8, _>(isa.entry()) };
+    f(code as u64, xs.as_mut_ptr(), xs.len() as u64);
+    Ok(())
+}
+
+fn op_of(code: u64) -> Option<UnaryOp> {
+    SUPPORTED.get(code as usize).copied()
+}
+
+/// The portable helper: `buf[..n] = SUPPORTED[op](buf[..n])`.
+extern "C" fn wide_unary_portable(op: u64, buf: *mut f32, n: u64) {
+    if let Some(op) = op_of(op) {
+        // SAFETY: the JIT passes a tile of n f32.
+        unsafe {
+            tile::run::<isa::Portable, isa::Portable>(op, buf, n as usize, isa::PORTABLE_LANES)
+        }
+    }
+}
+
+/// The AVX2 helper (only handed out where [`WideIsa::available`] says so).
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_unary_avx2(op: u64, buf: *mut f32, n: u64) {
+    if let Some(op) = op_of(op) {
+        // SAFETY: a tile of n f32; the CPU has AVX2 + FMA.
+        unsafe { tile::run::<isa::Avx2Tiles, isa::Portable>(op, buf, n as usize, 8) }
+    }
+}
+
+/// The AVX-512 helper (only handed out where [`WideIsa::available`] says so).
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_unary_avx512(op: u64, buf: *mut f32, n: u64) {
+    if let Some(op) = op_of(op) {
+        // SAFETY: a tile of n f32; the CPU has AVX-512F.
+        unsafe { tile::run::<isa::Avx512Tiles, isa::Portable>(op, buf, n as usize, 16) }
+    }
+}

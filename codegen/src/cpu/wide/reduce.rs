@@ -1,0 +1,159 @@
+//! Row-reduction helpers: fold one tile of a row into a log-sum-exp or
+//! Welford state, reading the tile (in L1) twice instead of keeping a
+//! per-lane running state.
+//!
+//! - log-sum-exp: the tile's max `M` (at least the lowest finite value, as
+//!   [`crate::online`]'s shift), then `Σ exp(x - M)` — one exp per element,
+//!   no rescaling selects — merged into `(m, s)` as `lse_merge` does. A NaN
+//!   anywhere makes the shift NaN; `+inf` makes it `+inf`; a row of `-inf`
+//!   keeps the lowest shift with `s = 0`: the finished values are those of
+//!   the one-pass reduction.
+//! - Welford: the tile's mean, then `Σ (x - mean)²` (two passes), merged into
+//!   `(mean, m2)` with Chan et al.'s formula.
+//!
+//! State layout (f32): `[m, s]` or `[mean, m2]`; `count` is how many values
+//! the state already holds.
+
+use super::lanes::{Lanes, Scalar};
+use super::math;
+
+/// The reduction a tile is folded into (the helpers' `kind` argument).
+pub const LSE: u64 = 0;
+/// See [`LSE`].
+pub const WELFORD: u64 = 1;
+
+const ACCS: usize = 4;
+
+#[inline(always)]
+fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Lane `l` of every accumulator, folded in a fixed order.
+#[inline(always)]
+unsafe fn fold<L: Lanes>(accs: &[L::F; ACCS], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut lanes = [0f32; 16 * ACCS];
+    for (a, v) in accs.iter().enumerate() {
+        L::store(lanes.as_mut_ptr().add(a * L::N), *v);
+    }
+    let mut r = lanes[0];
+    for &x in &lanes[1..ACCS * L::N] {
+        r = f(r, x);
+    }
+    r
+}
+
+/// `f(acc[j], x)` over the tile, `ACCS` independent accumulators.
+#[inline(always)]
+unsafe fn sweep<L: Lanes>(
+    x: *const f32,
+    main: usize,
+    init: L::F,
+    f: impl Fn(L::F, L::F) -> L::F,
+) -> [L::F; ACCS] {
+    let mut acc = [init; ACCS];
+    let step = L::N * ACCS;
+    let mut i = 0;
+    while i + step <= main {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = f(*a, L::load(x.add(i + j * L::N)));
+        }
+        i += step;
+    }
+    while i < main {
+        acc[0] = f(acc[0], L::load(x.add(i)));
+        i += L::N;
+    }
+    acc
+}
+
+#[inline(always)]
+fn exp1(x: f32) -> f32 {
+    math::exp::<Scalar>(x)
+}
+
+/// Folds `x[..n]` into the log-sum-exp state `[m, s]`.
+#[inline(always)]
+pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32) {
+    let main = n - n % L::N;
+    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), L::max_fast);
+    let nans = sweep::<L>(x, main, L::splat(0.0), |a, v| {
+        L::or(a, L::cmp(kiln_ir::scalar::Cmp::Ne, v, v))
+    });
+    let mut m = fold::<L>(&maxes, nan_max);
+    if fold::<L>(&nans, |a, b| f32::from_bits(a.to_bits() | b.to_bits())).to_bits() != 0 {
+        m = f32::NAN;
+    }
+    for j in main..n {
+        m = nan_max(m, *x.add(j));
+    }
+    let mv = L::splat(m);
+    let sums = sweep::<L>(x, main, L::splat(0.0), |a, v| {
+        L::add(a, math::exp::<L>(L::sub(v, mv)))
+    });
+    let mut s = fold::<L>(&sums, |a, b| a + b);
+    for j in main..n {
+        s += exp1(*x.add(j) - m);
+    }
+    let (m0, s0) = (*state, *state.add(1));
+    let mm = nan_max(m0, m);
+    *state = mm;
+    *state.add(1) = s0 * exp1(m0 - mm) + s * exp1(m - mm);
+}
+
+/// Folds `x[..n]` into the Welford state `[mean, m2]` of `count` values.
+#[inline(always)]
+pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32, count: u64) {
+    let main = n - n % L::N;
+    let sums = sweep::<L>(x, main, L::splat(0.0), L::add);
+    let mut sum = fold::<L>(&sums, |a, b| a + b);
+    for j in main..n {
+        sum += *x.add(j);
+    }
+    let mean = sum / n as f32;
+    let mv = L::splat(mean);
+    let sq = sweep::<L>(x, main, L::splat(0.0), |a, v| {
+        let d = L::sub(v, mv);
+        L::fma(d, d, a)
+    });
+    let mut m2 = fold::<L>(&sq, |a, b| a + b);
+    for j in main..n {
+        let d = *x.add(j) - mean;
+        m2 = d.mul_add(d, m2);
+    }
+    let (mean0, m20) = (*state, *state.add(1));
+    if count == 0 {
+        *state = mean;
+        *state.add(1) = m2;
+        return;
+    }
+    let (na, nb) = (count as f64, n as f64);
+    let delta = (mean - mean0) as f64;
+    let f = nb / (na + nb);
+    *state = (mean0 as f64 + delta * f) as f32;
+    *state.add(1) = (m20 as f64 + m2 as f64 + delta * delta * na * f) as f32;
+}
+
+/// Folds a tile into the state of reduction `kind` ([`LSE`] or [`WELFORD`]).
+#[inline(always)]
+pub(crate) unsafe fn reduce_tile<L: Lanes>(
+    kind: u64,
+    x: *const f32,
+    n: usize,
+    state: *mut f32,
+    count: u64,
+) {
+    if n == 0 {
+        return;
+    }
+    match kind {
+        LSE => lse_tile::<L>(x, n, state),
+        _ => welford_tile::<L>(x, n, state, count),
+    }
+}

@@ -1,0 +1,168 @@
+//! The wide helpers against the portable one-lane build of the same code,
+//! bit for bit, on every supported op over random values, edge values and
+//! lengths that leave partial tiles (NaN counts as equal to NaN).
+
+use super::*;
+
+fn inputs(n: usize, seed: u64) -> Vec<f32> {
+    let edges = [
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        1e-40,
+        -1e-40,
+        1e-30,
+        88.7,
+        -88.7,
+        89.5,
+        -104.5,
+        2.5,
+        -2.5,
+        2.5000002,
+        3.9,
+        4.1,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -1.0,
+        0.7071067,
+        1e30,
+        -1e30,
+    ];
+    let mut s = seed | 1;
+    (0..n)
+        .map(|i| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            if i % 5 == 0 {
+                edges[(s as usize >> 3) % edges.len()]
+            } else {
+                ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 24.0
+            }
+        })
+        .collect()
+}
+
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn wide_isas_match_the_portable_helper_bit_for_bit() {
+    let isas: Vec<WideIsa> = [WideIsa::Avx2, WideIsa::Avx512]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    eprintln!(
+        "wide ISAs available here: {:?} (detected: {:?})",
+        isas,
+        detect()
+    );
+    for (c, &op) in SUPPORTED.iter().enumerate() {
+        for n in [0, 1, 7, 16, 255, 256, 257, 1000] {
+            let x = inputs(n, 11 + c as u64 * 7 + n as u64);
+            let mut want = x.clone();
+            apply(Some(WideIsa::Portable), op, &mut want).unwrap();
+            for &isa in &isas {
+                let mut got = x.clone();
+                apply(Some(isa), op, &mut got).unwrap();
+                for i in 0..n {
+                    assert!(
+                        same(got[i], want[i]),
+                        "{op:?} on {}: x={:e} got {:e} want {:e}",
+                        isa.name(),
+                        x[i],
+                        got[i],
+                        want[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn portable_helper_is_close_to_libm() {
+    // an accuracy sanity check of the port (the bit-exact checks against the
+    // Cranelift code are in codegen/tests/cpu_wide.rs)
+    let x = inputs(4000, 5);
+    for (op, f) in [
+        (UnaryOp::Exp, f64::exp as fn(f64) -> f64),
+        (UnaryOp::Log, f64::ln),
+        (UnaryOp::Tanh, f64::tanh),
+        (UnaryOp::Erf, kiln_ir::interp::erf),
+    ] {
+        let mut y = x.clone();
+        apply(None, op, &mut y).unwrap();
+        for (a, b) in x.iter().zip(&y) {
+            let r = f(*a as f64) as f32;
+            let ok = same(r, *b)
+                || (r - b).abs() <= 1e-6 * r.abs().max(1e-30) * 8.0
+                || (r - b).abs() < 1e-37;
+            assert!(ok, "{op:?}({a:e}) = {b:e}, libm {r:e}");
+        }
+    }
+}
+
+#[test]
+fn unsupported_op_is_an_error() {
+    let e = apply(None, UnaryOp::Relu, &mut [1.0]).unwrap_err();
+    assert!(e.to_string().contains("Relu"), "{e}");
+}
+
+#[test]
+fn reduce_helpers_agree_across_isas() {
+    let isas: Vec<WideIsa> = [WideIsa::Portable, WideIsa::Avx2, WideIsa::Avx512]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    for n in [1, 9, 256, 300] {
+        let x: Vec<f32> = inputs(n, 3 + n as u64)
+            .into_iter()
+            .map(|v| {
+                if v.is_finite() {
+                    v.clamp(-50.0, 50.0)
+                } else {
+                    1.5
+                }
+            })
+            .collect();
+        let mut got = vec![];
+        for &isa in &isas {
+            let mut lse = [f32::MIN, 0.0];
+            fold_tile(Some(isa), LSE, &x, &mut lse, 0).unwrap();
+            fold_tile(Some(isa), LSE, &x[..n / 2], &mut lse, n as u64).unwrap();
+            let mut w = [0.0, 0.0];
+            fold_tile(Some(isa), WELFORD, &x, &mut w, 0).unwrap();
+            fold_tile(Some(isa), WELFORD, &x[..n / 2], &mut w, n as u64).unwrap();
+            got.push((isa, lse, w));
+        }
+        let (_, l0, w0) = got[0];
+        for &(isa, l, w) in &got[1..] {
+            let close = |a: f32, b: f32| (a - b).abs() <= 1e-5 * a.abs().max(1.0);
+            assert_eq!(l[0], l0[0], "{} lse shift, n {n}", isa.name());
+            assert!(
+                close(l[1], l0[1]),
+                "{} lse sum {} vs {}",
+                isa.name(),
+                l[1],
+                l0[1]
+            );
+            assert!(
+                close(w[0], w0[0]),
+                "{} mean {} vs {}",
+                isa.name(),
+                w[0],
+                w0[0]
+            );
+            assert!(
+                close(w[1], w0[1]),
+                "{} m2 {} vs {}",
+                isa.name(),
+                w[1],
+                w0[1]
+            );
+        }
+    }
+}
