@@ -9,6 +9,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod serve;
 pub mod train;
 
 pub use kiln_frontend::amp;
@@ -18,6 +19,7 @@ pub use kiln_frontend::compile;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;
+pub use kiln_frontend::quantization;
 pub use kiln_frontend::random::manual_seed;
 pub use kiln_frontend::{data, random, serialize};
 pub use kiln_frontend::{host_fallbacks, DType, Device, Element, Error, Result, Scalar, Tensor};
