@@ -69,10 +69,14 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512Vnni => {
                 std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
                     && std::arch::is_x86_feature_detected!("avx512f")
                     && std::arch::is_x86_feature_detected!("avx512vl")
                     && std::arch::is_x86_feature_detected!("avx512vnni")
@@ -92,7 +96,7 @@ impl Isa {
 }
 
 /// The per-column constants of one call's epilogue, padded to whole panels:
-/// `out = f32(acc - offs[j]) * mult[j] + bias[j]`, then ReLU if asked.
+/// `out = fma(f32(acc - offs[j]), mult[j], bias[j])`, then ReLU if asked.
 pub(crate) struct Epilogue {
     offs: Vec<i32>,
     mult: Vec<f32>,
@@ -136,7 +140,8 @@ impl Epilogue {
 
     #[inline]
     fn apply(&self, acc: i32, j: usize) -> f32 {
-        let v = (acc - self.offs[j]) as f32 * self.mult[j] + self.bias[j];
+        // one rounding, as fbgemm's vfmadd: PyTorch's outputs match bit for bit
+        let v = ((acc - self.offs[j]) as f32).mul_add(self.mult[j], self.bias[j]);
         if self.relu {
             // vmaxps(0, v) returns v unless 0 > v: NaN and -0.0 stay
             if v < 0.0 {

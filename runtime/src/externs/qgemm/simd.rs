@@ -14,9 +14,9 @@
 //!   kernels share the packing).
 //!
 //! The epilogue runs on the accumulators while they are still in registers:
-//! subtract `zero_point * colsum`, convert to f32, multiply by
-//! `act_scale * w_scale`, add the bias, optionally ReLU — fbgemm's
-//! `ReQuantizeForFloat`, in its order of operations.
+//! subtract `zero_point * colsum`, convert to f32, one fused multiply-add
+//! with `act_scale * w_scale` and the bias, optionally ReLU — what PyTorch's
+//! fbgemm computes (its fixtures match bit for bit only with the FMA).
 
 use super::pack::NR;
 use super::PanelTask;
@@ -68,7 +68,7 @@ macro_rules! panel_kernel {
                 let bias = _mm256_loadu_ps(t.bias.add(h * 8));
                 for (r, acc_r) in acc.iter().enumerate() {
                     let v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc_r[h], offs));
-                    let mut f = _mm256_add_ps(_mm256_mul_ps(v, mult), bias);
+                    let mut f = _mm256_fmadd_ps(v, mult, bias);
                     if t.relu {
                         f = _mm256_max_ps(zero, f);
                     }
@@ -88,14 +88,14 @@ macro_rules! panel_kernel {
     };
 }
 
-panel_kernel!(panel_avx2, block_avx2, "avx2", |acc, a, b, ones| {
+panel_kernel!(panel_avx2, block_avx2, "avx2,fma", |acc, a, b, ones| {
     _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones))
 });
 
 panel_kernel!(
     panel_vnni,
     block_vnni,
-    "avx2,avx512f,avx512vl,avx512vnni",
+    "avx2,fma,avx512f,avx512vl,avx512vnni",
     |acc, a, b, ones| {
         let _ = ones;
         _mm256_dpbusd_epi32(acc, a, b)
