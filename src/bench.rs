@@ -8,6 +8,8 @@ use std::path::Path;
 use std::time::Instant;
 
 pub mod device;
+pub mod qlinear;
+pub mod serve;
 pub mod train;
 mod workloads;
 pub use device::{parse_device, run_on, DeviceBench, DEVICE_WORKLOADS};
@@ -385,6 +387,9 @@ pub fn run_profiled(
         {
             rows.extend(compile_latency(kind)?);
         }
+    }
+    if only.iter().any(|o| o.eq_ignore_ascii_case("QLINEAR")) {
+        rows.extend(qlinear::qlinear_rows(iters)?);
     }
     Ok(rows)
 }

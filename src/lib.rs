@@ -17,6 +17,7 @@ pub mod export;
 pub mod onnx;
 /// NumPy `.npy` files.
 pub mod npy;
+pub mod serve;
 pub mod train;
 
 pub use kiln_frontend::amp;
@@ -26,6 +27,7 @@ pub use kiln_frontend::compile;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;
+pub use kiln_frontend::quantization;
 pub use kiln_frontend::random::manual_seed;
 pub use kiln_frontend::{data, random, serialize};
 pub use kiln_frontend::{host_fallbacks, DType, Device, Element, Error, Result, Scalar, Tensor};

@@ -47,6 +47,16 @@ enum Cmd {
         /// Tiny sizes for W1-W4 and W7 (a smoke test of the path, e.g. on the emulator).
         #[arg(long)]
         quick: bool,
+        /// Load-test `kiln serve` on loopback instead: the digits CNN at 1, 8
+        /// and 64 concurrent clients, dynamic batching off and on.
+        #[arg(long)]
+        serve: bool,
+        /// With --serve: requests per configuration.
+        #[arg(long, default_value_t = 2000)]
+        serve_requests: usize,
+        /// With --serve: time cap per configuration, in seconds.
+        #[arg(long, default_value_t = 15.0)]
+        serve_seconds: f64,
     },
     /// Print a compile stage of a model or workload (the text snapshot tests pin).
     Dump {
@@ -68,11 +78,39 @@ enum Cmd {
     Export(kiln::deploy::ExportArgs),
     /// Run a `.kiln` or `.onnx` model on tensors from `.npy`, `.pb` or `.safetensors` files.
     Run(kiln::deploy::RunArgs),
+    /// Serve the models of a repository over HTTP/JSON (KServe v2 / Open
+    /// Inference Protocol): DIR/<model>/<version>/ folders.
+    Serve {
+        #[arg(long, value_name = "DIR")]
+        model_repo: std::path::PathBuf,
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        addr: std::net::SocketAddr,
+    },
 }
 
 fn main() {
     let cli = Cli::parse();
     match cli.cmd {
+        Cmd::Bench {
+            serve: true,
+            json,
+            serve_requests,
+            serve_seconds,
+            ..
+        } => {
+            let load = kiln::bench::serve::ServeLoad {
+                requests: serve_requests.max(1),
+                time_cap: std::time::Duration::from_secs_f64(serve_seconds.max(0.1)),
+            };
+            match kiln::bench::serve::serve_rows(load) {
+                Ok(rows) if json => rows.iter().for_each(|r| println!("{}", r.json())),
+                Ok(rows) => print!("{}", kiln::bench::serve::serve_report(&rows)),
+                Err(e) => {
+                    eprintln!("kiln bench --serve: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
         Cmd::Bench {
             json,
             mut only,
@@ -82,6 +120,7 @@ fn main() {
             profile,
             device,
             quick,
+            ..
         } if quick || !device.trim().eq_ignore_ascii_case("cpu") => {
             if model.is_some() {
                 only.extend(model);
@@ -139,6 +178,12 @@ fn main() {
                 std::process::exit(1);
             }
         },
+        Cmd::Serve { model_repo, addr } => {
+            if let Err(e) = kiln::serve::cli(&model_repo, addr) {
+                eprintln!("kiln serve: {e}");
+                std::process::exit(1);
+            }
+        }
         Cmd::Train(args) => {
             if let Err(e) = kiln::train::cli(args) {
                 eprintln!("kiln train: {e}");

@@ -9,6 +9,7 @@ pub mod functional;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod quantization;
 pub mod random;
 pub mod serialize;
 mod tensor;

@@ -46,6 +46,11 @@ pub struct TrainArgs {
     /// `step time: eager X ms, compiled Y ms (Z.ZZx)` (medians; 0 skips it).
     #[arg(long, default_value_t = 20)]
     pub compare_steps: usize,
+    /// After training, quantize the model's Linear layers to int8
+    /// (`quantize_dynamic`, per tensor and per channel) and print their test
+    /// accuracy beside the float one.
+    #[arg(long)]
+    pub quantize: bool,
 }
 
 /// `kiln train`: runs and prints the summary; the last line is [`accuracy_line`].
@@ -90,6 +95,11 @@ pub fn cli(a: TrainArgs) -> Result<()> {
         );
         if let Some(c) = &cmp {
             println!("{}", c.line());
+        }
+    }
+    if a.quantize {
+        for line in super::quantized::report(&cfg, &out.model, out.test_accuracy)? {
+            println!("{line}");
         }
     }
     println!("{}", accuracy_line(out.test_accuracy));

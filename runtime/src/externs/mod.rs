@@ -14,6 +14,7 @@ pub mod embedding;
 pub mod gemm;
 pub mod pool;
 pub mod pool_backward;
+pub mod qgemm;
 
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, Sub};
