@@ -693,3 +693,32 @@ fn kiln_serve_stops_on_sigterm() {
     assert!(status.success(), "exit status {status}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn an_exported_kiln_model_is_served() {
+    use kiln::export::{self, DynamicDim};
+    let dir = tmp_dir("kilnfile");
+    kiln::manual_seed(5);
+    let m = ModelKind::Cnn.build().unwrap();
+    m.eval();
+    let example = Tensor::zeros(&[4, 1, 8, 8], DType::F32);
+    let v = dir.join("cnn/1");
+    std::fs::create_dir_all(&v).unwrap();
+    export::export(&m, &[example], &[DynamicDim::new(0, 0, "batch")])
+        .unwrap()
+        .save(v.join("model.kiln"))
+        .unwrap();
+    let server = Server::start(Repository::open(&dir).unwrap(), opts(RequestLog::Off)).unwrap();
+    let mut c = Client::new(server.addr());
+    let meta = c.get("/v2/models/cnn").unwrap().json();
+    assert_eq!(meta["inputs"][0]["shape"], serde_json::json!([-1, 1, 8, 8]));
+    let x: Vec<f32> = [image(3), image(4), image(5)].concat();
+    let r = c.post("/v2/models/cnn/infer", body(&x).as_bytes()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let expect = {
+        let _ng = kiln::autograd::no_grad();
+        let t = Tensor::from_vec(x.clone(), &[3, 1, 8, 8]).unwrap();
+        kiln::nn::Module::forward(&m, &t).unwrap().to_vec::<f32>().unwrap()
+    };
+    assert_eq!(logits(&r), expect);
+}

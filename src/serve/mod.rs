@@ -32,7 +32,7 @@ mod repository;
 pub use config::{BatchConfig, ModelConfig};
 pub use http::{RequestLog, ServeOptions, Server};
 pub use metrics::Metrics;
-pub use model::{DigitsModel, ServableModel, TensorSpec};
+pub use model::{DigitsModel, ExportedServable, ServableModel, TensorSpec};
 pub use protocol::datatype_name;
 pub use repository::{IndexRow, LookupError, Repository};
 

@@ -131,3 +131,54 @@ impl ServableModel for DigitsModel {
         Ok(vec![self.model.forward(&inputs[0])?])
     }
 }
+
+/// An exported `.kiln` model as a [`ServableModel`]: a fixed dim keeps its
+/// size, a named dynamic dim (`batch`) becomes `None` (-1 in metadata).
+pub struct ExportedServable {
+    model: crate::export::ExportedModel,
+    inputs: Vec<TensorSpec>,
+    outputs: Vec<TensorSpec>,
+}
+
+impl ExportedServable {
+    /// Wraps a loaded model; the server checks its specs (FP32, dynamic dim 0).
+    pub fn new(model: crate::export::ExportedModel) -> ExportedServable {
+        let convert = |specs: &[crate::export::TensorSpec]| -> Vec<TensorSpec> {
+            specs
+                .iter()
+                .map(|s| TensorSpec {
+                    name: s.name.clone(),
+                    dtype: s.dtype,
+                    dims: s
+                        .dims
+                        .iter()
+                        .map(|d| match d {
+                            crate::export::Dim::Fixed(n) => Some(*n),
+                            crate::export::Dim::Dynamic(_) => None,
+                        })
+                        .collect(),
+                })
+                .collect()
+        };
+        let inputs = convert(model.inputs());
+        let outputs = convert(model.outputs());
+        ExportedServable {
+            model,
+            inputs,
+            outputs,
+        }
+    }
+}
+
+impl ServableModel for ExportedServable {
+    fn inputs(&self) -> &[TensorSpec] {
+        &self.inputs
+    }
+    fn outputs(&self) -> &[TensorSpec] {
+        &self.outputs
+    }
+    fn forward(&self, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
+        let _ng = crate::autograd::no_grad();
+        self.model.forward(inputs)
+    }
+}

@@ -409,14 +409,11 @@ fn load_version(vdir: &Path, config: &ModelConfig) -> Result<Arc<dyn ServableMod
     Ok(model)
 }
 
-/// The `.kiln` loader. `kiln::export` (another branch) plugs in here: wrap
-/// `kiln::export::load(path)?` in a `ServableModel` whose specs map
-/// `Dim::Fixed(n)` to `Some(n)` and `Dim::Dynamic(_)` to `None`.
+/// The `.kiln` loader: an exported model ([`crate::export::load`]) served
+/// through [`ExportedServable`].
 fn load_exported(path: &Path) -> Result<Arc<dyn ServableModel>, String> {
-    Err(format!(
-        "{}: exported .kiln models need kiln::export, which this build does not have yet",
-        path.display()
-    ))
+    let model = crate::export::load(path).map_err(|e| e.to_string())?;
+    Ok(Arc::new(ExportedServable::new(model)))
 }
 
 /// The server batches along dim 0 and speaks FP32: both are checked once here.
