@@ -391,7 +391,7 @@ pub fn sgd_config(lr: f64, fused: bool) -> SgdConfig {
 /// Trains as `cfg` says and returns the model and the numbers.
 pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     let start = Instant::now();
-    check(cfg)?;
+    config::check(cfg)?;
     if cfg.deterministic {
         crate::use_deterministic_algorithms(true);
     }
@@ -559,7 +559,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
             write_profile(prof, path, epoch + 1, !cfg.verbose)?;
         }
         if let Some(p) = &cfg.checkpoint {
-            let mut ck = Checkpoint::capture(
+            let ck = Checkpoint::capture(
                 &model,
                 &*opt,
                 Some(&*sched),
@@ -567,21 +567,13 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
                 loader.initial_seed(),
                 loader.epoch(),
             );
-            ck.extra.insert("model".into(), cfg.model.name().into());
-            ck.extra.insert("split_seed".into(), split_seed.to_string());
-            ck.extra.insert("seed".into(), cfg.seed.to_string());
-            ck.extra
-                .insert("batch_size".into(), cfg.batch_size.to_string());
-            ck.extra.insert(
-                "normalize".into(),
-                format!("mean {} std {}", splits.mean, splits.std),
-            );
-            run_state::store_config(&mut ck, &rc, stepper.scaler.as_ref());
-            best.store(&mut ck);
-            ck.save(p)?;
-            if cfg.keep_best && improved {
-                ck.save(run_state::best_path(p))?;
-            }
+            let ctx = run_state::Context {
+                cfg,
+                split_seed,
+                splits: &splits,
+                best,
+            };
+            run_state::save(ck, p, &ctx, stepper.scaler.as_ref(), improved)?;
         }
         if cfg.early_stop.is_some_and(|k| best.epochs_since >= k) {
             stopped_early = true;
@@ -626,30 +618,6 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         stopped_early,
         warnings,
     })
-}
-
-/// The options that cannot run, as errors naming the flag.
-fn check(cfg: &TrainConfig) -> Result<()> {
-    let bad = |msg: String| Err(Error::op("train", msg));
-    if cfg.batch_size == 0 || cfg.epochs == 0 {
-        return bad("--epochs and --batch-size must be positive".into());
-    }
-    if cfg.accumulate == 0 {
-        return bad("--accumulate must be at least 1".into());
-    }
-    if cfg.keep_best && cfg.checkpoint.is_none() {
-        return bad("--keep-best keeps a copy of --checkpoint PATH: give --checkpoint".into());
-    }
-    if cfg.clip_grad_norm.is_some_and(|c| c.is_nan() || c <= 0.0) {
-        return bad(format!(
-            "--clip-grad-norm must be positive, got {}",
-            cfg.clip_grad_norm.unwrap_or(0.0)
-        ));
-    }
-    if cfg.early_stop == Some(0) {
-        return bad("--early-stop PATIENCE must be at least 1 epoch".into());
-    }
-    Ok(())
 }
 
 /// Writes the Chrome trace of a profiled epoch and prints its table (the 30

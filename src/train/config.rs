@@ -335,3 +335,27 @@ impl RunConfig {
             .collect()
     }
 }
+
+/// The options that cannot run, as errors naming the flag.
+pub(super) fn check(cfg: &TrainConfig) -> Result<()> {
+    let bad = |msg: String| Err(Error::op("train", msg));
+    if cfg.batch_size == 0 || cfg.epochs == 0 {
+        return bad("--epochs and --batch-size must be positive".into());
+    }
+    if cfg.accumulate == 0 {
+        return bad("--accumulate must be at least 1".into());
+    }
+    if cfg.keep_best && cfg.checkpoint.is_none() {
+        return bad("--keep-best keeps a copy of --checkpoint PATH: give --checkpoint".into());
+    }
+    if cfg.clip_grad_norm.is_some_and(|c| c.is_nan() || c <= 0.0) {
+        return bad(format!(
+            "--clip-grad-norm must be positive, got {}",
+            cfg.clip_grad_norm.unwrap_or(0.0)
+        ));
+    }
+    if cfg.early_stop == Some(0) {
+        return bad("--early-stop PATIENCE must be at least 1 epoch".into());
+    }
+    Ok(())
+}

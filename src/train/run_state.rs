@@ -4,8 +4,10 @@
 //! against the current config.
 
 use super::config::RunConfig;
+use super::{Splits, TrainConfig};
 use crate::amp::GradScaler;
 use crate::checkpoint::{Checkpoint, ScalerState};
+use crate::Result;
 use std::path::{Path, PathBuf};
 
 /// The best test accuracy so far and the epochs since it was reached.
@@ -94,6 +96,45 @@ pub fn config_warnings(path: &Path, ck: &Checkpoint, now: &RunConfig) -> Vec<Str
             "--resume {at}: metadata key `extra/config` is not a run config ({e}); not compared"
         )],
     }
+}
+
+/// What an epoch's checkpoint records besides the live state.
+pub struct Context<'a> {
+    pub cfg: &'a TrainConfig,
+    pub split_seed: u64,
+    pub splits: &'a Splits,
+    pub best: Best,
+}
+
+/// Writes an epoch's checkpoint `ck` to `path` with the run's `extra/*`
+/// keys (model, split seed, seed, batch size, normalisation, config, best
+/// accuracy) and, when this epoch is the best and `keep_best` is set, a
+/// copy at [`best_path`].
+pub fn save(
+    mut ck: Checkpoint,
+    path: &Path,
+    ctx: &Context<'_>,
+    scaler: Option<&GradScaler>,
+    improved: bool,
+) -> Result<()> {
+    let cfg = ctx.cfg;
+    ck.extra.insert("model".into(), cfg.model.name().into());
+    ck.extra
+        .insert("split_seed".into(), ctx.split_seed.to_string());
+    ck.extra.insert("seed".into(), cfg.seed.to_string());
+    ck.extra
+        .insert("batch_size".into(), cfg.batch_size.to_string());
+    ck.extra.insert(
+        "normalize".into(),
+        format!("mean {} std {}", ctx.splits.mean, ctx.splits.std),
+    );
+    store_config(&mut ck, &RunConfig::of(cfg), scaler);
+    ctx.best.store(&mut ck);
+    ck.save(path)?;
+    if cfg.keep_best && improved {
+        ck.save(best_path(path))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
