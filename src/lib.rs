@@ -18,6 +18,10 @@ pub mod onnx;
 /// NumPy `.npy` files.
 pub mod npy;
 pub mod serve;
+pub mod doctor;
+pub mod plot;
+pub mod summary;
+pub mod tensorboard;
 pub mod train;
 
 pub use kiln_frontend::amp;
@@ -29,10 +33,16 @@ pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;
 pub use kiln_frontend::quantization;
 pub use kiln_frontend::random::manual_seed;
+/// `torch.utils`: `utils::checkpoint` and the `utils::Checkpointed` wrapper.
+pub use kiln_frontend::utils;
 pub use kiln_frontend::{data, random, serialize};
 pub use kiln_frontend::{host_fallbacks, DType, Device, Element, Error, Result, Scalar, Tensor};
 pub use kiln_passes::{ClassLossOpts, Reduction};
 pub use kiln_runtime::cuda;
+/// `torch.use_deterministic_algorithms`; see [`runtime::deterministic`] for what it changes.
+pub use kiln_runtime::deterministic::{
+    are_deterministic_algorithms_enabled, use_deterministic_algorithms,
+};
 
 /// The IR vocabulary (dtypes, shapes, ops, op parameters).
 pub use kiln_ir as ir;

@@ -86,6 +86,23 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1:8000")]
         addr: std::net::SocketAddr,
     },
+    /// Check the installation: versions, CPU ISA and code paths, caches,
+    /// CUDA driver/NVRTC/devices, a real matmul and a fused kernel per
+    /// backend; ends with one verdict line per backend.
+    Doctor {
+        /// Exit non-zero unless this backend (cpu or cuda) is usable; repeatable.
+        #[arg(long, value_name = "BACKEND")]
+        require: Vec<String>,
+    },
+    /// Draw a log folder's curves (loss, lr, grad norm on shared steps;
+    /// accuracies per epoch) as an SVG.
+    Plot {
+        /// The folder `kiln train --logdir` wrote.
+        logdir: std::path::PathBuf,
+        /// The SVG to write.
+        #[arg(short, long, default_value = "curves.svg")]
+        output: std::path::PathBuf,
+    },
 }
 
 fn main() {
@@ -184,6 +201,30 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Cmd::Doctor { require } => {
+            let r = kiln::doctor::run();
+            print!("{}", r.text);
+            for b in &require {
+                match r.verdict(b) {
+                    Some(v) if v.is_ok() => {}
+                    Some(v) => {
+                        eprintln!("kiln doctor: --require {b}: {b} is {}", v.line());
+                        std::process::exit(1);
+                    }
+                    None => {
+                        eprintln!("kiln doctor: --require {b}: unknown backend (cpu or cuda)");
+                        std::process::exit(2);
+                    }
+                }
+            }
+        }
+        Cmd::Plot { logdir, output } => match kiln::plot::plot(&logdir, &output) {
+            Ok(tags) => println!("wrote {} ({})", output.display(), tags.join(", ")),
+            Err(e) => {
+                eprintln!("kiln plot: {e}");
+                std::process::exit(1);
+            }
+        },
         Cmd::Train(args) => {
             if let Err(e) = kiln::train::cli(args) {
                 eprintln!("kiln train: {e}");

@@ -22,9 +22,14 @@
 
 mod cli;
 pub mod quantized;
+pub mod config;
+pub mod recipe;
+pub mod run_state;
+pub mod step;
 pub mod step_time;
 
 pub use cli::{cli, TrainArgs};
+pub use config::RunConfig;
 
 use crate::checkpoint::Checkpoint;
 use crate::data::{digits, random_split, DataLoader, TensorDataset};
@@ -33,11 +38,10 @@ use crate::nn::{
     Activation, BatchNorm, Conv, ConvOptions, Dropout, Flatten, Linear, Module, ModuleExt, Pool2d,
     Sequential,
 };
-use crate::optim::lr_scheduler::{ExponentialLR, LRScheduler};
-use crate::optim::{Optimizer, SgdConfig, SGD};
+use crate::optim::SgdConfig;
 use crate::profiler::{self, Profile, Profiler};
 use crate::random::Generator;
-use crate::{autograd, functional as F, ClassLossOpts, Error, Result, Tensor};
+use crate::{autograd, Error, Result, Tensor};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::io::IsTerminal;
@@ -49,7 +53,10 @@ use std::time::{Duration, Instant};
 pub const LR_GAMMA: f64 = 0.85;
 
 /// Which network to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum ModelKind {
     /// Conv(1,16,3,p1)-BN-ReLU-Conv(16,32,3,s2,p1)-BN-ReLU-AdaptiveAvgPool(1)-Flatten-Linear(32,10).
     Cnn,
@@ -135,6 +142,26 @@ pub struct TrainConfig {
     pub profile: Option<PathBuf>,
     /// Train and evaluate through `compile(&model)`.
     pub compile: bool,
+    /// The optimizer and its hyper-parameters (see [`config::OptimizerConfig`]).
+    pub optimizer: config::OptimizerConfig,
+    /// The lr schedule (see [`config::ScheduleConfig`]).
+    pub schedule: config::ScheduleConfig,
+    /// Micro-batches of `batch_size` per optimizer step (see [`step`]).
+    pub accumulate: usize,
+    /// Clip the gradients' total L2 norm to this before each step.
+    pub clip_grad_norm: Option<f64>,
+    /// Autocast the forward pass to bf16 or f16 (f16 with a GradScaler).
+    pub amp: Option<config::AmpKind>,
+    /// Keep the best test accuracy's checkpoint at [`run_state::best_path`] (needs `checkpoint`).
+    pub keep_best: bool,
+    /// Stop after this many epochs without a better test accuracy.
+    pub early_stop: Option<u64>,
+    /// Run with `use_deterministic_algorithms(true)`.
+    pub deterministic: bool,
+    /// Write TensorBoard curves into this folder.
+    pub logdir: Option<PathBuf>,
+    /// Print the model summary before training.
+    pub summary: bool,
 }
 
 impl Default for TrainConfig {
@@ -154,6 +181,16 @@ impl Default for TrainConfig {
             verbose: false,
             profile: None,
             compile: false,
+            optimizer: config::OptimizerConfig::default(),
+            schedule: config::ScheduleConfig::default(),
+            accumulate: 1,
+            clip_grad_norm: None,
+            amp: None,
+            keep_best: false,
+            early_stop: None,
+            deterministic: false,
+            logdir: None,
+            summary: false,
         }
     }
 }
@@ -191,6 +228,14 @@ pub struct Outcome {
     pub step_ms_median: f64,
     /// The first step's wall time in ms.
     pub first_step_ms: f64,
+    /// Every optimizer step of this run (the per-step curves).
+    pub step_records: Vec<step::StepRecord>,
+    /// The best test accuracy of the run so far (resumed epochs included).
+    pub best_test_accuracy: Option<f64>,
+    /// Whether `early_stop` ended the run before `epochs`.
+    pub stopped_early: bool,
+    /// What `--resume` warned about (also printed to stderr).
+    pub warnings: Vec<String>,
 }
 
 impl Outcome {
@@ -347,18 +392,18 @@ pub fn sgd_config(lr: f64, fused: bool) -> SgdConfig {
 /// Trains as `cfg` says and returns the model and the numbers.
 pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     let start = Instant::now();
-    if cfg.batch_size == 0 || cfg.epochs == 0 {
-        return Err(Error::op(
-            "train",
-            "--epochs and --batch-size must be positive",
-        ));
+    config::check(cfg)?;
+    if cfg.deterministic {
+        crate::use_deterministic_algorithms(true);
     }
+    let rc = RunConfig::of(cfg);
     // A resumed run takes the data split and model kind from the checkpoint.
     let resume = match &cfg.resume {
         Some(p) => Some((p.clone(), Checkpoint::load(p)?)),
         None => None,
     };
     let mut split_seed = cfg.seed;
+    let mut warnings = vec![];
     if let Some((p, ck)) = &resume {
         if let Some(m) = ck.extra.get("model") {
             if ModelKind::parse(m) != Some(cfg.model) {
@@ -379,6 +424,10 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
                 )
             })?;
         }
+        warnings = run_state::config_warnings(p, ck, &rc);
+        warnings
+            .iter()
+            .for_each(|w| eprintln!("kiln train: warning: {w}"));
     }
     let data = cfg.data.clone().unwrap_or_else(default_data_path);
     let splits = load_splits(&data, split_seed, cfg.limit)?;
@@ -388,24 +437,51 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
 
     crate::manual_seed(cfg.seed);
     let model = cfg.model.build()?;
-    let mut opt = SGD::with_params(model.parameters(), sgd_config(cfg.lr, cfg.compile))?;
-    let mut sched = ExponentialLR::new(&mut opt, LR_GAMMA)?;
+    if cfg.summary {
+        println!(
+            "{}",
+            crate::summary::summary(&model, &xtr.narrow(0, 0, 1)?)?
+        );
+    }
+    let mut opt = recipe::optimizer(&rc, model.parameters(), cfg.compile)?;
     let train_ds = TensorDataset::new(vec![xtr, ytr])?;
     let mut loader = DataLoader::new(train_ds, cfg.batch_size)
         .shuffle(true)
         .drop_last(n_train % cfg.batch_size == 1) // BatchNorm cannot train on a batch of one
         .num_workers(cfg.workers)
         .persistent_workers(cfg.workers > 0);
+    // The micro-batch sizes of every epoch (the loader's batches).
+    let sizes: Vec<usize> = (0..loader.len())
+        .map(|k| (n_train - k * cfg.batch_size).min(cfg.batch_size))
+        .collect();
+    let mut stepper = step::Stepper::new(model.parameters(), cfg.accumulate);
+    let steps_per_epoch = stepper.steps_per_epoch(sizes.len());
+    let mut sched = recipe::scheduler(&rc, &mut opt, steps_per_epoch)?;
+    stepper.clip = cfg.clip_grad_norm;
+    stepper.amp = cfg.amp;
+    stepper.scaler = (cfg.amp == Some(config::AmpKind::F16)).then(crate::amp::GradScaler::new);
+    stepper.per_step_schedule = rc.schedule.per_step();
+    stepper.log = match &cfg.logdir {
+        Some(d) => Some(crate::tensorboard::SummaryWriter::new(d)?),
+        None => None,
+    };
     let mut first_epoch = 0;
+    let mut best = run_state::Best::default();
     if let Some((p, ck)) = &resume {
         ck.restore_model(p, &model)?;
-        ck.restore_optimizer(p, &mut opt)?;
-        ck.restore_scheduler(p, &mut sched)?;
+        ck.restore_optimizer(p, &mut *opt)?;
+        ck.restore_scheduler(p, &mut *sched)?;
+        if let (Some(s), Some(st)) = (&mut stepper.scaler, &ck.scaler) {
+            s.load_state_dict(&st.values)
+                .map_err(|e| ckpt_err(p, format!("metadata key `scaler`: {e}")))?;
+        }
         ck.restore_rng();
         loader = loader.seed(ck.loader_seed);
         loader.set_epoch(ck.loader_epoch);
         first_epoch = ck.epoch;
+        best = run_state::Best::load(ck);
     }
+    stepper.global_step = (first_epoch as usize * steps_per_epoch) as i64;
 
     // The compiled wrapper borrows `model`: parameters, optimizer state and
     // checkpoints are the model's own.
@@ -417,6 +493,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     let mut step_times: Vec<Duration> = vec![];
     let show = cfg.progress && std::io::stdout().is_terminal();
     let mut stats = vec![];
+    let mut stopped_early = false;
     model.train();
     for epoch in first_epoch..cfg.epochs {
         let t0 = Instant::now();
@@ -425,21 +502,16 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         let (mut loss_sum, mut hits, mut seen) = (0.0f64, 0usize, 0usize);
         let loader_epoch = loader.epoch();
         let prof = (epoch == first_epoch && cfg.profile.is_some()).then(Profiler::start);
-        for batch in loader.iter_epoch(loader_epoch) {
+        for (i, batch) in loader.iter_epoch(loader_epoch).enumerate() {
             let batch = batch?;
             let (x, y) = (&batch[0], &batch[1]);
             let _step = profiler::record_function("train_step");
             let t_step = Instant::now();
-            let logits = fwd(x)?;
-            let loss = F::cross_entropy(&logits, y, None, ClassLossOpts::default())?;
-            opt.zero_grad();
-            loss.backward()?;
-            let step = profiler::record_function("optimizer.step");
-            opt.step()?;
-            drop(step);
+            let (loss, logits) =
+                stepper.micro_batch(i, &sizes, x, y, &fwd, &mut opt, &mut sched)?;
             step_times.push(t_step.elapsed());
             let n = y.numel();
-            loss_sum += loss.item()? * n as f64;
+            loss_sum += loss * n as f64;
             hits += correct(&logits, y)?;
             seen += n;
             pb.inc(1);
@@ -449,7 +521,9 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
                 hits as f64 / seen as f64
             ));
         }
-        sched.step(&mut opt)?;
+        if !stepper.per_step_schedule {
+            sched.step(&mut opt)?;
+        }
         let test_accuracy = {
             let _eval = profiler::record_function("evaluate");
             evaluate_with(&model, &fwd, &xte, &yte)?
@@ -473,29 +547,45 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         } else if cfg.verbose {
             println!("{line}");
         }
+        if let Some(w) = &mut stepper.log {
+            let e = s.epoch as i64;
+            w.add_scalar("epoch/train_loss", s.train_loss, e)?;
+            w.add_scalar("epoch/train_accuracy", s.train_accuracy, e)?;
+            w.add_scalar("epoch/test_accuracy", s.test_accuracy, e)?;
+            w.flush()?;
+        }
+        let improved = best.update(s.test_accuracy);
         stats.push(s);
         if let (Some(prof), Some(path)) = (prof, &cfg.profile) {
             write_profile(prof, path, epoch + 1, !cfg.verbose)?;
         }
         if let Some(p) = &cfg.checkpoint {
-            let mut ck = Checkpoint::capture(
+            let ck = Checkpoint::capture(
                 &model,
-                &opt,
-                Some(&sched),
+                &*opt,
+                Some(&*sched),
                 epoch + 1,
                 loader.initial_seed(),
                 loader.epoch(),
             );
-            ck.extra.insert("model".into(), cfg.model.name().into());
-            ck.extra.insert("split_seed".into(), split_seed.to_string());
-            ck.extra.insert("seed".into(), cfg.seed.to_string());
-            ck.extra
-                .insert("batch_size".into(), cfg.batch_size.to_string());
-            ck.extra.insert(
-                "normalize".into(),
-                format!("mean {} std {}", splits.mean, splits.std),
-            );
-            ck.save(p)?;
+            let ctx = run_state::Context {
+                cfg,
+                split_seed,
+                splits: &splits,
+                best,
+            };
+            run_state::save(ck, p, &ctx, stepper.scaler.as_ref(), improved)?;
+        }
+        if cfg.early_stop.is_some_and(|k| best.epochs_since >= k) {
+            stopped_early = true;
+            if cfg.verbose || show {
+                println!(
+                    "early stop: no better test accuracy for {} epochs (best {:.4})",
+                    best.epochs_since,
+                    best.accuracy.unwrap_or(0.0)
+                );
+            }
+            break;
         }
     }
     let test_accuracy = match stats.last() {
@@ -503,6 +593,9 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         None => evaluate_with(&model, &fwd, &xte, &yte)?,
     };
     drop(compiled);
+    if let Some(w) = &mut stepper.log {
+        w.flush()?;
+    }
     let ms = |d: &Duration| d.as_secs_f64() * 1e3;
     let step_ms_mean = step_times.iter().map(ms).sum::<f64>() / step_times.len().max(1) as f64;
     let mut sorted: Vec<f64> = step_times.iter().map(ms).collect();
@@ -521,6 +614,10 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         step_ms_mean,
         step_ms_median,
         first_step_ms: step_times.first().map(ms).unwrap_or(0.0),
+        step_records: std::mem::take(&mut stepper.records),
+        best_test_accuracy: best.accuracy,
+        stopped_early,
+        warnings,
     })
 }
 

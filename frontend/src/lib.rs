@@ -13,6 +13,7 @@ pub mod quantization;
 pub mod random;
 pub mod serialize;
 mod tensor;
+pub mod utils;
 pub mod warnings;
 
 pub use device::host_fallbacks;

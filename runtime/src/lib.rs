@@ -2,6 +2,7 @@
 //! cache, and extern kernels (GEMM, convolution, pooling, embedding).
 
 pub mod cuda;
+pub mod deterministic;
 pub mod externs;
 pub mod launch;
 pub mod memory;

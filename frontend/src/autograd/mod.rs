@@ -19,7 +19,7 @@ pub use anomaly::{detect_anomaly, is_anomaly_enabled, AnomalyGuard};
 pub use engine::backward;
 pub(crate) use engine::leaf_grads;
 pub use node::Node;
-pub(crate) use node::{needs_grad, record, Saved};
+pub(crate) use node::{needs_grad, reachable_leaves, record, record_with_leaves, LeafRef, Saved};
 pub use version::Version;
 
 use crate::Tensor;

@@ -99,13 +99,82 @@ pub(crate) fn needs_grad(inputs: &[&Tensor]) -> bool {
 /// gradient over broadcast dims and casts it to the input's dtype.
 pub(crate) fn record(
     op: &'static str,
+    out: Tensor,
+    inputs: &[&Tensor],
+    f: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
+) -> Result<Tensor> {
+    record_with_leaves(op, out, inputs, &[], f)
+}
+
+/// A leaf of a recorded graph (a parameter), reached through a node's edges.
+#[derive(Clone)]
+pub(crate) struct LeafRef {
+    pub meta: Arc<AutogradMeta>,
+    pub dims: Dims,
+    pub dtype: DType,
+}
+
+impl LeafRef {
+    /// `t` as a leaf edge, when it is a leaf that requires grad.
+    pub fn of(t: &Tensor) -> Option<LeafRef> {
+        let m = t.autograd.as_ref()?;
+        (t.requires_grad() && m.grad_fn.is_none()).then(|| LeafRef {
+            meta: m.clone(),
+            dims: t.dims_vec(),
+            dtype: t.dtype(),
+        })
+    }
+}
+
+/// The leaves the graph behind `t` reaches, each once, in the order first
+/// reached (depth first from `t`'s node), except those in `except`.
+pub(crate) fn reachable_leaves(t: &Tensor, except: &[Arc<AutogradMeta>]) -> Vec<LeafRef> {
+    let mut out: Vec<LeafRef> = vec![];
+    let mut seen: Vec<*const Node> = vec![];
+    let mut stack: Vec<Arc<Node>> = t.grad_fn().into_iter().collect();
+    while let Some(n) = stack.pop() {
+        let key = Arc::as_ptr(&n);
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        for i in n.inputs.iter().rev() {
+            match &i.edge {
+                Some(Edge::Node(c)) => stack.push(c.clone()),
+                Some(Edge::Leaf(m)) => {
+                    let known = except.iter().chain(out.iter().map(|l| &l.meta));
+                    if !known.into_iter().any(|k| Arc::ptr_eq(k, m)) {
+                        out.push(LeafRef {
+                            meta: m.clone(),
+                            dims: i.dims.clone(),
+                            dtype: i.dtype,
+                        });
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+    out
+}
+
+/// [`record`] with extra leaf edges after the tensor inputs: `f` returns one
+/// gradient per input, then one per leaf.
+pub(crate) fn record_with_leaves(
+    op: &'static str,
     mut out: Tensor,
     inputs: &[&Tensor],
+    leaves: &[LeafRef],
     f: impl Fn(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + Sync + 'static,
 ) -> Result<Tensor> {
     if anomaly::is_anomaly_enabled() {
         anomaly::check_forward(op, &out, inputs)?;
     }
+    let leaf_inputs = leaves.iter().map(|l| Input {
+        edge: Some(Edge::Leaf(l.meta.clone())),
+        dims: l.dims.clone(),
+        dtype: l.dtype,
+    });
     let inputs = inputs
         .iter()
         .map(|t| Input {
@@ -120,6 +189,7 @@ pub(crate) fn record(
             dims: t.dims_vec(),
             dtype: t.dtype(),
         })
+        .chain(leaf_inputs)
         .collect();
     let node = Arc::new(Node {
         name: backward_name(op),

@@ -13,7 +13,8 @@
 use kiln_ir::graph::Graph;
 use std::path::PathBuf;
 
-fn dir() -> Option<PathBuf> {
+/// The plan cache's directory (None: `KILN_CACHE_DIR=off`).
+pub fn dir() -> Option<PathBuf> {
     match std::env::var("KILN_CACHE_DIR") {
         Ok(d) if d == "off" => None,
         Ok(d) if !d.is_empty() => Some(PathBuf::from(d)),

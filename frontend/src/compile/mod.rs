@@ -16,6 +16,8 @@
 //! shown by `KILN_LOG=recompiles`. Past the recompile limit, calls run eagerly.
 
 mod disk_cache;
+/// Where compiled plans are cached on disk (see `KILN_CACHE_DIR`); None when off.
+pub use disk_cache::dir as plan_cache_dir;
 pub mod dispatch;
 mod dump;
 pub(crate) mod epilogue;

@@ -22,6 +22,7 @@ pub mod driver;
 pub mod emulator;
 pub mod epilogue;
 pub mod gemm;
+pub mod info;
 pub mod launch;
 pub mod nvrtc;
 pub mod pinned;

@@ -224,6 +224,11 @@ impl KernelCache {
         GLOBAL.get_or_init(|| KernelCache::new(cache_dir_from(|k| std::env::var(k).ok())))
     }
 
+    /// The disk cache's directory (None: memory only).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
     /// The counters so far.
     pub fn stats(&self) -> CacheStats {
         let n = |a: &AtomicUsize| a.load(Ordering::Relaxed);

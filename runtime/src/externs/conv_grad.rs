@@ -87,7 +87,26 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
             }
         }
     };
-    if par {
+    if par && crate::deterministic::are_deterministic_algorithms_enabled() {
+        // Fixed chunk ranges per worker, partials added in worker order:
+        // the same sums in the same order on every run.
+        let workers = threads().min(chunks);
+        let partials: Vec<Vec<T>> = (0..workers)
+            .into_par_iter()
+            .map(|w| {
+                let (mut acc, mut cols, mut dys) = (vec![T::ZERO; out.len()], vec![], vec![]);
+                for c in chunks * w / workers..chunks * (w + 1) / workers {
+                    chunk(c, &mut acc, &mut cols, &mut dys);
+                }
+                acc
+            })
+            .collect();
+        for p in &partials {
+            for (x, y) in out.iter_mut().zip(p) {
+                *x += *y;
+            }
+        }
+    } else if par {
         let total = (0..chunks)
             .into_par_iter()
             .fold(

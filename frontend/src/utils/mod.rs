@@ -1,0 +1,5 @@
+//! `torch.utils`: [`checkpoint`] (activation checkpointing).
+
+pub mod checkpoint;
+
+pub use checkpoint::{checkpoint, Checkpointed};
