@@ -11,6 +11,7 @@ pub mod device;
 pub mod qlinear;
 pub mod serve;
 pub mod train;
+pub mod vision;
 mod workloads;
 pub use device::{parse_device, run_on, DeviceBench, DEVICE_WORKLOADS};
 pub use train::{measure_train, w5, w6, TrainWorkload};
@@ -34,6 +35,9 @@ pub struct Row {
     /// Compiled rows of a device run: the largest difference from the eager
     /// outputs (relative above 1, absolute below).
     pub max_diff: Option<f64>,
+    /// CPU rows: the most bytes one more call held at once beyond what was
+    /// live before it (`max_memory_allocated` after a reset; its outputs included).
+    pub peak_bytes: Option<usize>,
 }
 
 impl Row {
@@ -55,6 +59,9 @@ impl Row {
         }
         if let Some(d) = self.max_diff {
             s += &format!(",\"max_diff\":{d:e}");
+        }
+        if let Some(p) = self.peak_bytes {
+            s += &format!(",\"peak_mb\":{:.3}", p as f64 / MIB);
         }
         s + "}"
     }
@@ -110,11 +117,36 @@ fn row(w: &str, what: &str, ms: f64, unit: &'static str, amount: f64) -> Row {
         compile_ms: None,
         device: Device::Cpu,
         max_diff: None,
+        peak_bytes: None,
     }
+}
+
+/// Peak bytes held during one `f()` beyond what was live before it
+/// (the runtime's `max_memory_allocated` after a reset).
+pub fn peak_of(f: impl FnOnce() -> Result<Vec<Tensor>>) -> Result<usize> {
+    use crate::memory;
+    let base = memory::memory_allocated();
+    memory::reset_peak_memory_stats();
+    let outs = f()?;
+    let peak = memory::max_memory_allocated().saturating_sub(base);
+    drop(outs);
+    Ok(peak)
 }
 
 /// The digits CNN or MLP (`kiln train`'s models) in eval mode on a batch of 256.
 pub fn model(kind: crate::train::ModelKind) -> Result<Workload> {
+    model_at(kind, 256)
+}
+
+/// The digits CNN at batch 1 (`CNN-b1`): per-call overhead, eager vs compiled.
+pub fn cnn_b1() -> Result<Workload> {
+    let mut w = model_at(crate::train::ModelKind::Cnn, 1)?;
+    w.name = "CNN-b1";
+    Ok(w)
+}
+
+/// [`model`] on a batch of `batch`.
+pub fn model_at(kind: crate::train::ModelKind, batch: usize) -> Result<Workload> {
     use crate::nn::{Module, ModuleExt};
     crate::manual_seed(0);
     let m = kind.build()?;
@@ -125,10 +157,10 @@ pub fn model(kind: crate::train::ModelKind) -> Result<Workload> {
     };
     Ok(Workload {
         name,
-        what: "digits model inference, batch 256".into(),
+        what: format!("digits model inference, batch {batch}"),
         unit: "",
         amount: 0.0,
-        inputs: vec![randn(&[256, 1, 8, 8], 17)],
+        inputs: vec![randn(&[batch, 1, 8, 8], 17)],
         f: Box::new(move |t: &[Tensor]| Ok(vec![m.forward(&t[0])?])),
     })
 }
@@ -240,7 +272,7 @@ pub fn measure_on(
 ) -> Result<(Row, Vec<Tensor>)> {
     let _ng = crate::autograd::no_grad();
     let sync = || device.synchronize();
-    let (ms, compile_ms, outs) = if compiled {
+    let (ms, compile_ms, outs, peak) = if compiled {
         let c = crate::compile::compile_fn(w.name, |t: &[Tensor]| (w.f)(t));
         let s = Instant::now();
         c.call(&w.inputs)?;
@@ -250,15 +282,22 @@ pub fn measure_on(
             std::hint::black_box(c.call(&w.inputs)?);
             sync()
         })?;
-        (ms, Some(compile_ms), c.call(&w.inputs)?)
+        let peak = (device == Device::Cpu)
+            .then(|| peak_of(|| c.call(&w.inputs)))
+            .transpose()?;
+        (ms, Some(compile_ms), c.call(&w.inputs)?, peak)
     } else {
         let ms = time_ms(iters, 2, || {
             std::hint::black_box((w.f)(&w.inputs)?);
             sync()
         })?;
-        (ms, None, (w.f)(&w.inputs)?)
+        let peak = (device == Device::Cpu)
+            .then(|| peak_of(|| (w.f)(&w.inputs)))
+            .transpose()?;
+        (ms, None, (w.f)(&w.inputs)?, peak)
     };
     let mut r = row(w.name, &w.what, ms, w.unit, w.amount);
+    r.peak_bytes = peak;
     if compiled {
         r.mode = "compiled".into();
     }
@@ -391,6 +430,22 @@ pub fn run_profiled(
     if only.iter().any(|o| o.eq_ignore_ascii_case("QLINEAR")) {
         rows.extend(qlinear::qlinear_rows(iters)?);
     }
+    if only.iter().any(|o| o.eq_ignore_ascii_case("CNN-b1")) {
+        let w = cnn_b1()?;
+        for c in modes(mode) {
+            rows.push(measure(&w, c, iters.max(500))?);
+        }
+    }
+    for (name, make) in vision::WORKLOADS {
+        if only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
+            let w = make()?;
+            for c in modes(mode) {
+                rows.extend(traced(profile_dir, name, || {
+                    Ok(vec![measure(&w, c, iters.min(10))?])
+                })?);
+            }
+        }
+    }
     Ok(rows)
 }
 
@@ -419,8 +474,12 @@ pub fn table(rows: &[Row]) -> String {
             _ => String::new(),
         };
         let c = r.compile_ms.map(|c| format!("{c:.1}")).unwrap_or_default();
+        let peak = r
+            .peak_bytes
+            .map(|p| format!(" (peak {:.2} MiB)", p as f64 / MIB))
+            .unwrap_or_default();
         s += &format!(
-            "{:<9} {:<8} {:>10.3} {:>12} {:>11}  {}\n",
+            "{:<9} {:<8} {:>10.3} {:>12} {:>11}  {}{peak}\n",
             r.workload, r.mode, r.median_ms, rate, c, r.what
         );
     }

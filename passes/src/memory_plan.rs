@@ -71,49 +71,98 @@ pub fn plan_memory(g: &Graph, plan: &FusionPlan) -> MemoryPlan {
     let mut order: Vec<NodeId> = plan.kernels.iter().map(|k| k.root).collect();
     order.sort_by_key(|r| runs_at[r.index()]);
 
-    let mut buffers: Vec<usize> = vec![];
+    let values: Vec<Interval> = order
+        .iter()
+        .map(|root| Interval {
+            bytes: bytes(g, *root),
+            class: 0,
+            def: runs_at[root.index()].unwrap_or(0),
+            last: last_use[root.index()],
+        })
+        .collect();
+    let placed = assign_buffers(&values);
     let mut buffer_of = vec![None; n];
     let mut free_after = vec![vec![]; n];
-    let mut live: Vec<NodeId> = vec![];
+    for ((root, v), b) in order.iter().zip(&values).zip(&placed.buffer_of) {
+        buffer_of[root.index()] = Some(*b);
+        if v.last != usize::MAX {
+            free_after[v.last.max(v.def)].push(*root);
+        }
+    }
+    MemoryPlan {
+        planned_peak: placed.buffers.iter().sum(),
+        buffers: placed.buffers,
+        buffer_of,
+        free_after,
+        unplanned: values.iter().map(|v| v.bytes).sum(),
+    }
+}
+
+/// A value to place: its size, a class (only values of one class share a
+/// buffer: the executor's buffers are typed), the step that writes it first
+/// and the last step that reads it (`usize::MAX`: it outlives the run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Interval {
+    pub bytes: usize,
+    pub class: usize,
+    pub def: usize,
+    pub last: usize,
+}
+
+/// Buffers for a list of [`Interval`]s and which one each value takes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Buffer sizes in bytes.
+    pub buffers: Vec<usize>,
+    /// Per value: its buffer.
+    pub buffer_of: Vec<usize>,
+}
+
+/// Places `values` (sorted by `def`) in buffers: a value takes the smallest
+/// free buffer of its class that fits (a buffer is free once the last reader
+/// of its value has run, strictly before the new value's first step), else a
+/// new one. Two values share a buffer only when their lifetimes are disjoint.
+///
+/// ```
+/// use kiln_passes::memory_plan::{assign_buffers, Interval};
+/// let v = |def, last| Interval { bytes: 64, class: 0, def, last };
+/// // a chain a -> b -> c: c reuses a's buffer
+/// let p = assign_buffers(&[v(0, 1), v(1, 2), v(2, 3)]);
+/// assert_eq!(p.buffers.len(), 2);
+/// assert_eq!(p.buffer_of[0], p.buffer_of[2]);
+/// ```
+pub fn assign_buffers(values: &[Interval]) -> Placement {
+    let mut buffers: Vec<usize> = vec![];
+    let mut class_of: Vec<usize> = vec![];
+    let mut buffer_of = Vec::with_capacity(values.len());
+    let mut live: Vec<usize> = vec![];
     let mut pool: Vec<usize> = vec![];
-    let mut unplanned = 0;
-    for root in order {
-        let at = runs_at[root.index()].unwrap_or(0);
-        live.retain(|v| {
-            let dead = last_use[v.index()] < at;
+    for (i, v) in values.iter().enumerate() {
+        live.retain(|&u| {
+            let dead = values[u].last < v.def;
             if dead {
-                pool.push(buffer_of[v.index()].expect("live values have buffers"));
+                pool.push(buffer_of[u]);
             }
             !dead
         });
-        let need = bytes(g, root);
-        unplanned += need;
         let fit = pool
             .iter()
             .enumerate()
-            .filter(|(_, &b)| buffers[b] >= need)
+            .filter(|(_, &b)| buffers[b] >= v.bytes && class_of[b] == v.class)
             .min_by_key(|(_, &b)| (buffers[b], b))
             .map(|(i, _)| i);
         let b = match fit {
             Some(i) => pool.swap_remove(i),
             None => {
-                buffers.push(need);
+                buffers.push(v.bytes);
+                class_of.push(v.class);
                 buffers.len() - 1
             }
         };
-        buffer_of[root.index()] = Some(b);
-        live.push(root);
-        if last_use[root.index()] != usize::MAX {
-            free_after[last_use[root.index()].max(at)].push(root);
-        }
+        buffer_of.push(b);
+        live.push(i);
     }
-    MemoryPlan {
-        planned_peak: buffers.iter().sum(),
-        buffers,
-        buffer_of,
-        free_after,
-        unplanned,
-    }
+    Placement { buffers, buffer_of }
 }
 
 /// Peak bytes of intermediates when every op runs as its own kernel and each
@@ -196,6 +245,25 @@ mod tests {
         assert_eq!(m.buffers.len(), 2, "{m:?}");
         assert_eq!(m.planned_peak, 2 * 64);
         assert_eq!(m.buffer_of[1], m.buffer_of[5]);
+    }
+
+    #[test]
+    fn buffers_are_shared_only_within_a_class_and_by_disjoint_lifetimes() {
+        let v = |bytes, class, def, last| Interval {
+            bytes,
+            class,
+            def,
+            last,
+        };
+        // a dies before c: c (same class, fits) takes a's buffer; b (other
+        // class) and d (overlapping c) get their own
+        let p = assign_buffers(&[v(64, 0, 0, 1), v(64, 1, 1, 3), v(32, 0, 2, 4), v(64, 0, 3, 5)]);
+        assert_eq!(p.buffer_of[2], p.buffer_of[0]);
+        assert_ne!(p.buffer_of[1], p.buffer_of[0]);
+        assert_ne!(p.buffer_of[3], p.buffer_of[2]);
+        // a buffer last read at step 3 is not free for a value written at step 3
+        assert_ne!(p.buffer_of[3], p.buffer_of[1]);
+        assert_eq!(p.buffers.len(), 3);
     }
 
     #[test]

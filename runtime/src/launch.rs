@@ -76,9 +76,70 @@ struct Cache {
 static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
 static HITS: AtomicUsize = AtomicUsize::new(0);
 static COMPILES: AtomicUsize = AtomicUsize::new(0);
+static SPECIALISED: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static RECORDING: std::cell::RefCell<Option<Vec<Kernel>>> = const { std::cell::RefCell::new(None) };
+    static CAPTURE: std::cell::RefCell<Option<Vec<Captured>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// One launch seen by [`capture_launches`]: everything needed to run it
+/// again on other buffers of the same layouts without building KernelIR or
+/// looking machine code up.
+pub enum Captured {
+    /// A CPU launch: machine code, collapsed loop dims, per-operand strides
+    /// (flattened) and where each operand starts.
+    Launch(CapturedLaunch),
+    /// A launch that cannot be replayed as one call (a CUDA device, or
+    /// f16/bf16 operands widened through temporaries).
+    Opaque(&'static str),
+}
+
+/// A replayable CPU launch (see [`Captured`]).
+pub struct CapturedLaunch {
+    pub exec: Arc<Executable>,
+    /// The kernel as specialised for this launch (for [`record_kernels`]).
+    pub kernel: Arc<Kernel>,
+    pub dims: Vec<usize>,
+    pub strides: Vec<isize>,
+    pub scalars: Vec<u64>,
+    /// Per operand (outputs first): its storage and the element offset of its view.
+    pub storages: Vec<*const Storage>,
+    pub offsets: Vec<usize>,
+    /// Per operand: its storage's dtype and length in elements.
+    pub dtypes: Vec<DType>,
+    pub lens: Vec<usize>,
+    /// Dim 0 may be split across threads.
+    pub splittable: bool,
+}
+
+/// Runs `f` and returns the launches it made on this thread, for replay with
+/// [`run_launch`] (the compiled executor's prebuilt launch list).
+pub fn capture_launches<R>(f: impl FnOnce() -> R) -> (R, Vec<Captured>) {
+    let prev = CAPTURE.with(|c| c.borrow_mut().replace(vec![]));
+    let out = f();
+    let got = CAPTURE
+        .with(|c| std::mem::replace(&mut *c.borrow_mut(), prev))
+        .unwrap_or_default();
+    (out, got)
+}
+
+fn capturing() -> bool {
+    CAPTURE.with(|c| c.borrow().is_some())
+}
+
+fn note_captured(c: impl FnOnce() -> Captured) {
+    CAPTURE.with(|v| {
+        if let Some(v) = v.borrow_mut().as_mut() {
+            v.push(c())
+        }
+    });
+}
+
+/// Whether [`record_kernels`] is recording on this thread (a replayed launch
+/// then notes its kernel, as a launch through [`launch`] does).
+pub fn recording_kernels() -> bool {
+    RECORDING.with(|r| r.borrow().is_some())
 }
 
 /// Runs `f` and returns it with the kernels it launched on this thread, as
@@ -94,7 +155,7 @@ pub fn record_kernels<R>(f: impl FnOnce() -> R) -> (R, Vec<Kernel>) {
 }
 
 /// Adds `k` (as specialised for launch) to this thread's [`record_kernels`].
-pub(crate) fn note_launched(k: &Kernel) {
+pub fn note_launched(k: &Kernel) {
     RECORDING.with(|r| {
         if let Some(v) = r.borrow_mut().as_mut() {
             v.push(k.clone())
@@ -113,14 +174,20 @@ pub fn log_enabled(what: &str) -> bool {
 /// Counters of the kernel cache since the process started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Machine-code lookups that found the kernel (each hashes a whole KernelIR).
     pub hits: usize,
     pub compiles: usize,
+    /// Kernels specialised for a launch (a KernelIR cloned and its rank and
+    /// stride pattern set): every launch through [`launch`], none replayed
+    /// by [`run_launch`].
+    pub specialised: usize,
 }
 
 pub fn cache_stats() -> CacheStats {
     CacheStats {
         hits: HITS.load(Ordering::Relaxed),
         compiles: COMPILES.load(Ordering::Relaxed),
+        specialised: SPECIALISED.load(Ordering::Relaxed),
     }
 }
 
@@ -224,10 +291,12 @@ const PARALLEL_MIN: usize = 1 << 15;
 pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> {
     let dev = crate::cuda::launch::launch_device(&template.name, views)?;
     if dev.is_cuda() {
+        note_captured(|| Captured::Opaque("a CUDA launch"));
         return crate::cuda::launch::launch(dev, template, views, scalars);
     }
     // f16/bf16 operands: kernels never see them; widen inputs, narrow the output.
     if views.iter().any(|v| v.dtype().is_half()) {
+        note_captured(|| Captured::Opaque("f16/bf16 operands widened around the kernel"));
         return launch_widened(template, views, scalars);
     }
     let _p = profiler::scope_with(Category::Kernel, || template.name.clone())
@@ -237,21 +306,58 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
         return Ok(());
     };
     let f = compiled(&k)?;
-    let ptrs = SendPtrs(
-        views
-            .iter()
-            .map(|v| unsafe { v.storage.ptr().add(v.layout.offset * v.dtype().size()) })
-            .collect(),
-    );
+    let ptrs: Vec<*mut u8> = views
+        .iter()
+        .map(|v| unsafe { v.storage.ptr().add(v.layout.offset * v.dtype().size()) })
+        .collect();
     let flat_strides: Vec<isize> = cs.iter().flat_map(|s| s.iter().copied()).collect();
-    let total: usize = cd.iter().product();
-    let n0 = cd[0];
-    let threads = rayon::current_num_threads();
-    let run = |start: usize, end: usize| unsafe {
-        f.run(ptrs.get(), &flat_strides, &cd, scalars, start, end)
-    };
     // a rank-1 reduction has no kept dim to split: its dim 0 is the reduced one
     let splittable = cd.len() > usize::from(template.reduce.is_some());
+    if capturing() {
+        note_captured(|| {
+            Captured::Launch(CapturedLaunch {
+                exec: f.clone(),
+                kernel: Arc::new(k.clone()),
+                dims: cd.clone(),
+                strides: flat_strides.clone(),
+                scalars: scalars.to_vec(),
+                storages: views.iter().map(|v| v.storage as *const Storage).collect(),
+                offsets: views.iter().map(|v| v.layout.offset).collect(),
+                dtypes: views.iter().map(|v| v.dtype()).collect(),
+                lens: views.iter().map(|v| v.storage.len()).collect(),
+                splittable,
+            })
+        });
+    }
+    // SAFETY: the views describe live buffers of the kernel's operands
+    unsafe { run_launch(&f, ptrs, &flat_strides, &cd, scalars, splittable) };
+    Ok(())
+}
+
+/// Runs compiled kernel `f` over operands starting at `ptrs` (outputs first)
+/// with collapsed loop dims `dims` and flattened per-operand `strides`,
+/// splitting dim 0 across threads when the work is large and `splittable`.
+/// [`launch`] ends here; the compiled executor calls it directly with a
+/// launch it captured once ([`capture_launches`]).
+///
+/// # Safety
+/// The pointers, strides and dims must describe live buffers laid out as the
+/// kernel was specialised for.
+pub unsafe fn run_launch(
+    f: &Executable,
+    ptrs: Vec<*mut u8>,
+    strides: &[isize],
+    dims: &[usize],
+    scalars: &[u64],
+    splittable: bool,
+) {
+    let ptrs = SendPtrs(ptrs);
+    let total: usize = dims.iter().product();
+    let n0 = dims[0];
+    let threads = rayon::current_num_threads();
+    let run = |start: usize, end: usize| unsafe {
+        f.run(ptrs.get(), strides, dims, scalars, start, end)
+    };
     if total < PARALLEL_MIN || n0 < 2 || threads < 2 || !splittable {
         run(0, n0);
     } else {
@@ -264,7 +370,6 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
             }
         });
     }
-    Ok(())
 }
 
 /// `template` specialised for `views`: loop dims collapsed (see [`collapse`]),
@@ -285,6 +390,7 @@ pub(crate) fn specialise(
         return None;
     }
     let mut k = template.clone();
+    SPECIALISED.fetch_add(1, Ordering::Relaxed);
     k.rank = cd.len();
     for ((op, s), v) in k.operands.iter_mut().zip(&cs).zip(views) {
         op.inner = Inner::of_stride(*s.last().unwrap());

@@ -47,6 +47,7 @@ pub fn qlinear_rows(iters: usize) -> Result<Vec<Row>> {
         compile_ms: None,
         device: Device::Cpu,
         max_diff: None,
+        peak_bytes: None,
     };
     Ok(vec![
         row(

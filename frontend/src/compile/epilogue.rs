@@ -20,7 +20,7 @@ use std::collections::HashMap;
 pub const MIN_TILED_SAMPLE: usize = 32 * 1024;
 
 /// What an epilogue reads besides the conv's output.
-enum Leaf {
+pub(crate) enum Leaf {
     Tensor(Tensor),
     Constant(f64, DType),
 }
@@ -28,7 +28,7 @@ enum Leaf {
 /// `t` (broadcast to the conv output's `dims`) restricted to `tile`, as a
 /// 2-d view `[channels, cols]`; an error when the spatial dims of `t` do not
 /// flatten into one stride.
-fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
+pub(crate) fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
     let v =
         t.expand_to(dims)?
             .select(0, tile.n as i64)?
@@ -39,7 +39,7 @@ fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> {
 
 /// The epilogue of `kernel` (an extern with one) as one pending expression
 /// over `value`, the extern's value; its other operands are read through `view`.
-fn expression(
+pub(crate) fn expression(
     g: &Graph,
     kernel: &Kernel,
     root: NodeId,
@@ -115,25 +115,7 @@ pub fn run_extern_with_epilogue(
         .iter()
         .map(|&o| value(o))
         .collect::<Result<Vec<_>>>()?;
-    // what the epilogue's nodes read besides each other and the extern
-    let mut reads: Vec<NodeId> = kernel
-        .fused
-        .iter()
-        .flat_map(|&n| g.node(n).operands.iter().copied())
-        .filter(|o| *o != kernel.root && !kernel.fused.contains(o))
-        .collect();
-    reads.sort();
-    reads.dedup();
-    let mut leaves = vec![];
-    for r in reads {
-        let leaf = match &g.node(r).op {
-            NodeOp::Const(c) if c.is_splat() && c.meta.dims.is_empty() => {
-                Leaf::Constant(c.value(0), c.meta.dtype)
-            }
-            _ => Leaf::Tensor(value(r)?),
-        };
-        leaves.push((r, leaf));
-    }
+    let leaves = leaves_of(g, kernel, value)?;
     let one_pass = |out: Tensor| -> Result<Tensor> {
         apply(g, kernel, root, &leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
         Ok(out)
@@ -171,6 +153,126 @@ pub fn run_extern_with_epilogue(
     }
 }
 
+/// What an epilogue reads besides its own nodes and the extern.
+pub(crate) fn leaves_of(
+    g: &Graph,
+    kernel: &Kernel,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+) -> Result<Vec<(NodeId, Leaf)>> {
+    let mut reads: Vec<NodeId> = kernel
+        .fused
+        .iter()
+        .flat_map(|&n| g.node(n).operands.iter().copied())
+        .filter(|o| *o != kernel.root && !kernel.fused.contains(o))
+        .collect();
+    reads.sort();
+    reads.dedup();
+    let mut leaves = vec![];
+    for r in reads {
+        let leaf = match &g.node(r).op {
+            NodeOp::Const(c) if c.is_splat() && c.meta.dims.is_empty() => {
+                Leaf::Constant(c.value(0), c.meta.dtype)
+            }
+            _ => Leaf::Tensor(value(r)?),
+        };
+        leaves.push((r, leaf));
+    }
+    Ok(leaves)
+}
+
+/// How an extern with an epilogue runs on the CPU (None: on a device, or
+/// an extern that is neither a conv nor a matrix product).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CpuEpilogue {
+    /// A conv applying the epilogue to each output tile.
+    Tiled,
+    /// The extern, then one pass of the epilogue over its output.
+    OnePass,
+}
+
+/// Which [`CpuEpilogue`] [`run_extern_with_epilogue`] takes for `kernel`.
+pub(crate) fn cpu_epilogue(
+    g: &Graph,
+    kernel: &Kernel,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+    min_tiled_sample: usize,
+) -> Result<Option<CpuEpilogue>> {
+    let ext = g.node(kernel.root);
+    let NodeOp::Op(op) = &ext.op else {
+        return Ok(None);
+    };
+    let x = value(ext.operands[0])?;
+    if x.device().is_cuda() {
+        return Ok(None);
+    }
+    Ok(match op {
+        Op::Conv { spatial, .. } => {
+            let leaves = leaves_of(g, kernel, value)?;
+            let dims = g.meta(kernel.root)?.dims.clone();
+            Some(if conv_is_tiled(&dims, *spatial, &leaves, min_tiled_sample) {
+                CpuEpilogue::Tiled
+            } else {
+                CpuEpilogue::OnePass
+            })
+        }
+        _ => Some(CpuEpilogue::OnePass),
+    })
+}
+
+/// The extern of `kernel` alone (its epilogue to follow with [`run_epilogue_over`]).
+pub(crate) fn run_extern_only(
+    g: &Graph,
+    kernel: &Kernel,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let ext = g.node(kernel.root);
+    let NodeOp::Op(op) = &ext.op else {
+        bail!("compile", "an epilogue needs an extern op, got {}", ext.op_name());
+    };
+    let ins = ext
+        .operands
+        .iter()
+        .map(|&o| value(o))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(crate::compile::dispatch::run_op(op, &ins)?.remove(0))
+}
+
+/// The epilogue of `kernel` (rooted at `root`) in one pass over the
+/// extern's output `out`, in place.
+pub(crate) fn run_epilogue_over(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+    out: &Tensor,
+) -> Result<()> {
+    let leaves = leaves_of(g, kernel, value)?;
+    apply(g, kernel, root, &leaves, out, &|x: &Tensor| Ok(x.clone()))
+}
+
+/// Whether a CPU conv of output `dims` applies its epilogue per tile.
+fn conv_is_tiled(dims: &[usize], spatial: usize, leaves: &[(NodeId, Leaf)], min: usize) -> bool {
+    // tiles are (sample, channels, positions): an unbatched conv has no sample dim
+    let batched = dims.len() == spatial + 2;
+    if !batched || dims[0] == 0 {
+        return false;
+    }
+    let probe = Tile {
+        n: 0,
+        c0: 0,
+        channels: dims[1],
+        p0: 0,
+        cols: dims[2..].iter().product(),
+    };
+    // a launch per tile costs a few microseconds: worth it only when a
+    // sample's output is big enough to fall out of cache before a second pass
+    let big = dims[1..].iter().product::<usize>() >= min;
+    big && leaves.iter().all(|(_, l)| match l {
+        Leaf::Tensor(t) => tile_of(t, dims, probe).is_ok(),
+        Leaf::Constant(..) => true,
+    })
+}
+
 /// [`run_extern_with_epilogue`] for a conv.
 fn run_conv(
     g: &Graph,
@@ -191,25 +293,7 @@ fn run_conv(
         };
         return F::conv_with_epilogue_on_device(&ins[0], &ins[1], b, params, spatial, &epilogue);
     }
-    // tiles are (sample, channels, positions): an unbatched conv has no sample dim
-    let batched = dims.len() == spatial + 2;
-    let probe = Tile {
-        n: 0,
-        c0: 0,
-        channels: dims[1],
-        p0: 0,
-        cols: dims[2..].iter().product(),
-    };
-    // a launch per tile costs a few microseconds: worth it only when a
-    // sample's output is big enough to fall out of cache before a second pass
-    let big = dims[1..].iter().product::<usize>() >= min_tiled_sample;
-    let tiled = batched
-        && big
-        && dims[0] > 0
-        && leaves.iter().all(|(_, l)| match l {
-            Leaf::Tensor(t) => tile_of(t, &dims, probe).is_ok(),
-            Leaf::Constant(..) => true,
-        });
+    let tiled = conv_is_tiled(&dims, spatial, leaves, min_tiled_sample);
     if tiled {
         let per_tile = |out: &Tensor, t: Tile| {
             apply(g, kernel, root, leaves, out, &|x: &Tensor| {

@@ -9,6 +9,7 @@
 //! and reused while no parameter's version counter has moved.
 
 use super::dispatch::run_op;
+use super::program::{Program, Recorder, Source};
 use crate::ops::fuse::{Fuser, Lazy};
 use crate::{Scalar, Tensor};
 use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
@@ -18,6 +19,7 @@ use kiln_passes::decompose::Builder;
 use kiln_passes::fusion::{self, FusionPlan, KernelKind, NodeKind};
 use kiln_passes::memory_plan::{self, MemoryPlan};
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// A graph ready to run: its fusion plan, memory plan and value lifetimes.
 pub struct Executable {
@@ -39,6 +41,11 @@ pub struct Executable {
     deferred: Vec<bool>,
     /// Conv outputs with fewer elements per sample take their epilogue in one pass.
     pub(crate) min_tiled_sample: usize,
+    /// Some node's value is cached between calls ([`HoistCache`]).
+    has_frontier: bool,
+    /// The launch list recorded on the first call that can replay (see
+    /// `program.rs`), or why there is none.
+    program: OnceLock<std::result::Result<Program, String>>,
 }
 
 /// One stored value of a kernel-by-kernel run and the kernels that computed it.
@@ -55,13 +62,22 @@ pub struct HoistCache {
     values: HashMap<usize, Tensor>,
 }
 
-enum Val {
+impl HoistCache {
+    /// The cached value of node `index`.
+    pub(super) fn value(&self, index: usize) -> Option<&Tensor> {
+        self.values.get(&index)
+    }
+}
+
+/// A node's value while the graph runs: a tensor or pending expression, or
+/// a tuple's parts.
+pub(super) enum Val {
     One(Lazy),
     Many(Vec<Tensor>),
 }
 
 impl Val {
-    fn lazy(&self) -> Result<&Lazy> {
+    pub(super) fn lazy(&self) -> Result<&Lazy> {
         match self {
             Val::One(l) => Ok(l),
             Val::Many(_) => bail!("compile", "a tuple value used as a tensor"),
@@ -178,13 +194,129 @@ impl Executable {
             plan,
             memory,
             hoisted,
+            has_frontier: frontier.iter().any(|f| *f),
             frontier,
             last_use,
             input_index,
             tiled_root,
             deferred,
             min_tiled_sample: super::epilogue::MIN_TILED_SAMPLE,
+            program: OnceLock::new(),
         }
+    }
+
+    /// The recorded launch list's shape: (replayed launches, node steps,
+    /// planned buffer bytes), or why calls run node by node. None before the
+    /// first call that could record it.
+    pub fn program_summary(&self) -> Option<std::result::Result<(usize, usize, usize), String>> {
+        self.program.get().map(|p| match p {
+            Ok(p) => {
+                let (l, n) = p.step_counts();
+                Ok((l, n, p.planned_bytes))
+            }
+            Err(e) => Err(e.clone()),
+        })
+    }
+
+    /// The nodes whose values evaluating `id` reads: its operands, and for a
+    /// conv or matrix product with an epilogue, everything the epilogue reads.
+    pub(super) fn reads_of(&self, id: NodeId) -> Vec<NodeId> {
+        let mut reads: Vec<NodeId> = self.graph.node(id).operands.to_vec();
+        if let Some(k) = self.tiled_root[id.index()] {
+            let kernel = &self.plan.kernels[k];
+            reads.extend(self.graph.node(kernel.root).operands.iter().copied());
+            for f in &kernel.fused {
+                reads.extend(self.graph.node(*f).operands.iter().copied());
+            }
+            reads.retain(|r| *r != kernel.root && !kernel.fused.contains(r));
+        }
+        reads.sort();
+        reads.dedup();
+        reads
+    }
+
+    /// The operands of the extern whose epilogue is rooted at `id`.
+    pub(super) fn extern_reads(&self, id: NodeId) -> Vec<NodeId> {
+        let k = self.tiled_root[id.index()].expect("an epilogue root");
+        self.graph.node(self.plan.kernels[k].root).operands.to_vec()
+    }
+
+    /// The extern whose epilogue is rooted at `id`, without its epilogue.
+    pub(super) fn eval_extern_only(&self, id: NodeId, vals: &[Option<Val>]) -> Result<Tensor> {
+        let k = self.tiled_root[id.index()].expect("an epilogue root");
+        let value = |o: NodeId| match &vals[o.index()] {
+            Some(v) => v.lazy()?.materialize(),
+            None => bail!("compile", "extern operand {o:?} was freed"),
+        };
+        super::epilogue::run_extern_only(&self.graph, &self.plan.kernels[k], &value)
+    }
+
+    /// [`Executable::eval_tiled`] while recording: a CPU extern whose
+    /// epilogue runs in one pass is noted as the extern alone plus the
+    /// epilogue's launches; a tiled conv as a tile step.
+    fn record_tiled(
+        &self,
+        id: NodeId,
+        k: usize,
+        vals: &[Option<Val>],
+        rec: &mut Recorder,
+    ) -> Result<Tensor> {
+        use super::epilogue::{self, CpuEpilogue};
+        use kiln_runtime::launch::capture_launches;
+        let kernel = &self.plan.kernels[k];
+        let value = |o: NodeId| match &vals[o.index()] {
+            Some(v) => v.lazy()?.materialize(),
+            None => bail!("compile", "extern operand {o:?} was freed"),
+        };
+        let g = &self.graph;
+        match epilogue::cpu_epilogue(g, kernel, &value, self.min_tiled_sample)? {
+            Some(CpuEpilogue::OnePass) => {
+                let ext = epilogue::run_extern_only(g, kernel, &value)?;
+                rec.extern_step(self, id, &ext);
+                let (r, events) = capture_launches(|| {
+                    epilogue::run_epilogue_over(g, kernel, id, &value, &ext)
+                });
+                r?;
+                let v = Val::One(Lazy::tensor(&ext));
+                rec.node(self, id, Some(&v), events, Source::Computed);
+                Ok(ext)
+            }
+            Some(CpuEpilogue::Tiled) => {
+                let tk = super::tile_replay::prepare(g, kernel, id, &value)?;
+                let t = self.eval_tiled(id, k, vals)?;
+                let NodeOp::Op(Op::Conv { params, spatial }) = &g.node(kernel.root).op else {
+                    bail!("compile", "a tiled epilogue on a node that is not a conv");
+                };
+                rec.tile_step(self, id, tk, (params, *spatial), &t);
+                Ok(t)
+            }
+            None => {
+                let (t, events) = capture_launches(|| self.eval_tiled(id, k, vals));
+                let t = t?;
+                let v = Val::One(Lazy::tensor(&t));
+                rec.node(self, id, Some(&v), events, Source::Computed);
+                Ok(t)
+            }
+        }
+    }
+
+    /// Evaluates node `id` (not deferred, not cached) over `vals`.
+    pub(super) fn eval_any(&self, id: NodeId, inputs: &[Tensor], vals: &[Option<Val>]) -> Result<Val> {
+        match self.tiled_root[id.index()] {
+            Some(k) => Ok(Val::One(Lazy::tensor(&self.eval_tiled(id, k, vals)?))),
+            None => self.eval(id, inputs, vals),
+        }
+    }
+
+    /// An extern with its epilogue, run at the epilogue's root `id`.
+    fn eval_tiled(&self, id: NodeId, k: usize, vals: &[Option<Val>]) -> Result<Tensor> {
+        let value = |o: NodeId| match &vals[o.index()] {
+            Some(v) => v.lazy()?.materialize(),
+            None => bail!("compile", "conv operand {o:?} was freed"),
+        };
+        let kernel = &self.plan.kernels[k];
+        let min = self.min_tiled_sample;
+        super::epilogue::run_extern_with_epilogue(&self.graph, kernel, id, &value, min)
     }
 
     /// Whether `id` is computed only from parameters and constants (hoisted:
@@ -195,20 +327,44 @@ impl Executable {
 
     /// Runs the graph on its inputs (arguments and captured tensors, in graph
     /// input order). `versions` are the captured tensors' version counters.
+    ///
+    /// A call whose hoisted values are cached (or that has none) replays the
+    /// recorded launch list; the first such call records it.
     pub fn run(
         &self,
         inputs: &[Tensor],
         versions: &[u64],
         cache: &mut HoistCache,
     ) -> Result<Vec<Tensor>> {
-        self.run_inner(inputs, versions, cache, None)
+        let cached = !cache.values.is_empty() && cache.versions == versions;
+        if programs_enabled() && (cached || !self.has_frontier) {
+            match self.program.get() {
+                Some(Ok(p)) => {
+                    if let Some(outs) = p.run(self, inputs, cache)? {
+                        return Ok(outs);
+                    }
+                }
+                Some(Err(_)) => {}
+                None => {
+                    let mut rec = Recorder::new(self, inputs);
+                    let outs = self.run_inner(inputs, versions, cache, None, Some(&mut rec))?;
+                    let program = rec.finish(self);
+                    if let (Err(why), true) = (&program, kiln_runtime::log_enabled("program")) {
+                        eprintln!("[kiln program] no launch list: {why}");
+                    }
+                    let _ = self.program.set(program);
+                    return Ok(outs);
+                }
+            }
+        }
+        self.run_inner(inputs, versions, cache, None, None)
     }
 
     /// Runs without hoisting and returns every kernel's stored value with the
     /// KernelIR it launched, in schedule order (shadow mode's kernel-by-kernel rerun).
     pub fn run_each_kernel(&self, inputs: &[Tensor]) -> Result<Vec<KernelRun>> {
         let mut runs = vec![];
-        self.run_inner(inputs, &[], &mut HoistCache::default(), Some(&mut runs))?;
+        self.run_inner(inputs, &[], &mut HoistCache::default(), Some(&mut runs), None)?;
         Ok(runs)
     }
 
@@ -218,6 +374,7 @@ impl Executable {
         versions: &[u64],
         cache: &mut HoistCache,
         mut debug: Option<&mut Vec<KernelRun>>,
+        mut rec: Option<&mut Recorder>,
     ) -> Result<Vec<Tensor>> {
         let _ng = crate::autograd::no_grad();
         let valid = !cache.values.is_empty() && cache.versions == versions;
@@ -230,55 +387,33 @@ impl Executable {
         for (id, node) in self.graph.iter() {
             let i = id.index();
             let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
-            let v = if self.deferred[i] {
-                None
-            } else if let Some(k) = self.tiled_root[i] {
-                let value = |o: NodeId| match &vals[o.index()] {
-                    Some(v) => v.lazy()?.materialize(),
-                    None => bail!("compile", "conv operand {o:?} was freed"),
-                };
-                let kernel = &self.plan.kernels[k];
-                let run = || {
-                    let min = self.min_tiled_sample;
-                    super::epilogue::run_extern_with_epilogue(&self.graph, kernel, id, &value, min)
-                };
-                let t = match debug.as_deref_mut() {
-                    Some(runs) => {
-                        // (tiles that ran on other threads are not recorded)
-                        let (t, kernels) = kiln_runtime::record_kernels(run);
-                        let t = t?;
-                        runs.push(KernelRun {
-                            node: id,
-                            value: t.clone(),
-                            kernels,
-                        });
-                        t
+            let from_cache = valid
+                && self.hoisted[i]
+                && cached
+                && !self.deferred[i]
+                && self.tiled_root[i].is_none();
+            if let (Some(r), Some(k), false) =
+                (rec.as_deref_mut(), self.tiled_root[i], self.deferred[i])
+            {
+                let t = self.record_tiled(id, k, &vals, r)?;
+                vals[i] = Some(Val::One(Lazy::tensor(&t)));
+                for o in &node.operands {
+                    if self.last_use[o.index()] == i {
+                        vals[o.index()] = None;
                     }
-                    None => run()?,
-                };
-                Some(Val::One(Lazy::tensor(&t)))
-            } else if valid && self.hoisted[i] && cached {
-                // None: consumed only inside the hoisted part
-                cache.values.get(&i).map(|t| Val::One(Lazy::tensor(t)))
-            } else if let Some(runs) = debug.as_deref_mut() {
-                let (v, kernels) = kiln_runtime::record_kernels(|| self.eval(id, inputs, &vals));
-                let v = v?;
-                let kernel = matches!(
-                    fusion::node_kind(&node.op),
-                    NodeKind::Pointwise | NodeKind::Reduction | NodeKind::Extern
-                );
-                if let (Val::One(l), true) = (&v, self.plan.stored[i] && kernel) {
-                    runs.push(KernelRun {
-                        node: id,
-                        value: l.materialize()?,
-                        kernels,
-                    });
                 }
-                Some(v)
-            } else {
-                Some(self.eval(id, inputs, &vals)?)
+                continue;
+            }
+            let (v, events) = match rec.is_some() {
+                true => kiln_runtime::launch::capture_launches(|| {
+                    self.eval_node(id, inputs, &vals, valid, cache, debug.as_deref_mut())
+                }),
+                false => (
+                    self.eval_node(id, inputs, &vals, valid, cache, debug.as_deref_mut()),
+                    vec![],
+                ),
             };
-            let v = match v {
+            let v = match v? {
                 Some(Val::One(l)) if self.frontier[i] && !valid => {
                     let t = l.materialize()?;
                     cache.values.insert(i, t.clone());
@@ -286,6 +421,14 @@ impl Executable {
                 }
                 v => v,
             };
+            if let Some(r) = rec.as_deref_mut() {
+                let source = match (self.input_index[i], from_cache) {
+                    (Some(k), _) => Source::Input(k),
+                    (None, true) => Source::Cache,
+                    (None, false) => Source::Computed,
+                };
+                r.node(self, id, v.as_ref(), events, source);
+            }
             vals[i] = v;
             for o in &node.operands {
                 if self.last_use[o.index()] == i {
@@ -301,6 +444,63 @@ impl Executable {
                 _ => bail!("compile", "graph output {o:?} has no value"),
             })
             .collect()
+    }
+
+    /// Node `id`'s value in a node-by-node run: None when it is computed
+    /// elsewhere (inside a tiled epilogue) or consumed only by cached values.
+    fn eval_node(
+        &self,
+        id: NodeId,
+        inputs: &[Tensor],
+        vals: &[Option<Val>],
+        valid: bool,
+        cache: &HoistCache,
+        debug: Option<&mut Vec<KernelRun>>,
+    ) -> Result<Option<Val>> {
+        let i = id.index();
+        let node = self.graph.node(id);
+        let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
+        if self.deferred[i] {
+            return Ok(None);
+        }
+        if let Some(k) = self.tiled_root[i] {
+            let t = match debug {
+                Some(runs) => {
+                    // (tiles that ran on other threads are not recorded)
+                    let (t, kernels) = kiln_runtime::record_kernels(|| self.eval_tiled(id, k, vals));
+                    let t = t?;
+                    runs.push(KernelRun {
+                        node: id,
+                        value: t.clone(),
+                        kernels,
+                    });
+                    t
+                }
+                None => self.eval_tiled(id, k, vals)?,
+            };
+            return Ok(Some(Val::One(Lazy::tensor(&t))));
+        }
+        if valid && self.hoisted[i] && cached {
+            // None: consumed only inside the hoisted part
+            return Ok(cache.values.get(&i).map(|t| Val::One(Lazy::tensor(t))));
+        }
+        let Some(runs) = debug else {
+            return Ok(Some(self.eval(id, inputs, vals)?));
+        };
+        let (v, kernels) = kiln_runtime::record_kernels(|| self.eval(id, inputs, vals));
+        let v = v?;
+        let kernel = matches!(
+            fusion::node_kind(&node.op),
+            NodeKind::Pointwise | NodeKind::Reduction | NodeKind::Extern
+        );
+        if let (Val::One(l), true) = (&v, self.plan.stored[i] && kernel) {
+            runs.push(KernelRun {
+                node: id,
+                value: l.materialize()?,
+                kernels,
+            });
+        }
+        Ok(Some(v))
     }
 
     fn eval(&self, id: NodeId, inputs: &[Tensor], vals: &[Option<Val>]) -> Result<Val> {
@@ -407,4 +607,11 @@ impl Executable {
         }
         Ok(Val::One(Lazy::tensor(&l.materialize()?)))
     }
+}
+
+/// Whether warm calls replay recorded launch lists (`KILN_PROGRAM=0` turns
+/// them off: every call then runs node by node, for comparison).
+fn programs_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_PROGRAM").map_or(true, |v| v != "0"))
 }

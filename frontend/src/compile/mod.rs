@@ -26,6 +26,8 @@ mod explain;
 mod guard;
 mod joint;
 mod pipeline;
+mod program;
+mod tile_replay;
 mod shadow;
 pub mod trace;
 

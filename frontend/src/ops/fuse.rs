@@ -58,6 +58,11 @@ impl Lazy {
         }
     }
 
+    /// The tensor, when this is one (not a pending expression).
+    pub fn as_leaf(&self) -> Option<&Tensor> {
+        self.as_tensor()
+    }
+
     /// Runs the pending expression (one kernel), or returns the tensor.
     pub fn materialize(&self) -> Result<Tensor> {
         if let Some(t) = self.as_tensor() {

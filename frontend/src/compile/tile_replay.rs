@@ -1,0 +1,170 @@
+//! A CPU conv's tiled epilogue, prepared once for replay: its KernelIR is
+//! built on a probe tile, specialised for every `[channels, positions]`
+//! tile and compiled once; each operand is then described by an offset and
+//! strides per sample, channel and position, so a warm call computes each
+//! tile's pointers and calls the machine code (no KernelIR per tile).
+
+use super::epilogue::{expression, leaves_of, tile_of, Leaf};
+use crate::functional as F;
+use crate::ops::fuse::Lazy;
+use crate::Tensor;
+use kiln_codegen::{Inner, Kernel};
+use kiln_ir::graph::{Graph, NodeId};
+use kiln_ir::op::conv::ConvParams;
+use kiln_ir::{bail, Result};
+use kiln_passes::fusion::Kernel as Group;
+use kiln_runtime::externs::conv::Tile;
+use kiln_runtime::launch::Executable as Code;
+use kiln_runtime::Storage;
+use std::sync::Arc;
+
+/// One operand of a tile kernel: where tile (0, 0, 0) starts and its
+/// strides along samples, channels and positions (in elements).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TileOperand {
+    pub offset: isize,
+    pub strides: [isize; 3],
+}
+
+/// A tiled epilogue ready to replay (see the module docs).
+pub(crate) struct TileKernel {
+    pub code: Arc<Code>,
+    pub kernel: Arc<Kernel>,
+    pub scalars: Vec<u64>,
+    /// Per operand, the conv's output first; with the tensor whose storage
+    /// each other operand reads.
+    pub operands: Vec<(TileOperand, Option<Tensor>)>,
+}
+
+type Template = (Kernel, Vec<u64>, Vec<(*const Storage, kiln_ir::op::Layout)>);
+
+/// The epilogue of `group` (rooted at `root`, a conv whose epilogue runs
+/// per tile) as a [`TileKernel`]; None when an operand's tile view is not a
+/// fixed offset and strides of its tensor.
+pub(crate) fn prepare(
+    g: &Graph,
+    group: &Group,
+    root: NodeId,
+    value: &dyn Fn(NodeId) -> Result<Tensor>,
+) -> Result<Option<TileKernel>> {
+    let meta = g.meta(group.root)?;
+    let dims = meta.dims.clone();
+    let leaves = leaves_of(g, group, value)?;
+    // a stand-in output: only its layout is used
+    let out = Tensor::empty(&dims, meta.dtype);
+    let cols: usize = dims[2..].iter().product();
+    let probe = |n: usize| Tile {
+        n,
+        c0: 0,
+        channels: dims[1],
+        p0: 0,
+        cols,
+    };
+    let template = |t: Tile| -> Result<Template> {
+        let target = tile_of(&out, &dims, t)?;
+        let view = |x: &Tensor| tile_of(x, &dims, t);
+        let e = expression(g, group, root, &leaves, Lazy::tensor(&target), &view)?;
+        let mut got = None;
+        e.materialize_into_with(&target, |k, views, scalars| {
+            let vs = views
+                .iter()
+                .map(|v| (v.storage as *const Storage, v.layout.clone()))
+                .collect();
+            got = Some((k.clone(), scalars.to_vec(), vs));
+            Ok(())
+        })?;
+        match got {
+            Some(t) => Ok(t),
+            None => bail!("compile", "the tile epilogue built no kernel"),
+        }
+    };
+    let (mut kernel, scalars, first) = template(probe(0))?;
+    let second = if dims[0] > 1 {
+        Some(template(probe(1))?.2)
+    } else {
+        None
+    };
+    kernel.rank = 2;
+    let mut operands = vec![];
+    for (j, (p, l)) in first.iter().enumerate() {
+        if l.dims.len() != 2 {
+            return Ok(None);
+        }
+        let per_sample = match &second {
+            Some(s) if s[j].0 == *p => s[j].1.offset as isize - l.offset as isize,
+            Some(_) => return Ok(None),
+            None => 0,
+        };
+        let op = TileOperand {
+            offset: l.offset as isize,
+            strides: [per_sample, l.strides[0], l.strides[1]],
+        };
+        let tensor = if *p == Arc::as_ptr(&out.storage) {
+            None
+        } else {
+            let leaf = leaves.iter().find_map(|(_, l)| match l {
+                Leaf::Tensor(t) if Arc::as_ptr(&t.storage) == *p => Some(t.clone()),
+                _ => None,
+            });
+            match leaf {
+                Some(t) => Some(t),
+                None => return Ok(None),
+            }
+        };
+        kernel.operands[j].inner = Inner::of_stride(l.strides[1]);
+        operands.push((op, tensor));
+    }
+    if operands.first().is_none_or(|o| o.1.is_some()) {
+        return Ok(None);
+    }
+    let code = kiln_runtime::launch::compiled(&kernel)?;
+    Ok(Some(TileKernel {
+        code,
+        kernel: Arc::new(kernel),
+        scalars,
+        operands,
+    }))
+}
+
+/// Runs conv(`x`, `w`, `b`) applying the prepared epilogue to each tile;
+/// `bases[j]` is the storage operand `j > 0` reads (index 0 is unused: the
+/// output is the conv's own).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    params: &ConvParams,
+    spatial: usize,
+    code: &Code,
+    scalars: &[u64],
+    operands: &[TileOperand],
+    bases: &[Option<Tensor>],
+) -> Result<Tensor> {
+    let sizes: Vec<usize> = bases
+        .iter()
+        .map(|t| t.as_ref().map_or(0, |t| t.dtype().size()))
+        .collect();
+    let per_tile = |out: &Tensor, t: Tile| -> Result<()> {
+        let mut ptrs = Vec::with_capacity(operands.len());
+        let mut strides = Vec::with_capacity(2 * operands.len());
+        for (j, o) in operands.iter().enumerate() {
+            let (base, size) = match &bases[j] {
+                Some(s) => (s.storage.ptr(), sizes[j]),
+                None => (out.storage.ptr(), out.dtype().size()),
+            };
+            let at = o.offset
+                + t.n as isize * o.strides[0]
+                + t.c0 as isize * o.strides[1]
+                + t.p0 as isize * o.strides[2];
+            // SAFETY: `at` is inside the tensor the operand was recorded from
+            ptrs.push(unsafe { base.offset(at * size as isize) });
+            strides.extend([o.strides[1], o.strides[2]]);
+        }
+        let dims = [t.channels, t.cols];
+        // SAFETY: the kernel was specialised for these rank-2 tile views
+        unsafe { code.run(&ptrs, &strides, &dims, scalars, 0, t.channels) };
+        Ok(())
+    };
+    F::conv_with_epilogue(x, w, b, params, spatial, &per_tile)
+}
