@@ -12,6 +12,7 @@ pub mod optim;
 pub mod random;
 pub mod serialize;
 mod tensor;
+mod tensor_alloc;
 pub mod warnings;
 
 pub use device::host_fallbacks;
