@@ -1,5 +1,5 @@
-//! Accurate float sums: a long reduced row is summed as a cascade of
-//! blocks. Each block of [`BLOCK`] elements is one row of the ordinary
+//! Accurate float sums: a reduced row longer than [`CASCADE_MIN`] is summed
+//! as a cascade of blocks. Each block of [`BLOCK`] elements is one row of the ordinary
 //! reduction kernel (PyTorch's order: 4 vector accumulators), giving one
 //! partial per block; the partials are summed the same way, level after
 //! level, until one row of at most [`BLOCK`] is left, which the final kernel
@@ -14,15 +14,21 @@ use crate::Tensor;
 use kiln_ir::op::Meta;
 use kiln_ir::{DType, ReduceKind, Result};
 
-/// Elements summed by one kernel row before its partial is taken.
-pub(crate) const BLOCK: usize = 4096;
+/// Elements summed by one kernel row before its partial is taken: 16 per
+/// accumulator lane of PyTorch's 4 x 8 f32 lanes, so no lane adds more than
+/// 16 values at any level (a longer lane's rounding piles up when the
+/// values are alike).
+pub(crate) const BLOCK: usize = 512;
+
+/// Rows up to this length stay one kernel (PyTorch's order, bit for bit).
+pub(crate) const CASCADE_MIN: usize = 8192;
 
 /// Whether a reduction of `n` elements per output goes through the cascade
 /// (`KILN_SUM_CASCADE=0` turns it off, for benchmarking against one row).
 pub(crate) fn applies(kind: ReduceKind, out_dtype: DType, n: usize) -> bool {
     kind == ReduceKind::Sum
         && out_dtype.is_float()
-        && n > 2 * BLOCK
+        && n > CASCADE_MIN
         && std::env::var_os("KILN_SUM_CASCADE").is_none_or(|v| v != "0")
 }
 
@@ -165,7 +171,7 @@ mod tests {
 
     #[test]
     fn mean_and_row_sums_and_halves_use_it_too() {
-        let n = 3 * super::BLOCK + 17;
+        let n = super::CASCADE_MIN + 3 * super::BLOCK + 17;
         let x = Tensor::full(&[2, n], 0.1, DType::F32);
         let m = x.mean(Some(&[1]), false).unwrap().to_f64_vec();
         for v in m {

@@ -89,8 +89,9 @@ fn check_entry(key: &str, v: &Value, data_len: u64) -> Result<(), String> {
         return bad("`data_offsets` is not a pair of offsets".into());
     };
     if begin > end || end > data_len {
-        return bad(format!(
-            "data offsets [{begin}, {end}] run past the end of the data ({data_len} bytes)"
+        // most often a file cut short: say so, as the crate's own message does
+        return Err(format!(
+            "truncated or corrupt: key `{key}`: data offsets [{begin}, {end}] run past the end of the data ({data_len} bytes)"
         ));
     }
     let Some(want) = numel.checked_mul(size) else {
