@@ -10,7 +10,7 @@ use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::Layout;
 use kiln_ir::{bail, DType, Result};
-use kiln_runtime::{Device, Storage};
+use kiln_runtime::Device;
 use std::sync::Arc;
 
 impl Tensor {
@@ -105,16 +105,12 @@ impl Tensor {
 
     /// A fresh contiguous tensor on `device` whose contents are unspecified.
     pub fn empty_on(dims: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        let l = Layout::contiguous(dims);
-        let s = Storage::empty_on(device, dtype, l.numel())?;
-        Ok(Tensor::from_parts(Arc::new(s), l))
+        Tensor::empty_for("empty", dims, dtype, device)
     }
 
     /// A fresh zero-filled tensor on `device`.
     pub fn zeros_on(dims: &[usize], dtype: DType, device: Device) -> Result<Tensor> {
-        let l = Layout::contiguous(dims);
-        let s = Storage::zeros_on(device, dtype, l.numel())?;
-        Ok(Tensor::from_parts(Arc::new(s), l))
+        Tensor::zeros_for("zeros", dims, dtype, device)
     }
 
     /// A CPU copy when this tensor is on a device (for host reads), else `self`.

@@ -14,6 +14,7 @@ pub mod random;
 pub mod serialize;
 mod tensor;
 pub mod utils;
+mod tensor_alloc;
 pub mod warnings;
 
 pub use device::host_fallbacks;

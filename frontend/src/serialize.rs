@@ -22,15 +22,15 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
+mod header;
+
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{DType, Error, Result};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype as StDtype, SafeTensorError, SafeTensors};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn io_err(path: &Path, msg: impl Into<String>) -> Error {
     Error::Io {
@@ -72,45 +72,16 @@ pub fn from_safetensors_dtype(d: StDtype) -> Option<DType> {
     })
 }
 
-/// Writes `bytes` to `path` atomically: temp file in the same folder, fsync,
-/// rename, then fsync of the folder. On error the old file (if any) is intact
-/// and the temp file is removed.
+/// Writes `bytes` to `path` atomically: temp file in the same folder with a
+/// random name, fsync, rename, then fsync of the folder
+/// ([`kiln_runtime::atomic_file`]). On error the old file (if any) is
+/// intact and the temp file is removed; temp files left by writers that
+/// were killed are removed by the next write to the same path.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static COUNTER: AtomicUsize = AtomicUsize::new(0);
-    let name = path
-        .file_name()
-        .ok_or_else(|| io_err(path, "cannot write: the path has no file name"))?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        name.to_string_lossy(),
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        // Make the rename itself durable (best effort: not every platform
-        // lets a folder be opened and synced).
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
+    kiln_runtime::atomic_file::write(path, bytes).map_err(|e| {
         io_err(
             path,
-            format!("cannot write (via temporary file {}): {e}", tmp.display()),
+            format!("cannot write (via a temporary file beside it): {e}"),
         )
     })
 }
@@ -204,6 +175,7 @@ pub struct Loaded {
 
 /// Parses safetensors `bytes` (`path` is only used in messages).
 pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Loaded> {
+    header::check(bytes).map_err(|msg| io_err(path, msg))?;
     let st = SafeTensors::deserialize(bytes).map_err(|e| io_err(path, describe(e, bytes.len())))?;
     let (_, header) =
         SafeTensors::read_metadata(bytes).map_err(|e| io_err(path, describe(e, bytes.len())))?;

@@ -52,22 +52,22 @@ impl Tensor {
         }
     }
 
-    /// A fresh contiguous tensor (zero-filled).
+    /// A fresh contiguous tensor (zero-filled). Panics with
+    /// [`Tensor::try_zeros`]'s error when the shape overflows or memory runs out.
     pub fn zeros(dims: &[usize], dtype: DType) -> Tensor {
-        let l = Layout::contiguous(dims);
-        Tensor::from_parts(Arc::new(Storage::zeros(dtype, l.numel())), l)
+        Tensor::try_zeros(dims, dtype).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A fresh contiguous tensor whose contents are unspecified (for outputs
-    /// that are about to be overwritten; like `torch.empty`).
+    /// that are about to be overwritten; like `torch.empty`). Panics as
+    /// [`Tensor::zeros`] does; [`Tensor::try_empty`] returns the error.
     pub fn empty(dims: &[usize], dtype: DType) -> Tensor {
-        let l = Layout::contiguous(dims);
-        Tensor::from_parts(Arc::new(Storage::empty(dtype, l.numel())), l)
+        Tensor::try_empty(dims, dtype).unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Takes ownership of `data` laid out row-major in `dims`.
     pub fn from_vec<T: Element>(data: Vec<T>, dims: &[usize]) -> Result<Tensor> {
-        let n: usize = dims.iter().product();
+        let n = kiln_ir::shape::checked_numel("from_vec", dims)?;
         if n != data.len() {
             bail!(
                 "from_vec",
@@ -98,22 +98,13 @@ impl Tensor {
         Tensor::from_vec(vec![v], &[]).expect("one element")
     }
 
-    /// `torch.full`.
+    /// `torch.full` (a host-side fill: nothing for a tracer to record).
+    /// Panics as [`Tensor::zeros`] does; [`Tensor::try_full`] returns the error.
     pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
-        if value == 0.0 {
-            return Tensor::zeros(dims, dtype);
-        }
-        let t = Tensor::empty(dims, dtype);
-        {
-            let src = Tensor::scalar(value);
-            // a host-side fill: nothing for a tracer to record
-            let src = crate::compile::trace::untraced(|| src.expand_to(dims))
-                .expect("scalar expands anywhere");
-            kiln_runtime::convert(src.view(), t.view());
-        }
-        t
+        Tensor::try_full(dims, value, dtype).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// `torch.ones`; see [`Tensor::full`].
     pub fn ones(dims: &[usize], dtype: DType) -> Tensor {
         Tensor::full(dims, 1.0, dtype)
     }

@@ -15,16 +15,69 @@ pub fn fmt_dims(d: &[usize]) -> String {
 }
 
 pub fn numel(d: &[usize]) -> usize {
-    d.iter().product()
+    if d.contains(&0) {
+        0
+    } else {
+        d.iter().product()
+    }
 }
 
-/// Row-major strides of a contiguous tensor.
+/// The element count of `dims`, or an error naming `op` and the shape when
+/// it does not fit in an `isize` (no buffer that large can exist, and a
+/// wrapped count would make a tiny buffer look big enough).
+///
+/// ```
+/// use kiln_ir::shape::checked_numel;
+/// assert_eq!(checked_numel("zeros", &[2, 3]).unwrap(), 6);
+/// let e = checked_numel("zeros", &[1 << 32, 1 << 32]).unwrap_err();
+/// assert!(e.to_string().starts_with("zeros: shape [4294967296,4294967296]"));
+/// ```
+pub fn checked_numel(op: &str, dims: &[usize]) -> Result<usize> {
+    let n = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize);
+    match n {
+        Some(n) => Ok(n),
+        // a zero anywhere makes the count 0 even when the rest overflow
+        None if dims.contains(&0) => Ok(0),
+        None => bail!(
+            op,
+            "shape {} has too many elements: the element count overflows (storage size calculation overflowed)",
+            fmt_dims(dims)
+        ),
+    }
+}
+
+/// The byte size of `dims` elements of `elem_size` bytes, checked as
+/// [`checked_numel`] is.
+///
+/// ```
+/// use kiln_ir::shape::checked_nbytes;
+/// assert_eq!(checked_nbytes("empty", &[4, 4], 8).unwrap(), 128);
+/// assert!(checked_nbytes("empty", &[1 << 62], 8).is_err());
+/// ```
+pub fn checked_nbytes(op: &str, dims: &[usize], elem_size: usize) -> Result<usize> {
+    let n = checked_numel(op, dims)?;
+    match n.checked_mul(elem_size) {
+        Some(b) if b <= isize::MAX as usize => Ok(b),
+        _ => bail!(
+            op,
+            "shape {} of {elem_size}-byte elements has a byte size that overflows",
+            fmt_dims(dims)
+        ),
+    }
+}
+
+/// Row-major strides of a contiguous tensor. The products wrap instead of
+/// overflowing: a shape too big to exist is refused by [`checked_numel`]
+/// before any storage backs it.
 pub fn contiguous_strides(d: &[usize]) -> Strides {
     let mut s: Strides = SmallVec::from_elem(0, d.len());
     let mut acc = 1isize;
     for i in (0..d.len()).rev() {
         s[i] = acc;
-        acc *= d[i].max(1) as isize;
+        acc = acc.wrapping_mul(d[i].max(1) as isize);
     }
     s
 }
@@ -39,7 +92,7 @@ pub fn is_contiguous(d: &[usize], s: &[isize]) -> bool {
         if s[i] != expected {
             return false;
         }
-        expected *= d[i] as isize;
+        expected = expected.wrapping_mul(d[i] as isize);
     }
     true
 }

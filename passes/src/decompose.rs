@@ -84,6 +84,8 @@ fn all_dims(rank: usize) -> Vec<i64> {
 
 /// softmax(x) = exp(x - lse(x)) along `dim`, with lse as [`Builder::lse_parts`].
 pub fn softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
+    // checked here so the error names softmax, not the internal lse
+    kiln_ir::shape::norm_dim("softmax", dim, b.dims(x).len())?;
     let (c, l) = b.lse_parts(x, &[dim])?;
     let shifted = b.binary(BinaryOp::Sub, x, &c)?;
     let z = b.binary(BinaryOp::Sub, &shifted, &l)?;
@@ -92,6 +94,7 @@ pub fn softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
 
 /// log_softmax(x) = x - lse(x) = (x - shift) - logsum along `dim`.
 pub fn log_softmax<B: Builder>(b: &mut B, x: &B::T, dim: i64) -> Result<B::T> {
+    kiln_ir::shape::norm_dim("log_softmax", dim, b.dims(x).len())?;
     let (c, l) = b.lse_parts(x, &[dim])?;
     let shifted = b.binary(BinaryOp::Sub, x, &c)?;
     b.binary(BinaryOp::Sub, &shifted, &l)

@@ -3,7 +3,7 @@
 
 use crate::profiler::{self, Category};
 use crate::storage::Storage;
-use crate::strided::for_each_offset;
+use crate::strided::for_each_offset_pair;
 use kiln_codegen::cpu::{CompiledKernel, CpuJit};
 use kiln_codegen::{Inner, Kernel};
 use kiln_ir::op::Layout;
@@ -433,7 +433,7 @@ fn launch_widened(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<
         if v.dtype().is_half() {
             k.operands[i].dtype = DType::F32;
             let l = Layout::contiguous(&v.layout.dims);
-            let s = Storage::empty(DType::F32, l.numel());
+            let s = Storage::try_empty(DType::F32, l.numel())?;
             if loaded(i) {
                 convert(
                     *v,
@@ -490,28 +490,19 @@ pub fn convert(src: View, dst: View) {
     let _p = profiler::scope("convert", Category::Memcpy)
         .shapes(|| vec![dst.layout.dims.to_vec(), src.layout.dims.to_vec()])
         .bytes(|| operand_bytes(&src) + operand_bytes(&dst));
-    let mut vals: Vec<f64> = Vec::with_capacity(src.layout.numel());
-    let mut ints: Vec<i64> = Vec::new();
-    let sd = src.dtype();
-    let exact_int = !sd.is_float() && !dst.dtype().is_float();
+    let (sd, dd) = (src.dtype(), dst.dtype());
+    let exact_int = !sd.is_float() && !dd.is_float();
+    // element by element, no temporary: a u8 `ones` of 100 MB costs 100 MB
+    // (a reduction output view has stride 0 on its last dim: writing the
+    // same element repeatedly is harmless because the values repeat too)
     unsafe {
         let p = src.storage.ptr();
-        for_each_offset(src.layout, |_, o| {
-            if exact_int {
-                ints.push(read_i64(p, sd, o));
-            } else {
-                vals.push(read_f64(p, sd, o));
-            }
-        });
         let q = dst.storage.ptr();
-        let dd = dst.dtype();
-        // a reduction output view has stride 0 on its last dim: writing the same
-        // element repeatedly is harmless because values repeat too.
-        for_each_offset(dst.layout, |i, o| {
+        for_each_offset_pair(src.layout, dst.layout, |os, od| {
             if exact_int {
-                write_i64(q, dd, o, ints[i]);
+                write_i64(q, dd, od, read_i64(p, sd, os));
             } else {
-                write_f64(q, dd, o, vals[i]);
+                write_f64(q, dd, od, read_f64(p, sd, os));
             }
         });
     }

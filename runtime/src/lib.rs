@@ -1,12 +1,15 @@
 //! kiln-runtime: CPU storage, launching generated kernels through the kernel
 //! cache, and extern kernels (GEMM, convolution, pooling, embedding).
 
+pub mod atomic_file;
+pub mod cache_dir;
 pub mod cuda;
 pub mod deterministic;
 pub mod externs;
 pub mod launch;
 pub mod memory;
 pub mod profiler;
+pub mod scratch;
 pub mod storage;
 pub mod strided;
 

@@ -52,6 +52,20 @@ fn pool() -> &'static Mutex<Pool> {
     })
 }
 
+/// The 16-byte words (pool-rounded) that hold `len` elements of `dtype`,
+/// or an error when that size overflows.
+fn host_words(dtype: DType, len: usize) -> Result<usize> {
+    len.checked_mul(dtype.size())
+        .filter(|&b| b <= isize::MAX as usize - (POOL_GRAIN_WORDS * 16))
+        .map(|b| pool_words(b.div_ceil(16)))
+        .ok_or_else(|| {
+            Error::op(
+                "alloc",
+                format!("{len} elements of {dtype}: the byte size overflows"),
+            )
+        })
+}
+
 fn pool_words(words: usize) -> usize {
     if words < POOL_MIN_WORDS {
         words
@@ -108,26 +122,48 @@ unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
 
 impl Storage {
-    /// Zero-filled storage.
+    /// Zero-filled storage. Panics with [`Storage::try_zeros`]'s message when
+    /// memory runs out (the fallible form is what tensor constructors use).
     pub fn zeros(dtype: DType, len: usize) -> Storage {
-        let words = pool_words((len * dtype.size()).div_ceil(16));
+        Storage::try_zeros(dtype, len).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Zero-filled storage, or an error giving the bytes asked for when the
+    /// size overflows or the host is out of memory.
+    ///
+    /// ```
+    /// use kiln_runtime::Storage;
+    /// assert_eq!(Storage::try_zeros(kiln_ir::DType::F32, 4).unwrap().nbytes(), 16);
+    /// assert!(Storage::try_zeros(kiln_ir::DType::F32, 1 << 61).is_err());
+    /// ```
+    pub fn try_zeros(dtype: DType, len: usize) -> Result<Storage> {
+        let words = host_words(dtype, len)?;
         let data = match take_cached(words) {
             Some(mut v) => {
                 v.fill(0);
                 v
             }
             // calloc: the OS hands out zero pages without touching them
-            None => vec![0u128; words],
+            None => crate::scratch::try_zeroed("alloc", words)?,
         };
-        Storage::with_data(dtype, len, data)
+        Ok(Storage::with_data(dtype, len, data))
     }
 
     /// Storage whose contents are unspecified (a recycled buffer, or zeros):
-    /// for outputs that a kernel overwrites completely.
+    /// for outputs that a kernel overwrites completely. Panics on out of
+    /// memory, as [`Storage::zeros`].
     pub fn empty(dtype: DType, len: usize) -> Storage {
-        let words = pool_words((len * dtype.size()).div_ceil(16));
-        let data = take_cached(words).unwrap_or_else(|| vec![0u128; words]);
-        Storage::with_data(dtype, len, data)
+        Storage::try_empty(dtype, len).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The fallible form of [`Storage::empty`].
+    pub fn try_empty(dtype: DType, len: usize) -> Result<Storage> {
+        let words = host_words(dtype, len)?;
+        let data = match take_cached(words) {
+            Some(v) => v,
+            None => crate::scratch::try_zeroed("alloc", words)?,
+        };
+        Ok(Storage::with_data(dtype, len, data))
     }
 
     fn with_data(dtype: DType, len: usize, data: Vec<u128>) -> Storage {
@@ -144,9 +180,15 @@ impl Storage {
     /// Zero-filled storage on `device`.
     pub fn zeros_on(device: Device, dtype: DType, len: usize) -> Result<Storage> {
         match device {
-            Device::Cpu => Ok(Storage::zeros(dtype, len)),
+            Device::Cpu => Storage::try_zeros(dtype, len),
             Device::Cuda(n) => {
-                let buf = crate::cuda::gpu(n)?.alloc(len * dtype.size())?;
+                let bytes = len.checked_mul(dtype.size()).ok_or_else(|| {
+                    Error::op(
+                        "alloc",
+                        format!("{len} elements of {dtype}: the byte size overflows"),
+                    )
+                })?;
+                let buf = crate::cuda::gpu(n)?.alloc(bytes)?;
                 counters(device).on_alloc(len * dtype.size(), buf.bytes);
                 Ok(Storage {
                     dtype,
@@ -162,7 +204,7 @@ impl Storage {
     /// Storage on `device` whose contents are unspecified (see [`Storage::empty`]).
     pub fn empty_on(device: Device, dtype: DType, len: usize) -> Result<Storage> {
         match device {
-            Device::Cpu => Ok(Storage::empty(dtype, len)),
+            Device::Cpu => Storage::try_empty(dtype, len),
             // device memory is zeroed by the allocation (one memset, stream-ordered)
             Device::Cuda(_) => Storage::zeros_on(device, dtype, len),
         }

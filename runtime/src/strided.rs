@@ -27,6 +27,33 @@ pub fn for_each_offset(l: &Layout, mut f: impl FnMut(usize, usize)) {
     }
 }
 
+/// Calls `f(offset_in_a, offset_in_b)` for every element of two layouts of
+/// equal dims, in row-major order (a strided copy between them).
+pub fn for_each_offset_pair(a: &Layout, b: &Layout, mut f: impl FnMut(usize, usize)) {
+    debug_assert_eq!(a.dims, b.dims, "paired layouts have equal dims");
+    let n = a.numel();
+    if n == 0 {
+        return;
+    }
+    let r = a.rank();
+    let mut idx = vec![0usize; r];
+    let (mut oa, mut ob) = (a.offset as isize, b.offset as isize);
+    for _ in 0..n {
+        f(oa as usize, ob as usize);
+        for d in (0..r).rev() {
+            idx[d] += 1;
+            oa += a.strides[d];
+            ob += b.strides[d];
+            if idx[d] < a.dims[d] {
+                break;
+            }
+            oa -= a.strides[d] * a.dims[d] as isize;
+            ob -= b.strides[d] * b.dims[d] as isize;
+            idx[d] = 0;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,7 +83,34 @@ impl Tensor {
 
     /// `requires_grad_(flag)`: marks a leaf as a parameter; returns the same tensor.
     /// (On a non-leaf only `true` is meaningful; `false` is ignored there, use `detach()`.)
-    pub fn requires_grad_(mut self, flag: bool) -> Tensor {
+    ///
+    /// Panics, with PyTorch's message, when `flag` is true and the dtype is
+    /// not floating point; [`Tensor::try_requires_grad_`] returns that error.
+    pub fn requires_grad_(self, flag: bool) -> Tensor {
+        self.try_requires_grad_(flag)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Tensor::requires_grad_`] that returns an error for a non-float
+    /// tensor, as PyTorch raises: only floating-point tensors can require
+    /// gradients.
+    ///
+    /// ```
+    /// use kiln_frontend::{DType, Tensor};
+    /// let e = Tensor::zeros(&[2], DType::I64).try_requires_grad_(true).unwrap_err();
+    /// assert_eq!(e.to_string(), "requires_grad_: only Tensors of floating point dtype can require gradients (got i64 [2])");
+    /// ```
+    pub fn try_requires_grad_(mut self, flag: bool) -> crate::Result<Tensor> {
+        if flag && !self.dtype().is_float() {
+            return Err(crate::Error::op(
+                "requires_grad_",
+                format!(
+                    "only Tensors of floating point dtype can require gradients (got {} {})",
+                    self.dtype(),
+                    kiln_ir::shape::fmt_dims(self.dims())
+                ),
+            ));
+        }
         match &self.autograd {
             Some(m) if m.grad_fn.is_some() => {}
             Some(m) => m.requires_grad.store(flag, Ordering::Relaxed),
@@ -93,7 +120,7 @@ impl Tensor {
                 self.autograd = Some(Arc::new(m));
             }
         }
-        self
+        Ok(self)
     }
 
     /// The accumulated gradient (`.grad`), if any.

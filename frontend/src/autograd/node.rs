@@ -239,6 +239,7 @@ impl Tensor {
             op,
             "writes into a tensor in place while tracing (a graph has no in-place ops yet)",
         )?;
+        check_write_overlap(op, self, src)?;
         if is_grad_enabled() {
             if self.requires_grad() {
                 if self.is_leaf() {
@@ -266,4 +267,34 @@ impl Tensor {
         self.version.bump(op);
         Ok(())
     }
+}
+
+/// PyTorch's aliasing rules for a write into `dst`: no two of its elements
+/// share memory (an expanded view), and no source partly overlaps it (a
+/// shifted copy of itself would read what it already overwrote).
+fn check_write_overlap(op: &str, dst: &Tensor, src: &[&Tensor]) -> Result<()> {
+    use kiln_ir::op::overlap;
+    if overlap::has_internal_overlap(dst.layout()) {
+        kiln_ir::bail!(
+            op,
+            "{} (destination shape {}, strides {:?})",
+            overlap::INTERNAL_OVERLAP,
+            fmt_dims(dst.dims()),
+            dst.strides()
+        );
+    }
+    for s in src {
+        if s.shares_storage(dst) && overlap::partial_overlap(s.layout(), dst.layout()) {
+            kiln_ir::bail!(
+                op,
+                "{} (source shape {} at offset {}, destination shape {} at offset {})",
+                overlap::PARTIAL_OVERLAP,
+                fmt_dims(s.dims()),
+                s.offset(),
+                fmt_dims(dst.dims()),
+                dst.offset()
+            );
+        }
+    }
+    Ok(())
 }

@@ -92,6 +92,24 @@ fn tree_training(m: &dyn Module) -> bool {
 }
 
 /// Compiles a function of several tensors returning several tensors.
+///
+/// Rust scalars the closure uses are constants of the traced graph: the
+/// tracer sees `x * lr` as a `mul_scalar` node with the value `lr` had when
+/// it traced. A plain captured `f32` cannot change while the `Compiled`
+/// lives (the closure owns or borrows it), but one read through a `Cell`,
+/// an atomic or a `Mutex` can, and the compiled graph would not see the
+/// change. Pass such a value as an input instead, a 0-dim tensor read afresh
+/// on every call:
+///
+/// ```
+/// use kiln_frontend::{compile::compile_fn, Tensor};
+/// let f = compile_fn("scale", |t| Ok(vec![t[0].mul(&t[1])?]));
+/// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
+/// for lr in [0.5f32, 0.25] {
+///     let y = f.call(&[x.clone(), Tensor::scalar(lr)]).unwrap();
+///     assert_eq!(y[0].to_vec::<f32>().unwrap(), vec![lr, 2.0 * lr]);
+/// }
+/// ```
 pub fn compile_fn<'a>(
     name: &str,
     f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>> + Send + Sync + 'a,

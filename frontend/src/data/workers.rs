@@ -50,15 +50,39 @@ impl Fetcher {
         if self.per_batch_rng {
             ctx.rng = self.base.derive(&[TAG_BATCH, self.epoch, idx as u64]);
         }
+        // every failure says which sample, batch and worker it came from
+        let whose = |ctx: &WorkerContext| match ctx.num_workers {
+            0 => "the main thread (num_workers = 0)".to_string(),
+            n => format!("worker {} of {n}", ctx.id),
+        };
+        let wrap = |what: String, e: Error| Error::op("DataLoader", format!("{what}: {e}"));
         let mut samples = Vec::with_capacity(indices.len());
-        for &i in indices {
-            let s = self.dataset.get(i)?;
+        for (pos, &i) in indices.iter().enumerate() {
+            let at = |ctx: &WorkerContext| {
+                format!(
+                    "dataset index {i} (position {pos} of batch {idx}, epoch {}, in {})",
+                    self.epoch,
+                    whose(ctx)
+                )
+            };
+            let s = self
+                .dataset
+                .get(i)
+                .map_err(|e| wrap(format!("loading {}", at(ctx)), e))?;
             samples.push(match &self.transform {
-                Some(t) => t(s, ctx)?,
+                Some(t) => t(s, ctx).map_err(|e| wrap(format!("transforming {}", at(ctx)), e))?,
                 None => s,
             });
         }
-        let batch = (self.collate)(samples)?;
+        let batch = (self.collate)(samples).map_err(|e| {
+            wrap(
+                format!(
+                    "collating batch {idx} (dataset indices {indices:?}, in {})",
+                    whose(ctx)
+                ),
+                e,
+            )
+        })?;
         if !self.pin_memory {
             return Ok(batch);
         }

@@ -42,11 +42,58 @@ pub fn cross_entropy(
     trace::record(node, &inputs, || {
         let _p = op_scope("cross_entropy", &[x, target]);
         kiln_ir::op::infer::require_float("cross_entropy", &x.meta())?;
-        decomposed!(&inputs, |f, cv| {
-            let w = weight.map(cv);
-            loss::cross_entropy(f, &cv(x), &cv(target), w.as_ref(), o)
+        check_class_targets("cross_entropy", x, target, o.ignore_index)?;
+        // the class-index path checks shapes inside nll_loss: name the op called
+        let r: Result<Tensor> = (|| {
+            decomposed!(&inputs, |f, cv| {
+                let w = weight.map(cv);
+                loss::cross_entropy(f, &cv(x), &cv(target), w.as_ref(), o)
+            })
+        })();
+        r.map_err(|e| match e {
+            kiln_ir::Error::Op { op, msg } if op == "nll_loss" => {
+                kiln_ir::Error::op("cross_entropy", msg)
+            }
+            e => e,
         })
     })
+}
+
+/// PyTorch's check of class-index targets: every target other than
+/// `ignore_index` lies in `0..C` (a negative one is out of bounds, never a
+/// class counted from the end), with PyTorch's message "Target -1 is out of
+/// bounds." under the user-visible op's name, plus the shapes and position.
+/// Float (probability) targets and shapes the loss rejects anyway are left
+/// to the loss itself.
+fn check_class_targets(op: &str, x: &Tensor, target: &Tensor, ignore_index: i64) -> Result<()> {
+    if target.dtype().is_float() || x.rank() == 0 || target.numel() == 0 {
+        return Ok(());
+    }
+    let class_dim = usize::from(x.rank() >= 2);
+    let c = x.dims()[class_dim] as i64;
+    let ts = trace::untraced(|| {
+        target
+            .detach()
+            .to_dtype(kiln_ir::DType::I64)?
+            .on_host()?
+            .to_vec::<i64>()
+    })?;
+    if let Some((pos, t)) = ts
+        .iter()
+        .copied()
+        .enumerate()
+        .find(|&(_, t)| t != ignore_index && (t < 0 || t >= c))
+    {
+        return Err(kiln_ir::Error::op(
+            op,
+            format!(
+                "Target {t} is out of bounds. (input {} has {c} classes; target {} at flat position {pos}; ignore_index {ignore_index})",
+                fmt_dims(x.dims()),
+                fmt_dims(target.dims())
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `F.nll_loss` on log-probabilities (`o.label_smoothing` is not used).
@@ -67,6 +114,7 @@ pub fn nll_loss(
     let inputs = ins(&[Some(logp), Some(target), weight]);
     trace::record(node, &inputs, || {
         let _p = op_scope("nll_loss", &[logp, target]);
+        check_class_targets("nll_loss", logp, target, o.ignore_index)?;
         decomposed!(&inputs, |f, cv| {
             let w = weight.map(cv);
             loss::nll_loss(f, &cv(logp), &cv(target), w.as_ref(), o)

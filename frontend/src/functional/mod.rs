@@ -86,7 +86,7 @@ fn extern_out(
     dtype: DType,
     fill: impl FnOnce(&Tensor),
 ) -> Result<Tensor> {
-    let out = Tensor::zeros(dims, dtype.compute());
+    let out = Tensor::zeros_for(name, dims, dtype.compute(), kiln_runtime::Device::Cpu)?;
     {
         let _p = profiler::scope(name, Category::Extern)
             .shapes(|| shapes(ins))

@@ -238,6 +238,12 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn new(num: usize, dim: usize, padding_idx: Option<i64>) -> Result<Embedding> {
+        kiln_ir::op::embedding::resolve_padding_idx(&[num, dim], padding_idx).map_err(
+            |e| match e {
+                kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op("Embedding", msg),
+                e => e,
+            },
+        )?;
         let e = Embedding {
             weight: param(&[num, dim]),
             padding_idx,

@@ -325,6 +325,8 @@ impl Fuser {
             ..Emitter::default()
         };
         let body = |k: &mut KernelCall, loaded: &[usize]| {
+            // a long sum emits the body once per cascade kernel: start afresh
+            e.done.clear();
             e.leaf_vals = loaded.to_vec();
             let v = e.emit(k, x);
             k.cast(v, compute)

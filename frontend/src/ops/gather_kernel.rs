@@ -50,7 +50,8 @@ pub(crate) fn take_rows(x: &Tensor, d: usize, idx: &Tensor) -> Result<Tensor> {
 }
 
 /// The host paths' out-of-range error for any element of `index` outside
-/// `-n..n`, `n` the size of dim `d` of `dims` (a min and a max, read back).
+/// `0..n`, `n` the size of dim `d` of `dims` (a min and a max, read back):
+/// negative indices do not wrap, as in PyTorch.
 fn check_bounds(op: &str, index: &Tensor, d: usize, dims: &[usize], shape: &str) -> Result<()> {
     let n = dims[d] as i64;
     if index.numel() == 0 {
@@ -58,8 +59,15 @@ fn check_bounds(op: &str, index: &Tensor, d: usize, dims: &[usize], shape: &str)
     }
     let lo = index.amin(None, false)?.item()? as i64;
     let hi = index.amax(None, false)?.item()? as i64;
-    if lo < -n || hi >= n {
-        let bad = if lo < -n { lo } else { hi };
+    if lo < 0 || hi >= n {
+        let bad = if lo < 0 { lo } else { hi };
+        if op == "gather" {
+            bail!(
+                op,
+                "index {bad} is out of bounds for dimension {d} with size {n} ({shape} {})",
+                fmt_dims(dims)
+            );
+        }
         bail!(
             op,
             "index {bad} is out of range for dim {d} of size {n} ({shape} {})",

@@ -232,7 +232,7 @@ impl KernelCall {
         dims: &[usize],
         dtype: DType,
     ) -> Result<Tensor> {
-        let out = Tensor::empty_on(dims, dtype, self.device())?;
+        let out = Tensor::empty_for(name, dims, dtype, self.device())?;
         self.store_into(name, value, &out)?;
         Ok(out)
     }
@@ -273,7 +273,7 @@ impl KernelCall {
             debug_assert!(!out_dtype.is_half());
             out_dims.push(res.len());
         }
-        let out = Tensor::empty_on(&out_dims, out_dtype, self.device())?;
+        let out = Tensor::empty_for(name, &out_dims, out_dtype, self.device())?;
         let mut out_layout = out.layout().clone();
         out_layout.dims.truncate(kept.len());
         out_layout.strides.truncate(kept.len());

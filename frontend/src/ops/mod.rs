@@ -7,4 +7,5 @@ pub(crate) mod gather_kernel;
 pub(crate) mod kernel;
 pub mod pointwise;
 pub mod reduce;
+mod reduce_cascade;
 pub mod view;

@@ -7,6 +7,7 @@ use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::infer::{self, Arg};
 use kiln_ir::op::{Op, ScalarValue};
+use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, BinaryOp, Category, DType, Float, Result, UnaryOp};
 
 /// A Python number operand (`x + 2.5`, `x * 3`).
@@ -127,6 +128,7 @@ impl Tensor {
             || {
                 let (ma, mb) = (self.meta(), other.meta());
                 let sig = infer::binary(op, Arg::Tensor(&ma), Arg::Tensor(&mb))?;
+                check_int_divisor(op, sig.compute, other)?;
                 let mut k = KernelCall::new();
                 let a = k.input(self, sig.compute);
                 let b = k.input(other, sig.compute);
@@ -157,6 +159,16 @@ impl Tensor {
             } else {
                 infer::binary(op, Arg::Tensor(&m), Arg::Scalar(s.category()))?
             };
+            if reversed {
+                check_int_divisor(op, sig.compute, self)?;
+            } else if divides(op) && is_int(sig.compute) && s.value() == 0.0 {
+                bail!(
+                    op.name(),
+                    "ZeroDivisionError (integer division by the scalar 0; input {} {})",
+                    self.dtype(),
+                    fmt_dims(self.dims())
+                );
+            }
             let mut k = KernelCall::new();
             let a = k.input(self, sig.compute);
             let b = k.scalar(s.value(), sig.compute);
@@ -411,6 +423,41 @@ impl Tensor {
         self.prepare_inplace("copy_", &[src])?;
         copy_into(src, self)
     }
+}
+
+/// Integer ops that divide: PyTorch raises ZeroDivisionError for a zero divisor.
+fn divides(op: BinaryOp) -> bool {
+    matches!(
+        op,
+        BinaryOp::FloorDiv | BinaryOp::Remainder | BinaryOp::Fmod
+    )
+}
+
+fn is_int(dt: DType) -> bool {
+    !dt.is_float() && dt != DType::Bool
+}
+
+/// PyTorch's integer division check: `floor_divide`, `remainder` and
+/// `fmod` computed in an integer dtype fail with "ZeroDivisionError" when
+/// any divisor element is 0 (one reduction and a read; float division by 0
+/// is inf/NaN, as in PyTorch, and is not checked).
+fn check_int_divisor(op: BinaryOp, compute: DType, divisor: &Tensor) -> Result<()> {
+    if !divides(op) || !is_int(compute) || divisor.numel() == 0 {
+        return Ok(());
+    }
+    let zeros = trace::untraced(|| -> Result<f64> {
+        let z = divisor.detach().binary_scalar(BinaryOp::Eq, 0i64, false)?;
+        z.to_dtype(DType::I64)?.sum(None, false)?.item()
+    })?;
+    if zeros > 0.0 {
+        bail!(
+            op.name(),
+            "ZeroDivisionError (integer division by zero: the divisor {} {} holds {zeros} zero(s))",
+            divisor.dtype(),
+            fmt_dims(divisor.dims())
+        );
+    }
+    Ok(())
 }
 
 /// A 0-dim tensor of `out` holding `s` as a kernel sees it (rounded to

@@ -11,7 +11,7 @@ use kiln_ir::op::{Meta, Op};
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 
 /// Lays `t` (of `x`'s shape) out as `kept ++ [product of reduced]`.
-fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Tensor> {
+pub(super) fn to_reduce_layout(t: &Tensor, kept: &[usize], reduced: &[usize]) -> Result<Tensor> {
     let perm: Vec<i64> = kept.iter().chain(reduced).map(|&d| d as i64).collect();
     let p = t.permute(&perm)?;
     let mut shape: Vec<i64> = kept.iter().map(|&d| t.dims()[d] as i64).collect();
@@ -66,7 +66,7 @@ pub(crate) fn reduce_expr(
     dims: Option<&[i64]>,
     keepdim: bool,
     out_dtype: DType,
-    body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
+    body: impl FnMut(&mut KernelCall, &[usize]) -> usize,
     epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> Vec<usize>,
 ) -> Result<Tensor> {
     let rd = infer::reduce_dims(name, value.dims.len(), dims)?;
@@ -107,9 +107,10 @@ pub(crate) fn reduce_expr(
     )
 }
 
-/// [`reduce_expr`] as one kernel.
+/// [`reduce_expr`] as one kernel, or for a long float sum, the cascade of
+/// [`super::reduce_cascade`].
 #[allow(clippy::too_many_arguments)]
-fn reduce_kernel(
+pub(super) fn reduce_kernel(
     name: &str,
     kind: ReduceKind,
     value: &Meta,
@@ -117,7 +118,7 @@ fn reduce_kernel(
     dims: Option<&[i64]>,
     keepdim: bool,
     out_dtype: DType,
-    body: impl FnOnce(&mut KernelCall, &[usize]) -> usize,
+    mut body: impl FnMut(&mut KernelCall, &[usize]) -> usize,
     epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> Vec<usize>,
 ) -> Result<Tensor> {
     let rank = value.dims.len();
@@ -126,6 +127,50 @@ fn reduce_kernel(
         kiln_ir::Error::Op { msg, .. } => kiln_ir::Error::op(name, msg),
         e => e,
     })?;
+    let kept: Vec<usize> = (0..rank).filter(|d| !rd.contains(d)).collect();
+    let n: usize = rd.iter().map(|&d| value.dims[d]).product();
+    if rank > 0 && super::reduce_cascade::applies(kind, out_dtype, n) {
+        let mut tuple = 1;
+        let out = super::reduce_cascade::cascade_sum(
+            name,
+            value,
+            leaves,
+            &kept,
+            &rd,
+            out_dtype,
+            &mut body,
+            |k, a, n| {
+                let r = epilogue(k, a, n);
+                tuple = r.len();
+                r
+            },
+        )?;
+        let mut shape = reduced_shape(&value.dims, &rd, keepdim);
+        if tuple > 1 {
+            shape.push(tuple);
+        }
+        return out.reshape_dims(&shape);
+    }
+    reduce_one(
+        name, kind, value, leaves, dims, keepdim, out_dtype, body, epilogue,
+    )
+}
+
+/// One reduction kernel, whatever the row length (the cascade's building block).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn reduce_one(
+    name: &str,
+    kind: ReduceKind,
+    value: &Meta,
+    leaves: &[Tensor],
+    dims: Option<&[i64]>,
+    keepdim: bool,
+    out_dtype: DType,
+    mut body: impl FnMut(&mut KernelCall, &[usize]) -> usize,
+    epilogue: impl FnOnce(&mut KernelCall, usize, usize) -> Vec<usize>,
+) -> Result<Tensor> {
+    let rank = value.dims.len();
+    let rd = infer::reduce_dims(name, rank, dims)?;
     let kept: Vec<usize> = (0..rank).filter(|d| !rd.contains(d)).collect();
     let n: usize = rd.iter().map(|&d| value.dims[d]).product();
     let mut k = KernelCall::new();

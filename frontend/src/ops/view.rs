@@ -350,7 +350,8 @@ impl Tensor {
         let mut dims = self.dims_vec();
         dims[d] = idx.len();
         for &i in &idx {
-            if i < -n || i >= n {
+            // negative indices are out of range, as in PyTorch (no wrapping)
+            if i < 0 || i >= n {
                 bail!(
                     "index_select",
                     "index {i} is out of range for dim {d} of size {n} (shape {})",
@@ -361,7 +362,6 @@ impl Tensor {
         let out = Tensor::empty_on(&dims, self.dtype(), self.device())?;
         let x = self.detach();
         for (j, &i) in idx.iter().enumerate() {
-            let i = if i < 0 { i + n } else { i };
             crate::ops::pointwise::copy_into(
                 &x.select(d as i64, i)?,
                 &out.select(d as i64, j as i64)?,
@@ -436,14 +436,15 @@ impl Tensor {
         let src = self.storage.ptr();
         let dst = out.storage.ptr();
         for (lin, (&o, &iv)) in offs.iter().zip(&idx).enumerate() {
-            if iv < -n || iv >= n {
+            // PyTorch's rule and words: negative indices do not wrap
+            if iv < 0 || iv >= n {
                 bail!(
                     "gather",
-                    "index {iv} is out of range for dim {d} of size {n} (input shape {})",
-                    fmt_dims(self.dims())
+                    "index {iv} is out of bounds for dimension {d} with size {n} (input shape {}, index shape {})",
+                    fmt_dims(self.dims()),
+                    fmt_dims(index.dims())
                 );
             }
-            let iv = if iv < 0 { iv + n } else { iv };
             let so = o as isize + (iv - pos[d] as i64) as isize * self.strides()[d];
             unsafe {
                 std::ptr::copy_nonoverlapping(src.add(so as usize * sz), dst.add(lin * sz), sz)

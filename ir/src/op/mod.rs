@@ -4,6 +4,7 @@ pub mod conv;
 pub mod embedding;
 pub mod infer;
 pub mod matmul;
+pub mod overlap;
 mod pointwise;
 pub mod pool;
 mod values;

@@ -21,7 +21,13 @@ impl Layout {
         }
     }
     pub fn numel(&self) -> usize {
-        self.dims.iter().product()
+        // a zero dim first: the other dims' product may overflow (it is only
+        // checked for layouts that hold elements)
+        if self.dims.contains(&0) {
+            0
+        } else {
+            self.dims.iter().product()
+        }
     }
     pub fn rank(&self) -> usize {
         self.dims.len()
@@ -44,7 +50,14 @@ pub fn infer_size(op: &str, shape: &[i64], numel: usize, from: &[usize]) -> Resu
         } else if s < 0 {
             bail!(op, "invalid size {s} in {:?}", shape);
         } else {
-            known *= s as usize;
+            known = match known.checked_mul(s as usize) {
+                Some(k) => k,
+                None => bail!(
+                    op,
+                    "shape {:?} has too many elements: the element count overflows",
+                    shape
+                ),
+            };
         }
     }
     let mut out: Dims = shape.iter().map(|&s| s.max(0) as usize).collect();
@@ -133,7 +146,12 @@ pub fn permute(l: &Layout, perm: &[i64]) -> Result<Layout> {
     for (i, &p) in perm.iter().enumerate() {
         let d = norm_dim("permute", p, r)?;
         if seen[d] {
-            bail!("permute", "dim {d} repeats in {:?}", perm);
+            bail!(
+                "permute",
+                "dim {d} repeats in {:?} (input shape {})",
+                perm,
+                fmt_dims(&l.dims)
+            );
         }
         seen[d] = true;
         out.dims[i] = l.dims[d];
@@ -200,6 +218,7 @@ pub fn expand(l: &Layout, sizes: &[i64]) -> Result<Layout> {
             );
         }
     }
+    crate::shape::checked_numel("expand", &out.dims)?;
     Ok(out)
 }
 

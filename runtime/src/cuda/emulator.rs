@@ -29,12 +29,16 @@ fn fail(ordinal: u8, msg: String) -> Error {
     Error::op("cuda", format!("cuda:{ordinal} (emulator): {msg}"))
 }
 
-/// Where shim libraries are cached: `$KILN_CACHE_DIR/shim`, else the temp dir.
+/// Where shim libraries are cached: `shim/` under the per-user cache root
+/// ([`crate::cache_dir`]), else (caching off, or no usable root) a private
+/// folder of this process in the temp dir: code this process loads is never
+/// taken from a folder another user can write.
 fn cache_dir() -> PathBuf {
-    match std::env::var_os("KILN_CACHE_DIR") {
-        Some(d) if !d.is_empty() => PathBuf::from(d).join("shim"),
-        _ => std::env::temp_dir().join("kiln-cuda-shim"),
-    }
+    crate::cache_dir::subdir("shim").unwrap_or_else(|| {
+        let d = std::env::temp_dir().join(format!("kiln-cuda-shim-{}", std::process::id()));
+        let _ = crate::cache_dir::ensure_private(&d);
+        d
+    })
 }
 
 impl Emulator {
@@ -114,7 +118,7 @@ impl Gpu for Emulator {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Buffer> {
-        let v = vec![0u128; bytes.div_ceil(16).max(1)];
+        let v: Vec<u128> = crate::scratch::try_zeroed("cuda alloc", bytes.div_ceil(16).max(1))?;
         Ok(Buffer {
             ptr: v.as_ptr() as u64,
             bytes,

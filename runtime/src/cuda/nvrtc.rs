@@ -194,18 +194,27 @@ pub struct KernelCache {
 }
 
 /// The disk cache directory from the environment (`var` reads a variable):
-/// `$KILN_CACHE_DIR/cuda`, else `$XDG_CACHE_HOME/kiln/cuda`, else
-/// `$HOME/.cache/kiln/cuda`; `KILN_CACHE_DIR=off` turns the disk cache off.
+/// `cuda/` under the cache root of [`crate::cache_dir::root_from`]
+/// (`$KILN_CACHE_DIR`, `$XDG_CACHE_HOME/kiln`, `$HOME/.cache/kiln`);
+/// `KILN_CACHE_DIR=off` turns the disk cache off.
 fn cache_dir_from(var: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    let set = |k: &str| var(k).filter(|v| !v.is_empty());
-    if let Some(d) = set("KILN_CACHE_DIR") {
-        return (d != "off").then(|| PathBuf::from(d).join("cuda"));
+    crate::cache_dir::root_from(var).map(|r| r.join("cuda"))
+}
+
+/// The process-wide cache's folder: [`cache_dir_from`] this environment,
+/// created private (mode 0700) and refused when other users could write it.
+fn private_cache_dir() -> Option<PathBuf> {
+    let dir = cache_dir_from(|k| std::env::var(k).ok())?;
+    match crate::cache_dir::ensure_private(&dir) {
+        Ok(()) => Some(dir),
+        Err(why) => {
+            eprintln!(
+                "kiln: warning: nvrtc cache: not using {}: {why}; caching in memory only",
+                dir.display()
+            );
+            None
+        }
     }
-    // The XDG spec says to ignore a relative XDG_CACHE_HOME.
-    if let Some(d) = set("XDG_CACHE_HOME").filter(|d| Path::new(d).is_absolute()) {
-        return Some(PathBuf::from(d).join("kiln").join("cuda"));
-    }
-    set("HOME").map(|h| PathBuf::from(h).join(".cache").join("kiln").join("cuda"))
 }
 
 impl KernelCache {
@@ -221,7 +230,7 @@ impl KernelCache {
     /// (see `KILN_CACHE_DIR`, `XDG_CACHE_HOME`, `HOME`).
     pub fn global() -> &'static KernelCache {
         static GLOBAL: OnceLock<KernelCache> = OnceLock::new();
-        GLOBAL.get_or_init(|| KernelCache::new(cache_dir_from(|k| std::env::var(k).ok())))
+        GLOBAL.get_or_init(|| KernelCache::new(private_cache_dir()))
     }
 
     /// The disk cache's directory (None: memory only).
@@ -280,7 +289,13 @@ impl KernelCache {
                 let c = Arc::new(payload.to_vec());
                 return Ok(lock().entry(key).or_insert(c).clone());
             }
-            self.corrupt.fetch_add(1, Ordering::Relaxed);
+            if self.corrupt.fetch_add(1, Ordering::Relaxed) == 0 {
+                eprintln!(
+                    "kiln: warning: nvrtc cache: {} failed its checksum; recompiling it",
+                    path.as_ref()
+                        .map_or(String::new(), |p| p.display().to_string())
+                );
+            }
         }
         let cubin = Arc::new(compile_cubin(source, arch)?);
         self.compiles.fetch_add(1, Ordering::Relaxed);
@@ -300,20 +315,12 @@ impl KernelCache {
     }
 }
 
-/// Writes `bytes` to a unique temporary file beside `path`, then renames it
-/// over `path`: readers (other processes) see the old file or the new one.
+/// Writes `bytes` atomically beside `path` (see [`crate::atomic_file`]),
+/// creating the folder private (mode 0700) first.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static SEQ: AtomicUsize = AtomicUsize::new(0);
     let dir = path.parent().expect("cache files live in a directory");
-    std::fs::create_dir_all(dir)?;
-    let name = path.file_name().unwrap_or_default().to_string_lossy();
-    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.{}.{seq}.tmp", std::process::id()));
-    let res = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res
+    crate::cache_dir::ensure_private(dir).map_err(std::io::Error::other)?;
+    crate::atomic_file::write(path, bytes)
 }
 
 #[cfg(test)]

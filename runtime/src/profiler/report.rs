@@ -260,17 +260,10 @@ impl Profile {
             path: path.display().to_string(),
             msg: format!("cannot write the chrome trace: {e}"),
         };
-        let mut tmp = path.as_os_str().to_owned();
-        tmp.push(format!(".tmp-{}", std::process::id()));
-        let tmp = std::path::PathBuf::from(tmp);
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        std::fs::write(&tmp, self.chrome_trace_json()).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            io(e)
-        })
+        crate::atomic_file::write(path, self.chrome_trace_json().as_bytes()).map_err(io)
     }
 }
 

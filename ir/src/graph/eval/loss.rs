@@ -227,16 +227,20 @@ fn gather(x: &Bounded, dim: i64, index: &Bounded) -> Result<Bounded> {
     for_each_index(di, |flat, idx| {
         let size = dx.get(k).copied().unwrap_or(1) as i64;
         let t = index.value.data[flat] as i64;
-        if t < -size || t >= size {
+        // negative indices are out of bounds, as in PyTorch
+        if t < 0 || t >= size {
             res = Err(crate::Error::op(
                 "gather",
-                format!("index {t} is out of range for dim {k} of {}", x.meta()),
+                format!(
+                    "index {t} is out of bounds for dimension {k} with size {size} (input {})",
+                    x.meta()
+                ),
             ));
             return;
         }
         let mut src = idx.to_vec();
         if !src.is_empty() {
-            src[k] = if t < 0 { t + size } else { t } as usize;
+            src[k] = t as usize;
         }
         let s = flat_of(&src, dx);
         out.value.data[flat] = x.value.data[s];

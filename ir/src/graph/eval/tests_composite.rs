@@ -369,9 +369,12 @@ fn pair_losses_and_gather() {
     let x = t(F32, &[2, 2], &[1.0, 2.0, 3.0, 4.0]);
     let y = run1(
         Op::Gather { dim: 1 },
-        &[x.clone(), t(I64, &[2, 1], &[1.0, -2.0])],
+        &[x.clone(), t(I64, &[2, 1], &[1.0, 0.0])],
     );
     close(&y, &[2, 1], &[2.0, 3.0]);
+    // a negative index is out of bounds, as in PyTorch (no wrapping)
+    let neg = &[x.clone(), t(I64, &[2, 1], &[1.0, -2.0])];
+    assert!(run(Op::Gather { dim: 1 }, neg).is_err());
     let y = run1(
         Op::Gather { dim: 0 },
         &[x.clone(), t(I64, &[1, 2], &[1.0, 0.0])],
