@@ -21,6 +21,7 @@
 //!   [`step_time::compare`] then times eager vs compiled steps on copies.
 
 mod cli;
+pub mod ddp;
 pub mod step_time;
 
 pub use cli::{cli, TrainArgs};

@@ -46,10 +46,21 @@ pub struct TrainArgs {
     /// `step time: eager X ms, compiled Y ms (Z.ZZx)` (medians; 0 skips it).
     #[arg(long, default_value_t = 20)]
     pub compare_steps: usize,
+    /// Start N data-parallel ranks on this machine (runs `mpirun -n N kiln train --ddp ...`).
+    #[arg(long, value_name = "N")]
+    pub nproc: Option<usize>,
+    /// Data-parallel training on the ranks mpirun started (`mpirun -n N kiln train --ddp`):
+    /// --batch-size is the global batch, split over the ranks; rank 0 prints and checkpoints.
+    #[arg(long)]
+    pub ddp: bool,
 }
 
 /// `kiln train`: runs and prints the summary; the last line is [`accuracy_line`].
 pub fn cli(a: TrainArgs) -> Result<()> {
+    if let Some(n) = a.nproc {
+        return super::ddp::launch(n);
+    }
+    let ddp = a.ddp;
     let cfg = TrainConfig {
         model: a.model,
         epochs: a.epochs,
@@ -66,6 +77,9 @@ pub fn cli(a: TrainArgs) -> Result<()> {
         profile: a.profile,
         compile: a.compile,
     };
+    if ddp {
+        return super::ddp::cli(cfg, a.json);
+    }
     let out = run(&cfg)?;
     // Timed on copies of the trained model: its results are already fixed.
     let cmp = match a.compile && a.compare_steps > 0 {
