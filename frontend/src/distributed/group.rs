@@ -327,6 +327,7 @@ impl<T> Work<T> {
 }
 
 /// The address of a contiguous host tensor's first element.
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
 pub(crate) fn host_ptr(t: &Tensor) -> *mut u8 {
     // SAFETY: the offset is inside the storage (a valid layout).
     unsafe { t.storage.ptr().add(t.offset() * t.dtype().size()) }
