@@ -7,6 +7,7 @@ use crate::{DType, Device, Result, Tensor};
 use std::path::Path;
 use std::time::Instant;
 
+pub mod ddp;
 pub mod device;
 pub mod qlinear;
 pub mod serve;
@@ -380,6 +381,14 @@ pub fn run_profiled(
         })?;
     }
     let mut rows = vec![];
+    // DDP starts MPI ranks: only when asked for by name.
+    if only.iter().any(|o| o.eq_ignore_ascii_case("DDP")) {
+        if ddp::is_rank() {
+            ddp::rank_main(iters, profile_dir)?;
+            return Ok(rows);
+        }
+        rows.extend(ddp::bench(iters, profile_dir)?);
+    }
     if want("W8") && mode != Mode::Compiled {
         rows.extend(traced(profile_dir, "W8", || w8(iters))?);
     }

@@ -36,6 +36,8 @@ use serde_json::{json, Map, Value as Json};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+mod distributed;
+
 pub const FORMAT: &str = "kiln-checkpoint";
 pub const VERSION: &str = "1";
 

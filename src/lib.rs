@@ -28,6 +28,9 @@ pub use kiln_frontend::amp;
 pub use kiln_frontend::autograd;
 /// `torch.compile` for kiln: [`compile::compile`] a module, [`compile::compile_fn`] a function.
 pub use kiln_frontend::compile;
+/// `torch.distributed`: process groups on MPI (feature `mpi`) or NCCL, collectives,
+/// `DistributedDataParallel`, `DistributedSampler`, `SyncBatchNorm`.
+pub use kiln_frontend::distributed;
 pub use kiln_frontend::functional;
 pub use kiln_frontend::nn;
 pub use kiln_frontend::optim;

@@ -26,6 +26,7 @@ pub mod config;
 pub mod recipe;
 pub mod run_state;
 pub mod step;
+pub mod ddp;
 pub mod step_time;
 
 pub use cli::{cli, TrainArgs};

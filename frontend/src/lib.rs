@@ -5,6 +5,7 @@ pub mod autograd;
 pub mod compile;
 pub mod data;
 mod device;
+pub mod distributed;
 pub mod functional;
 pub mod nn;
 pub mod ops;

@@ -128,6 +128,13 @@ pub struct TrainArgs {
     /// use_deterministic_algorithms(true): every kernel sums in a fixed order.
     #[arg(long)]
     pub deterministic: bool,
+    /// Start N data-parallel ranks on this machine (runs `mpirun -n N kiln train --ddp ...`).
+    #[arg(long, value_name = "N")]
+    pub nproc: Option<usize>,
+    /// Data-parallel training on the ranks mpirun started (`mpirun -n N kiln train --ddp`):
+    /// --batch-size is the global batch, split over the ranks; rank 0 prints and checkpoints.
+    #[arg(long)]
+    pub ddp: bool,
 }
 
 impl TrainArgs {
@@ -201,6 +208,12 @@ pub fn cli(a: TrainArgs) -> Result<()> {
     if a.print_config {
         print!("{}", RunConfig::of(&cfg).to_toml());
         return Ok(());
+    }
+    if let Some(n) = a.nproc {
+        return super::ddp::launch(n);
+    }
+    if a.ddp {
+        return super::ddp::cli(cfg, a.json);
     }
     let out = run(&cfg)?;
     // Timed on copies of the trained model: its results are already fixed.

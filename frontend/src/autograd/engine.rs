@@ -65,7 +65,10 @@ impl Tensor {
 /// `torch.autograd.backward(tensors, grad_tensors, retain_graph)`: runs backward
 /// from every root at once (their gradients add up in shared inputs).
 pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Result<()> {
-    run(roots, grads, retain_graph, &mut accumulate_leaf)
+    // Leaf hooks and queued callbacks (`hooks.rs`) wrap the `.grad` sink.
+    super::hooks::around_backward(roots, &mut accumulate_leaf, |sink| {
+        run(roots, grads, retain_graph, sink)
+    })
 }
 
 /// The gradient reaching each leaf from `roots` (seeded with `grads`), in the

@@ -9,6 +9,7 @@
 
 mod anomaly;
 mod engine;
+pub mod hooks;
 mod node;
 pub(crate) mod rules;
 #[cfg(test)]

@@ -54,6 +54,12 @@ pub trait Module: Send + Sync {
 
     /// `Linear(in_features=64, out_features=32, bias=True)`, as PyTorch prints it.
     fn describe(&self) -> String;
+
+    /// This module as a BatchNorm layer, if it is one (what
+    /// `distributed::convert_sync_batchnorm` looks for).
+    fn as_batch_norm(&self) -> Option<&super::BatchNorm> {
+        None
+    }
 }
 
 /// What `load_state_dict` found besides matching keys.

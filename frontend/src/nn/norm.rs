@@ -35,9 +35,21 @@ pub struct BatchNorm {
     /// 2 for BatchNorm1d, 4 for BatchNorm2d (the input rank it expects; 1d also takes rank 3).
     rank: usize,
     training: AtomicBool,
+    /// Training statistics over the global batch (`SyncBatchNorm`, see `distributed/sync_bn.rs`).
+    sync: AtomicBool,
 }
 
 impl BatchNorm {
+    /// Makes the training statistics those of the global batch of the
+    /// default process group (`distributed::convert_sync_batchnorm`).
+    pub fn set_sync(&self, on: bool) {
+        self.sync.store(on, Ordering::Relaxed)
+    }
+    /// Whether this is a `SyncBatchNorm`.
+    pub fn is_sync(&self) -> bool {
+        self.sync.load(Ordering::Relaxed)
+    }
+
     pub fn new_1d(features: usize) -> BatchNorm {
         BatchNorm::with_options(features, 2, 1e-5, Some(0.1), true, true)
     }
@@ -64,6 +76,7 @@ impl BatchNorm {
             eps,
             rank,
             training: AtomicBool::new(true),
+            sync: AtomicBool::new(false),
         }
     }
 }
@@ -89,6 +102,11 @@ impl Module for BatchNorm {
             );
         }
         let training = self.training.load(Ordering::Relaxed);
+        if training && self.is_sync() {
+            if let Some(g) = crate::distributed::sync_bn_group() {
+                return crate::distributed::sync_bn_forward(self, &g, x);
+            }
+        }
         let use_batch_stats = training || self.running_mean.is_none();
         let mut momentum = self.momentum.unwrap_or(0.0);
         if training {
@@ -151,6 +169,9 @@ impl Module for BatchNorm {
     fn is_training(&self) -> bool {
         self.training.load(Ordering::Relaxed)
     }
+    fn as_batch_norm(&self) -> Option<&BatchNorm> {
+        Some(self)
+    }
     fn describe(&self) -> String {
         let c = self
             .running_mean
@@ -163,8 +184,12 @@ impl Module for BatchNorm {
             .momentum
             .map(|m| format!("{m}"))
             .unwrap_or("None".into());
+        let kind = match self.is_sync() {
+            true => "SyncBatchNorm".to_string(),
+            false => format!("BatchNorm{d}d"),
+        };
         format!(
-            "BatchNorm{d}d({c}, eps={:e}, momentum={m}, affine={}, track_running_stats={})",
+            "{kind}({c}, eps={:e}, momentum={m}, affine={}, track_running_stats={})",
             self.eps,
             py_bool(self.weight.is_some()),
             py_bool(self.running_mean.is_some())

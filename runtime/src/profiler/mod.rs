@@ -58,6 +58,10 @@ pub enum Category {
     Memcpy,
     /// A region marked by the user with [`record_function`].
     User,
+    /// A collective of `kiln::distributed` (`all_reduce`, `broadcast`, ...),
+    /// recorded on the communication thread (its own track in the trace)
+    /// with the bytes it sends.
+    Comm,
 }
 
 impl Category {
@@ -70,6 +74,7 @@ impl Category {
             Category::Backward => "backward",
             Category::Memcpy => "memcpy",
             Category::User => "user",
+            Category::Comm => "comm",
         }
     }
 }
