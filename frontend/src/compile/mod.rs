@@ -15,6 +15,7 @@
 //! sizes as arguments); any other guard miss recompiles, with the reason
 //! shown by `KILN_LOG=recompiles`. Past the recompile limit, calls run eagerly.
 
+mod conv_report;
 mod disk_cache;
 pub mod dispatch;
 mod dump;
