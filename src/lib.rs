@@ -7,6 +7,7 @@
 //! assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 0.5, 2.0]);
 //! ```
 
+pub mod backends;
 pub mod bench;
 pub mod checkpoint;
 /// `kiln export` and `kiln run` (the deployment commands).

@@ -10,6 +10,7 @@ use kiln_ir::op::Op;
 use kiln_ir::{bail, ReduceKind, Result};
 use kiln_passes::decompose::Builder;
 use kiln_passes::ClassLossOpts;
+use kiln_runtime::externs::conv::select as conv_select;
 
 /// Runs one graph op eagerly on tensors: the inverse of what the tracer records.
 ///
@@ -142,11 +143,15 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
         }
         Op::Matmul => one(F::matmul(x, &ins[1])),
         Op::Linear => one(F::linear(x, &ins[1], ins.get(2))),
-        Op::Conv { params, spatial } => match spatial {
-            1 => one(F::conv1d(x, &ins[1], ins.get(2), params)),
-            2 => one(F::conv2d(x, &ins[1], ins.get(2), params)),
-            s => bail!("conv", "{s}-d convolution is not supported (1 or 2)"),
-        },
+        Op::Conv { params, spatial } => {
+            // a compiled graph's convs time their algorithms (cudnn.benchmark)
+            let _scope = conv_select::compiled_scope();
+            match spatial {
+                1 => one(F::conv1d(x, &ins[1], ins.get(2), params)),
+                2 => one(F::conv2d(x, &ins[1], ins.get(2), params)),
+                s => bail!("conv", "{s}-d convolution is not supported (1 or 2)"),
+            }
+        }
         Op::ConvTranspose2d(p) => one(F::conv_transpose2d(x, &ins[1], ins.get(2), p)),
         Op::AvgPool2dBackward {
             input_size,

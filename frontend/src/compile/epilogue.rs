@@ -285,6 +285,8 @@ fn run_conv(
 ) -> Result<Tensor> {
     let dims = g.meta(kernel.root)?.dims.clone();
     let b = ins.get(2);
+    // a compiled graph's convs time their algorithms (cudnn.benchmark)
+    let _scope = kiln_runtime::externs::conv::select::compiled_scope();
     if ins[0].device().is_cuda() {
         // one launch: the conv kernel applies the epilogue before its tile is stored
         let epilogue = |cg: &ConvGeometry, value: &Tensor| {

@@ -33,6 +33,8 @@ pub struct EntryReport {
     pub hoisted: Vec<String>,
     /// Ops that kept their own kernel, with the reason.
     pub unfused: Vec<String>,
+    /// The CPU algorithm of each conv (`conv2d [..] * [..]: winograd-f2x2-3x3 (timed)`).
+    pub conv_algorithms: Vec<String>,
     pub nodes_traced: usize,
     pub planned_peak: usize,
     pub unplanned: usize,
@@ -162,6 +164,7 @@ impl Entry {
                 ));
             }
         }
+        r.conv_algorithms = super::conv_report::conv_algorithms(g);
         r.planned_peak = exec.memory.planned_peak;
         r.unplanned = exec.memory.unplanned;
         r.eager_peak = self.traced.as_ref().map_or(0, |t| {
@@ -213,6 +216,9 @@ impl fmt::Display for EntryReport {
         }
         for u in &self.unfused {
             writeln!(f, "  unfused: {u}")?;
+        }
+        for c in &self.conv_algorithms {
+            writeln!(f, "  conv algorithm: {c}")?;
         }
         if let Some(b) = &self.backward {
             writeln!(

@@ -15,6 +15,7 @@
 //! sizes as arguments); any other guard miss recompiles, with the reason
 //! shown by `KILN_LOG=recompiles`. Past the recompile limit, calls run eagerly.
 
+mod conv_report;
 mod disk_cache;
 /// Where compiled plans are cached on disk (see `KILN_CACHE_DIR`); None when off.
 pub use disk_cache::dir as plan_cache_dir;

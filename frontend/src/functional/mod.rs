@@ -270,11 +270,26 @@ fn conv_eager(
         return rules::conv(g, x, w, bias, y.to_dtype(dt)?);
     }
     let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
-        dispatch_float!(dt, T => externs::conv::conv2d::<T>(
+        dispatch_float!(dt, T => externs::conv::conv2d_call::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
-        ))
+            externs::conv::ConvCall { epilogue: None, weight_key: weight_key(w, &wc) },
+        ));
     })?;
     rules::conv(g, x, w, bias, y)
+}
+
+/// Identifies a parameter's conv weight (`wc`, contiguous, as
+/// `compute_input` made it from `w`) so its packed forms are reused until
+/// the parameter changes in place (its version moves). Only parameters get
+/// a key: a computed weight (BatchNorm folded in) may be rewritten in its
+/// buffer without a version bump, so it is packed afresh each call.
+fn weight_key<'a>(w: &Tensor, wc: &'a Tensor) -> Option<externs::conv::packed::WeightKey<'a>> {
+    w.requires_grad().then(|| externs::conv::packed::WeightKey {
+        storage: &wc.storage,
+        offset: wc.offset(),
+        dims: wc.dims(),
+        version: wc.version(),
+    })
 }
 
 /// conv1d/conv2d (no autograd) calling `epilogue(out, tile)` on each output
@@ -311,10 +326,11 @@ pub fn conv_with_epilogue(
             }
         };
         unsafe {
-            dispatch_float!(dt, T => externs::conv::conv2d_tiled::<T>(
+            dispatch_float!(dt, T => externs::conv::conv2d_call::<T>(
                 &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)),
-                out.storage.as_mut_slice::<T>(), Some(&tile),
-            ))
+                out.storage.as_mut_slice::<T>(),
+                externs::conv::ConvCall { epilogue: Some(&tile), weight_key: weight_key(w, &wc) },
+            ));
         }
     })?;
     match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {

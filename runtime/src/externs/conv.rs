@@ -1,6 +1,9 @@
 //! Convolution on the CPU: `conv2d` (and `conv1d` as `H = 1`) by im2col +
-//! GEMM per group on L2-sized tiles of output positions; depthwise
-//! convolutions by a direct kernel (`conv_transpose2d` is in `conv_transpose.rs`).
+//! GEMM per group on L2-sized tiles of output positions, by Winograd
+//! F(2x2, 3x3) (`winograd.rs`), or for depthwise convolutions by a direct
+//! kernel; `select.rs` picks one per shape (timing them when benchmarking is
+//! on) and `packed.rs` keeps transformed weights per parameter version
+//! (`conv_transpose2d` is in `conv_transpose.rs`).
 //!
 //! Geometry (stride, asymmetric padding, dilation, groups) comes checked from
 //! `kiln_ir::op::conv::{conv_geometry, conv_transpose_geometry}`.
@@ -10,7 +13,14 @@ use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 
 pub use super::conv_transpose::conv_transpose2d;
+use packed::WeightKey;
 use rayon::prelude::*;
+use select::ConvAlgo;
+
+pub mod batched;
+pub mod packed;
+pub mod select;
+pub mod winograd;
 
 /// Bytes of one im2col / col2im tile: small enough to stay in L2 next to the
 /// packed weights, big enough that the GEMM runs at full speed.
@@ -73,10 +83,106 @@ pub fn conv2d_tiled<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
 ) {
+    conv2d_call(
+        g,
+        input,
+        weight,
+        bias,
+        out,
+        ConvCall {
+            epilogue,
+            weight_key: None,
+        },
+    );
+}
+
+/// What a conv call may pass besides its operands.
+#[derive(Clone, Copy, Default)]
+pub struct ConvCall<'a> {
+    /// Called on every output tile once it is final.
+    pub epilogue: Option<Epilogue<'a>>,
+    /// Identifies the weight so its packed forms are reused while it is unchanged.
+    pub weight_key: Option<WeightKey<'a>>,
+}
+
+/// Grows `buf` to `len` elements: every conv scratch buffer is sized here.
+pub(super) fn scratch<T: Elem>(buf: &mut Vec<T>, len: usize) {
+    if buf.len() < len {
+        buf.resize(len, T::ZERO);
+    }
+}
+
+/// [`conv2d`] by the algorithm [`select::choose`] picks (timing the
+/// candidates on this call when benchmarking is on); returns that algorithm.
+pub fn conv2d_call<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    call: ConvCall,
+) -> ConvAlgo {
+    check_lengths(g, input, weight, bias, out);
+    if out.is_empty() {
+        return select::heuristic(g);
+    }
+    let dtype = std::any::type_name::<T>();
+    let key = call.weight_key;
+    let chosen = select::choose(g, dtype, &mut |a| {
+        run_algorithm(a, g, input, weight, bias, &mut *out, None, key)
+    });
+    run_algorithm(
+        chosen.algo(),
+        g,
+        input,
+        weight,
+        bias,
+        out,
+        call.epilogue,
+        key,
+    );
+    select::note_run(chosen.algo());
+    chosen.algo()
+}
+
+/// Runs `algo` (which must apply to `g`).
+#[allow(clippy::too_many_arguments)]
+fn run_algorithm<T: Elem>(
+    algo: ConvAlgo,
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
+    key: Option<WeightKey>,
+) {
+    match algo {
+        ConvAlgo::Depthwise => depthwise(g, input, weight, bias, out, epilogue),
+        ConvAlgo::WinogradF2x2 => {
+            let u = packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
+                winograd::pack_weights(g.c_out, g.c_in, weight)
+            });
+            winograd::conv2d(g, input, &u, bias, out, epilogue)
+        }
+        ConvAlgo::Im2colBatched => batched::conv2d(g, input, weight, bias, out, epilogue),
+        ConvAlgo::Im2colGemm | ConvAlgo::Gemm1x1 => {
+            im2col_gemm(g, input, weight, bias, out, epilogue)
+        }
+    }
+}
+
+fn check_lengths<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &[T],
+) {
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
     let [kh, kw] = g.kernel;
-    let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
+    let cpg = g.c_in_per_group();
     assert_eq!(
         input.len(),
         g.n * g.c_in * h * w,
@@ -99,12 +205,22 @@ pub fn conv2d_tiled<T: Elem>(
             "conv2d: bias length does not match geometry"
         );
     }
-    if out.is_empty() {
-        return;
-    }
-    if cpg == 1 && g.groups > 1 {
-        return depthwise(g, input, weight, bias, out, epilogue);
-    }
+}
+
+/// im2col + GEMM (a 1x1 stride-1 conv skips the copy: its input is the
+/// column matrix).
+fn im2col_gemm<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
+) {
+    let [h, w] = g.in_size;
+    let [oh, ow] = g.out_size;
+    let [kh, kw] = g.kernel;
+    let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
     let kk = cpg * kh * kw;
     let p = oh * ow;
     let pointwise =
@@ -136,7 +252,7 @@ pub fn conv2d_tiled<T: Elem>(
             let (bp, b_rs) = if pointwise {
                 (x[p0..].as_ptr(), (h * w) as isize)
             } else {
-                buf.resize(kk * cols, T::ZERO);
+                scratch(buf, kk * cols);
                 im2col(g, x, p0, p1, &mut buf[..kk * cols]);
                 (buf.as_ptr(), cols as isize)
             };
@@ -359,3 +475,6 @@ fn depthwise<T: Elem>(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod algo_tests;

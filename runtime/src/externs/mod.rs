@@ -10,6 +10,7 @@
 pub mod conv;
 pub mod conv_grad;
 pub mod conv_transpose;
+pub mod cpu_isa;
 pub mod embedding;
 pub mod gemm;
 pub mod pool;

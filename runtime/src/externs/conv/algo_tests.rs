@@ -1,0 +1,211 @@
+//! Every conv algorithm against im2col and the definition on random shapes,
+//! the algorithm cache's round trip (memory and disk, a corrupt file), and
+//! packed weights following the weight's version.
+
+use super::super::testutil::{assert_close, Lcg};
+use super::packed::{packed_or_insert, WeightKey};
+use super::select::{self, disk, ConvAlgo};
+use super::*;
+use kiln_ir::op::conv::{conv_geometry, ConvParams, Padding};
+use std::sync::Arc;
+
+/// The geometry of `input` * `weight` with `(stride, padding, dilation, groups)`.
+fn geometry(
+    input: &[usize],
+    weight: &[usize],
+    (stride, padding, dilation, groups): (usize, Vec<usize>, usize, usize),
+) -> ConvGeometry {
+    let p = ConvParams {
+        stride: vec![stride],
+        padding: Padding::Explicit(padding),
+        dilation: vec![dilation],
+        groups,
+    };
+    conv_geometry("conv2d", input, weight, Some(&[weight[0]]), &p).unwrap()
+}
+
+/// `algo`'s output for random operands of `g`.
+fn run<T: Elem>(algo: ConvAlgo, g: &ConvGeometry, seed: u64) -> Vec<T> {
+    let mut r = Lcg(seed);
+    let x: Vec<T> = r.vec(g.n * g.c_in * g.in_size[0] * g.in_size[1]);
+    let w: Vec<T> = r.vec(g.c_out * g.c_in_per_group() * g.kernel[0] * g.kernel[1]);
+    let b: Vec<T> = r.vec(g.c_out);
+    let mut out = vec![T::from_f64(f64::NAN); g.n * g.c_out * g.out_size[0] * g.out_size[1]];
+    let used = select::with_algorithm(algo, || {
+        conv2d_call(g, &x, &w, Some(&b), &mut out, ConvCall::default())
+    });
+    assert_eq!(used, algo, "{g:?}: forced {algo:?}, ran {used:?}");
+    out
+}
+
+/// Shapes covering stride, padding (asymmetric too), dilation, groups, odd
+/// sizes and batch 1.
+fn shapes() -> Vec<ConvGeometry> {
+    vec![
+        geometry(&[1, 3, 7, 9], &[5, 3, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[2, 4, 6, 6], &[4, 4, 3, 3], (1, vec![0], 1, 1)),
+        geometry(&[2, 5, 11, 5], &[3, 5, 3, 3], (1, vec![2, 0], 1, 1)),
+        geometry(&[3, 2, 1, 5], &[2, 2, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[1, 6, 9, 8], &[6, 3, 3, 3], (1, vec![1], 1, 2)),
+        geometry(&[2, 4, 9, 9], &[4, 1, 3, 3], (1, vec![1], 1, 4)),
+        geometry(&[2, 4, 9, 9], &[8, 1, 3, 3], (2, vec![1], 2, 4)),
+        geometry(&[2, 3, 10, 7], &[4, 3, 3, 3], (2, vec![1], 1, 1)),
+        geometry(&[1, 3, 12, 12], &[2, 3, 3, 3], (1, vec![2], 2, 1)),
+        geometry(&[2, 8, 5, 5], &[16, 8, 1, 1], (1, vec![0], 1, 1)),
+        geometry(&[1, 16, 30, 29], &[24, 16, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[1, 2, 2, 2], &[3, 2, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[5, 1, 8, 8], &[8, 1, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[7, 8, 8, 8], &[16, 8, 3, 3], (2, vec![1], 1, 1)),
+        geometry(&[4, 6, 5, 7], &[6, 3, 3, 2], (1, vec![1, 0], 1, 2)),
+    ]
+}
+
+#[test]
+fn every_algorithm_matches_im2col_on_random_shapes() {
+    let mut ran = std::collections::HashMap::new();
+    for (i, g) in shapes().iter().enumerate() {
+        let want64 = run::<f64>(ConvAlgo::Im2colGemm, g, i as u64);
+        let want32 = run::<f32>(ConvAlgo::Im2colGemm, g, i as u64);
+        for algo in ConvAlgo::ALL {
+            if !algo.applies(g) || algo == ConvAlgo::Im2colGemm {
+                continue;
+            }
+            *ran.entry(algo).or_insert(0) += 1;
+            let got = run::<f64>(algo, g, i as u64);
+            assert_close(&got, &want64, 1e-12, &format!("{algo:?} f64 {g:?}"));
+            let got = run::<f32>(algo, g, i as u64);
+            assert_close(&got, &want32, 1e-5, &format!("{algo:?} f32 {g:?}"));
+        }
+    }
+    // each algorithm met several shapes (the list is not vacuous)
+    for algo in [
+        ConvAlgo::WinogradF2x2,
+        ConvAlgo::Depthwise,
+        ConvAlgo::Gemm1x1,
+        ConvAlgo::Im2colBatched,
+    ] {
+        assert!(
+            ran.get(&algo).copied().unwrap_or(0) >= 1,
+            "{algo:?} never ran"
+        );
+    }
+    assert!(ran[&ConvAlgo::WinogradF2x2] >= 5);
+}
+
+#[test]
+fn winograd_calls_the_epilogue_on_every_output_element_once() {
+    let g = geometry(&[2, 3, 13, 11], &[4, 3, 3, 3], (1, vec![1], 1, 1));
+    let mut r = Lcg(3);
+    let x: Vec<f32> = r.vec(2 * 3 * 13 * 11);
+    let w: Vec<f32> = r.vec(4 * 3 * 9);
+    let mut out = vec![0.0f32; 2 * 4 * 13 * 11];
+    let seen = std::sync::Mutex::new(vec![0u8; out.len()]);
+    let p = g.out_size[0] * g.out_size[1];
+    let ep = |t: Tile| {
+        let mut s = seen.lock().unwrap();
+        for c in t.c0..t.c0 + t.channels {
+            for q in t.p0..t.p0 + t.cols {
+                s[(t.n * g.c_out + c) * p + q] += 1;
+            }
+        }
+    };
+    select::with_algorithm(ConvAlgo::WinogradF2x2, || {
+        conv2d_call(
+            &g,
+            &x,
+            &w,
+            None,
+            &mut out,
+            ConvCall {
+                epilogue: Some(&ep),
+                weight_key: None,
+            },
+        )
+    });
+    assert!(seen.into_inner().unwrap().iter().all(|&n| n == 1));
+}
+
+#[test]
+fn the_algorithm_cache_round_trips_through_memory_and_disk() {
+    let dir = std::env::temp_dir().join(format!("kiln-conv-select-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // only this test reads the cache dir in this binary
+    std::env::set_var("KILN_CACHE_DIR", &dir);
+    select::forget_in_memory();
+    let g = geometry(&[1, 16, 30, 29], &[24, 16, 3, 3], (1, vec![1], 1, 1));
+    let key = select::key(&g, "f32");
+    assert!(key.contains("avx2") || key.contains("scalar") || key.contains("avx512"));
+    assert_eq!(
+        select::describe(&g, "f32"),
+        select::Chosen::Heuristic(ConvAlgo::Im2colGemm)
+    );
+    let mut r = Lcg(9);
+    let x: Vec<f32> = r.vec(16 * 30 * 29);
+    let w: Vec<f32> = r.vec(24 * 16 * 9);
+    let mut out = vec![0.0f32; 24 * 30 * 29];
+    let timed = {
+        let _scope = select::compiled_scope();
+        assert!(select::benchmark_enabled());
+        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default())
+    };
+    assert!(!select::benchmark_enabled(), "the scope ended");
+    assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
+    // the file holds it; a fresh process (memory forgotten) reads it back
+    let path = disk::path().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&timed));
+    select::forget_in_memory();
+    assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
+    // a corrupt file: a warning, the heuristic, and a re-timed valid file
+    std::fs::write(&path, "kiln conv algorithms v1\nno tab here\n").unwrap();
+    select::forget_in_memory();
+    assert_eq!(
+        select::describe(&g, "f32"),
+        select::Chosen::Heuristic(ConvAlgo::Im2colGemm)
+    );
+    let again = {
+        let _scope = select::compiled_scope();
+        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default())
+    };
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&again));
+    assert!(disk::parse("garbage").is_err());
+    assert!(disk::parse("kiln conv algorithms v1\nk\tno-such-algo\n").is_err());
+    select::forget_in_memory();
+    std::env::remove_var("KILN_CACHE_DIR");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn packed_weights_follow_the_version_and_the_storage() {
+    let st = Arc::new(crate::Storage::zeros(kiln_ir::DType::F32, 8));
+    let packs = std::cell::Cell::new(0);
+    let pack = || {
+        packs.set(packs.get() + 1);
+        vec![packs.get() as f32]
+    };
+    let key = |v| WeightKey {
+        storage: &st,
+        offset: 0,
+        dims: &[8],
+        version: v,
+    };
+    let a = packed_or_insert(Some(key(0)), "test", pack);
+    let b = packed_or_insert(Some(key(0)), "test", pack);
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(packs.get(), 1);
+    // an in-place change bumps the version: packed again
+    let c = packed_or_insert(Some(key(1)), "test", pack);
+    assert_eq!((packs.get(), c[0]), (2, 2.0));
+    // another view of the same storage is another weight
+    let other = WeightKey {
+        dims: &[2, 4],
+        ..key(1)
+    };
+    packed_or_insert(Some(other), "test", pack);
+    assert_eq!(packs.get(), 3);
+    // without a key nothing is remembered
+    packed_or_insert::<f32>(None, "test", pack);
+    packed_or_insert::<f32>(None, "test", pack);
+    assert_eq!(packs.get(), 5);
+}
