@@ -9,7 +9,7 @@
 use super::batcher::Batcher;
 use super::config::ModelConfig;
 use super::metrics::Metrics;
-use super::model::{DigitsModel, ServableModel};
+use super::model::{DigitsModel, ExportedServable, ServableModel};
 use crate::train::ModelKind;
 use crate::DType;
 use std::collections::BTreeMap;

@@ -284,12 +284,17 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
         step_ms_mean: sorted.iter().sum::<f64>() / sorted.len().max(1) as f64,
         step_ms_median: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
         first_step_ms: step_times.first().map(ms).unwrap_or(0.0),
+        step_records: vec![],
+        best_test_accuracy: None,
+        stopped_early: false,
+        warnings: vec![],
     })
 }
 
 /// `kiln train --ddp`: trains on the ranks, prints on rank 0, and shuts the
 /// group down (every rank, also after an error, so mpirun sees the result).
 pub fn cli(cfg: TrainConfig, json: bool) -> Result<()> {
+    unsupported_with_ddp(&cfg)?;
     let r = run(&cfg);
     let main = dist::is_main_process();
     let world = dist::world_size();
@@ -320,4 +325,30 @@ pub fn cli(cfg: TrainConfig, json: bool) -> Result<()> {
             Err(e)
         }
     }
+}
+
+/// The run-config options the data-parallel loop does not implement yet
+/// (it trains with the default SGD recipe): refused by name rather than
+/// silently ignored.
+fn unsupported_with_ddp(cfg: &TrainConfig) -> Result<()> {
+    let d = TrainConfig::default();
+    let checks = [
+        ("--optimizer and its hyper-parameters", cfg.optimizer != d.optimizer),
+        ("--schedule and its parameters", cfg.schedule != d.schedule),
+        ("--accumulate", cfg.accumulate != d.accumulate),
+        ("--clip-grad-norm", cfg.clip_grad_norm.is_some()),
+        ("--amp", cfg.amp.is_some()),
+        ("--keep-best", cfg.keep_best),
+        ("--early-stop", cfg.early_stop.is_some()),
+        ("--logdir", cfg.logdir.is_some()),
+    ];
+    let bad: Vec<&str> = checks.iter().filter(|c| c.1).map(|c| c.0).collect();
+    if !bad.is_empty() {
+        kiln_ir::bail!(
+            "train --ddp",
+            "{} not supported with --ddp/--nproc yet (the data-parallel loop trains with the default SGD recipe)",
+            bad.join(", ")
+        );
+    }
+    Ok(())
 }
