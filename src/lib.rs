@@ -12,15 +12,15 @@ pub mod bench;
 pub mod checkpoint;
 /// `kiln export` and `kiln run` (the deployment commands).
 pub mod deploy;
+pub mod doctor;
 /// `torch.export` for kiln: a model as one self-contained `.kiln` file.
 pub mod export;
-/// ONNX export and import (`kiln::onnx::export`, `kiln::onnx::load`).
-pub mod onnx;
 /// NumPy `.npy` files.
 pub mod npy;
-pub mod serve;
-pub mod doctor;
+/// ONNX export and import (`kiln::onnx::export`, `kiln::onnx::load`).
+pub mod onnx;
 pub mod plot;
+pub mod serve;
 pub mod summary;
 pub mod tensorboard;
 pub mod train;

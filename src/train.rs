@@ -21,12 +21,12 @@
 //!   [`step_time::compare`] then times eager vs compiled steps on copies.
 
 mod cli;
-pub mod quantized;
 pub mod config;
+pub mod ddp;
+pub mod quantized;
 pub mod recipe;
 pub mod run_state;
 pub mod step;
-pub mod ddp;
 pub mod step_time;
 
 pub use cli::{cli, TrainArgs};

@@ -13,8 +13,11 @@ use kiln::{Result, Tensor};
 use std::sync::Arc;
 
 /// Kernel-cache counters and memory counters are process-wide: one test at a time.
+/// Also turns launch-list replay on (opt-in: `KILN_PROGRAM=1`) before any
+/// compile in this process reads it.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    std::env::set_var("KILN_PROGRAM", "1");
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 

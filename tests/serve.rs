@@ -718,7 +718,10 @@ fn an_exported_kiln_model_is_served() {
     let expect = {
         let _ng = kiln::autograd::no_grad();
         let t = Tensor::from_vec(x.clone(), &[3, 1, 8, 8]).unwrap();
-        kiln::nn::Module::forward(&m, &t).unwrap().to_vec::<f32>().unwrap()
+        kiln::nn::Module::forward(&m, &t)
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
     };
     assert_eq!(logits(&r), expect);
 }

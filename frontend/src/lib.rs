@@ -14,8 +14,8 @@ pub mod quantization;
 pub mod random;
 pub mod serialize;
 mod tensor;
-pub mod utils;
 mod tensor_alloc;
+pub mod utils;
 pub mod warnings;
 
 pub use device::host_fallbacks;

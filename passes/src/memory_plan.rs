@@ -257,7 +257,12 @@ mod tests {
         };
         // a dies before c: c (same class, fits) takes a's buffer; b (other
         // class) and d (overlapping c) get their own
-        let p = assign_buffers(&[v(64, 0, 0, 1), v(64, 1, 1, 3), v(32, 0, 2, 4), v(64, 0, 3, 5)]);
+        let p = assign_buffers(&[
+            v(64, 0, 0, 1),
+            v(64, 1, 1, 3),
+            v(32, 0, 2, 4),
+            v(64, 0, 3, 5),
+        ]);
         assert_eq!(p.buffer_of[2], p.buffer_of[0]);
         assert_ne!(p.buffer_of[1], p.buffer_of[0]);
         assert_ne!(p.buffer_of[3], p.buffer_of[2]);

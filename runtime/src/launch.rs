@@ -355,9 +355,8 @@ pub unsafe fn run_launch(
     let total: usize = dims.iter().product();
     let n0 = dims[0];
     let threads = rayon::current_num_threads();
-    let run = |start: usize, end: usize| unsafe {
-        f.run(ptrs.get(), strides, dims, scalars, start, end)
-    };
+    let run =
+        |start: usize, end: usize| unsafe { f.run(ptrs.get(), strides, dims, scalars, start, end) };
     if total < PARALLEL_MIN || n0 < 2 || threads < 2 || !splittable {
         run(0, n0);
     } else {

@@ -333,8 +333,8 @@ pub fn cli(cfg: TrainConfig, json: bool) -> Result<()> {
 fn unsupported_with_ddp(cfg: &TrainConfig) -> Result<()> {
     let d = TrainConfig::default();
     let checks = [
-        ("--optimizer and its hyper-parameters", cfg.optimizer != d.optimizer),
-        ("--schedule and its parameters", cfg.schedule != d.schedule),
+        ("--optimizer", cfg.optimizer.name != d.optimizer.name),
+        ("--schedule", cfg.schedule.name != d.schedule.name),
         ("--accumulate", cfg.accumulate != d.accumulate),
         ("--clip-grad-norm", cfg.clip_grad_norm.is_some()),
         ("--amp", cfg.amp.is_some()),

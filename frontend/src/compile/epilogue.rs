@@ -209,11 +209,13 @@ pub(crate) fn cpu_epilogue(
         Op::Conv { spatial, .. } => {
             let leaves = leaves_of(g, kernel, value)?;
             let dims = g.meta(kernel.root)?.dims.clone();
-            Some(if conv_is_tiled(&dims, *spatial, &leaves, min_tiled_sample) {
-                CpuEpilogue::Tiled
-            } else {
-                CpuEpilogue::OnePass
-            })
+            Some(
+                if conv_is_tiled(&dims, *spatial, &leaves, min_tiled_sample) {
+                    CpuEpilogue::Tiled
+                } else {
+                    CpuEpilogue::OnePass
+                },
+            )
         }
         _ => Some(CpuEpilogue::OnePass),
     })
@@ -227,7 +229,11 @@ pub(crate) fn run_extern_only(
 ) -> Result<Tensor> {
     let ext = g.node(kernel.root);
     let NodeOp::Op(op) = &ext.op else {
-        bail!("compile", "an epilogue needs an extern op, got {}", ext.op_name());
+        bail!(
+            "compile",
+            "an epilogue needs an extern op, got {}",
+            ext.op_name()
+        );
     };
     let ins = ext
         .operands

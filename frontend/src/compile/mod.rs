@@ -28,8 +28,8 @@ mod guard;
 mod joint;
 mod pipeline;
 mod program;
-mod tile_replay;
 mod shadow;
+mod tile_replay;
 pub mod trace;
 
 pub use dump::Stage;

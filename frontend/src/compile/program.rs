@@ -215,8 +215,7 @@ impl Recorder {
             len: s.len(),
         });
         let i = self.slots.len() - 1;
-        self.slot_of
-            .insert(Arc::as_ptr(s), (i, Arc::downgrade(s)));
+        self.slot_of.insert(Arc::as_ptr(s), (i, Arc::downgrade(s)));
         i
     }
 
@@ -317,7 +316,10 @@ impl Recorder {
     fn launches(
         &mut self,
         events: &[Captured],
-    ) -> Option<(Vec<(LaunchStep, Vec<usize>)>, HashMap<*const Storage, usize>)> {
+    ) -> Option<(
+        Vec<(LaunchStep, Vec<usize>)>,
+        HashMap<*const Storage, usize>,
+    )> {
         let mut fresh: HashMap<*const Storage, usize> = HashMap::new();
         let mut out = vec![];
         let before = self.slots.len();
@@ -775,13 +777,17 @@ impl Program {
                     let mut k = 0;
                     for t in ts {
                         let p = &t.storage;
-                        let known = outs[..k]
-                            .iter()
-                            .any(|s| slot[*s].as_ref().is_some_and(|u| Arc::ptr_eq(&u.storage, p)));
+                        let known = outs[..k].iter().any(|s| {
+                            slot[*s]
+                                .as_ref()
+                                .is_some_and(|u| Arc::ptr_eq(&u.storage, p))
+                        });
                         if !known {
                             match outs.get(k) {
                                 Some(s) => slot[*s] = Some(t),
-                                None => kiln_ir::bail!("compile", "a replayed node changed its results"),
+                                None => {
+                                    kiln_ir::bail!("compile", "a replayed node changed its results")
+                                }
                             }
                             k += 1;
                         }
@@ -828,7 +834,10 @@ impl Program {
                     slot[s] = buffers[b].clone();
                 }
             }
-            slot[s].as_ref().expect("a bound slot").with_layout(l.clone())
+            slot[s]
+                .as_ref()
+                .expect("a bound slot")
+                .with_layout(l.clone())
         };
         match self.values[id.index()].as_ref().expect("a recorded value") {
             Value::One(s, l) => Val::One(Lazy::tensor(&view(*s, l))),
