@@ -406,25 +406,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     let mut split_seed = cfg.seed;
     let mut warnings = vec![];
     if let Some((p, ck)) = &resume {
-        if let Some(m) = ck.extra.get("model") {
-            if ModelKind::parse(m) != Some(cfg.model) {
-                return Err(ckpt_err(
-                    p,
-                    format!(
-                        "metadata key `extra/model`: the checkpoint is for a `{m}` model, not `{}`",
-                        cfg.model.name()
-                    ),
-                ));
-            }
-        }
-        if let Some(s) = ck.extra.get("split_seed") {
-            split_seed = s.parse().map_err(|_| {
-                ckpt_err(
-                    p,
-                    format!("metadata key `extra/split_seed`: `{s}` is not an integer"),
-                )
-            })?;
-        }
+        split_seed = resumed_split_seed(cfg, p, ck)?;
         warnings = run_state::config_warnings(p, ck, &rc);
         warnings
             .iter()
@@ -641,4 +623,29 @@ fn write_profile(p: Profile, path: &Path, epoch: u64, to_stderr: bool) -> Result
 /// The last line `kiln train` prints.
 pub fn accuracy_line(acc: f64) -> String {
     format!("test accuracy: {acc:.4}")
+}
+
+/// The split seed a resumed run must reuse (its checkpoint's `extra/split_seed`,
+/// else `cfg.seed`), after checking the checkpoint is for `cfg.model`.
+pub(crate) fn resumed_split_seed(cfg: &TrainConfig, p: &Path, ck: &Checkpoint) -> Result<u64> {
+    if let Some(m) = ck.extra.get("model") {
+        if ModelKind::parse(m) != Some(cfg.model) {
+            return Err(ckpt_err(
+                p,
+                format!(
+                    "metadata key `extra/model`: the checkpoint is for a `{m}` model, not `{}`",
+                    cfg.model.name()
+                ),
+            ));
+        }
+    }
+    match ck.extra.get("split_seed") {
+        Some(s) => s.parse().map_err(|_| {
+            ckpt_err(
+                p,
+                format!("metadata key `extra/split_seed`: `{s}` is not an integer"),
+            )
+        }),
+        None => Ok(cfg.seed),
+    }
 }

@@ -18,8 +18,8 @@
 //!   checkpoint, so a resumed run with the same world size continues bit for bit.
 
 use super::{
-    bar, ckpt_err, correct, evaluate_with, load_splits, sgd_config, write_profile, EpochStats,
-    ModelKind, Outcome, TrainConfig, LR_GAMMA,
+    bar, correct, evaluate_with, load_splits, resumed_split_seed, sgd_config, write_profile,
+    EpochStats, Outcome, TrainConfig, LR_GAMMA,
 };
 use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, TensorDataset};
@@ -120,25 +120,7 @@ pub fn run(cfg: &TrainConfig) -> Result<Outcome> {
     };
     let mut split_seed = cfg.seed;
     if let Some((p, ck)) = &resume {
-        if let Some(m) = ck.extra.get("model") {
-            if ModelKind::parse(m) != Some(cfg.model) {
-                return Err(ckpt_err(
-                    p,
-                    format!(
-                        "metadata key `extra/model`: the checkpoint is for a `{m}` model, not `{}`",
-                        cfg.model.name()
-                    ),
-                ));
-            }
-        }
-        if let Some(s) = ck.extra.get("split_seed") {
-            split_seed = s.parse().map_err(|_| {
-                ckpt_err(
-                    p,
-                    format!("metadata key `extra/split_seed`: `{s}` is not an integer"),
-                )
-            })?;
-        }
+        split_seed = resumed_split_seed(cfg, p, ck)?;
     }
     let data = cfg.data.clone().unwrap_or_else(super::default_data_path);
     let splits = load_splits(&data, split_seed, cfg.limit)?;
