@@ -29,7 +29,6 @@ pub(crate) struct TileOperand {
 /// A tiled epilogue ready to replay (see the module docs).
 pub(crate) struct TileKernel {
     pub code: Arc<Code>,
-    pub kernel: Arc<Kernel>,
     pub scalars: Vec<u64>,
     /// Per operand, the conv's output first; with the tensor whose storage
     /// each other operand reads.
@@ -120,7 +119,6 @@ pub(crate) fn prepare(
     let code = kiln_runtime::launch::compiled(&kernel)?;
     Ok(Some(TileKernel {
         code,
-        kernel: Arc::new(kernel),
         scalars,
         operands,
     }))
