@@ -49,25 +49,71 @@ unsafe fn fold<L: Lanes>(accs: &[L::F; ACCS], f: impl Fn(f32, f32) -> f32) -> f3
     r
 }
 
-/// `f(acc[j], x)` over the tile, `ACCS` independent accumulators.
+/// One accumulator update of a [`sweep`]. A struct rather than a closure:
+/// closures do not inherit the `#[target_feature]` of the ISA entry that
+/// instantiates this code, so an out-of-line closure would also call every
+/// intrinsic out of line (the lse helper ran 12x slower that way).
+trait Step<L: Lanes> {
+    fn step(&self, acc: L::F, v: L::F) -> L::F;
+}
+
+/// `max(acc, v)` (x86 `maxps`; NaNs are tracked by [`NanMask`]).
+struct Max;
+/// `acc | (v != v)`: all bits set in lanes that saw a NaN.
+struct NanMask;
+/// `acc + exp(v - shift)`.
+struct ExpSum<F>(F);
+/// `acc + v`.
+struct Sum;
+/// `acc + (v - mean)²`.
+struct SquaredDeviation<F>(F);
+
+impl<L: Lanes> Step<L> for Max {
+    #[inline(always)]
+    fn step(&self, acc: L::F, v: L::F) -> L::F {
+        L::max_fast(acc, v)
+    }
+}
+impl<L: Lanes> Step<L> for NanMask {
+    #[inline(always)]
+    fn step(&self, acc: L::F, v: L::F) -> L::F {
+        L::or(acc, L::cmp(kiln_ir::scalar::Cmp::Ne, v, v))
+    }
+}
+impl<L: Lanes> Step<L> for ExpSum<L::F> {
+    #[inline(always)]
+    fn step(&self, acc: L::F, v: L::F) -> L::F {
+        L::add(acc, math::exp::<L>(L::sub(v, self.0)))
+    }
+}
+impl<L: Lanes> Step<L> for Sum {
+    #[inline(always)]
+    fn step(&self, acc: L::F, v: L::F) -> L::F {
+        L::add(acc, v)
+    }
+}
+impl<L: Lanes> Step<L> for SquaredDeviation<L::F> {
+    #[inline(always)]
+    fn step(&self, acc: L::F, v: L::F) -> L::F {
+        let d = L::sub(v, self.0);
+        L::fma(d, d, acc)
+    }
+}
+
+/// `f.step(acc[j], x)` over the tile, `ACCS` independent accumulators.
 #[inline(always)]
-unsafe fn sweep<L: Lanes>(
-    x: *const f32,
-    main: usize,
-    init: L::F,
-    f: impl Fn(L::F, L::F) -> L::F,
-) -> [L::F; ACCS] {
+unsafe fn sweep<L: Lanes>(x: *const f32, main: usize, init: L::F, f: impl Step<L>) -> [L::F; ACCS] {
     let mut acc = [init; ACCS];
     let step = L::N * ACCS;
     let mut i = 0;
     while i + step <= main {
         for (j, a) in acc.iter_mut().enumerate() {
-            *a = f(*a, L::load(x.add(i + j * L::N)));
+            *a = f.step(*a, L::load(x.add(i + j * L::N)));
         }
         i += step;
     }
     while i < main {
-        acc[0] = f(acc[0], L::load(x.add(i)));
+        acc[0] = f.step(acc[0], L::load(x.add(i)));
         i += L::N;
     }
     acc
@@ -82,10 +128,8 @@ fn exp1(x: f32) -> f32 {
 #[inline(always)]
 pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32) {
     let main = n - n % L::N;
-    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), L::max_fast);
-    let nans = sweep::<L>(x, main, L::splat(0.0), |a, v| {
-        L::or(a, L::cmp(kiln_ir::scalar::Cmp::Ne, v, v))
-    });
+    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), Max);
+    let nans = sweep::<L>(x, main, L::splat(0.0), NanMask);
     let mut m = fold::<L>(&maxes, nan_max);
     if fold::<L>(&nans, |a, b| f32::from_bits(a.to_bits() | b.to_bits())).to_bits() != 0 {
         m = f32::NAN;
@@ -94,9 +138,7 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
         m = nan_max(m, *x.add(j));
     }
     let mv = L::splat(m);
-    let sums = sweep::<L>(x, main, L::splat(0.0), |a, v| {
-        L::add(a, math::exp::<L>(L::sub(v, mv)))
-    });
+    let sums = sweep::<L>(x, main, L::splat(0.0), ExpSum(mv));
     let mut s = fold::<L>(&sums, |a, b| a + b);
     for j in main..n {
         s += exp1(*x.add(j) - m);
@@ -111,17 +153,14 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
 #[inline(always)]
 pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32, count: u64) {
     let main = n - n % L::N;
-    let sums = sweep::<L>(x, main, L::splat(0.0), L::add);
+    let sums = sweep::<L>(x, main, L::splat(0.0), Sum);
     let mut sum = fold::<L>(&sums, |a, b| a + b);
     for j in main..n {
         sum += *x.add(j);
     }
     let mean = sum / n as f32;
     let mv = L::splat(mean);
-    let sq = sweep::<L>(x, main, L::splat(0.0), |a, v| {
-        let d = L::sub(v, mv);
-        L::fma(d, d, a)
-    });
+    let sq = sweep::<L>(x, main, L::splat(0.0), SquaredDeviation(mv));
     let mut m2 = fold::<L>(&sq, |a, b| a + b);
     for j in main..n {
         let d = *x.add(j) - mean;

@@ -68,6 +68,20 @@ fn max_min<L: Lanes>(a: L::F, b: L::F, max: bool) -> L::F {
     L::select(nan, L::add(a, b), r)
 }
 
+// `map1`/`map2` take fn items, never closures (see `compare`).
+#[inline(always)]
+fn is_zero<L: Lanes>(v: L::F) -> L::F {
+    L::cmp(Cmp::Eq, v, L::splat(0.0))
+}
+#[inline(always)]
+fn max<L: Lanes>(a: L::F, b: L::F) -> L::F {
+    max_min::<L>(a, b, true)
+}
+#[inline(always)]
+fn min<L: Lanes>(a: L::F, b: L::F) -> L::F {
+    max_min::<L>(a, b, false)
+}
+
 /// `out = op(x)` over `n` lanes (`n` a multiple of `L::N`).
 #[inline(always)]
 pub(crate) unsafe fn unary<L: Lanes>(op: Prim1, x: Src, out: *mut f32, n: usize) {
@@ -83,7 +97,7 @@ pub(crate) unsafe fn unary<L: Lanes>(op: Prim1, x: Src, out: *mut f32, n: usize)
         Prim1::Tanh => map1::<L>(x, out, n, math::tanh::<L>),
         Prim1::Erf => map1::<L>(x, out, n, math::erf::<L>),
         // `x == 0` (on a mask: all-ones is a NaN, so not equal)
-        Prim1::Not => map1::<L>(x, out, n, |v| L::cmp(Cmp::Eq, v, L::splat(0.0))),
+        Prim1::Not => map1::<L>(x, out, n, is_zero::<L>),
         // not among the supported ops' lowerings (see `SUPPORTED`)
         Prim1::Sin | Prim1::Cos => map1::<L>(x, out, n, |_| L::splat(f32::NAN)),
     }
@@ -97,8 +111,8 @@ pub(crate) unsafe fn binary<L: Lanes>(op: Prim2, a: Src, b: Src, out: *mut f32, 
         Prim2::Sub => map2::<L>(a, b, out, n, L::sub),
         Prim2::Mul => map2::<L>(a, b, out, n, L::mul),
         Prim2::Div => map2::<L>(a, b, out, n, L::div),
-        Prim2::Max => map2::<L>(a, b, out, n, |x, y| max_min::<L>(x, y, true)),
-        Prim2::Min => map2::<L>(a, b, out, n, |x, y| max_min::<L>(x, y, false)),
+        Prim2::Max => map2::<L>(a, b, out, n, max::<L>),
+        Prim2::Min => map2::<L>(a, b, out, n, min::<L>),
         Prim2::And => map2::<L>(a, b, out, n, L::and),
         Prim2::Or => map2::<L>(a, b, out, n, L::or),
         // not among the supported ops' lowerings (see `SUPPORTED`)
@@ -109,7 +123,13 @@ pub(crate) unsafe fn binary<L: Lanes>(op: Prim2, a: Src, b: Src, out: *mut f32, 
 /// `out = mask(a op b)`.
 #[inline(always)]
 pub(crate) unsafe fn compare<L: Lanes>(op: Cmp, a: Src, b: Src, out: *mut f32, n: usize) {
-    map2::<L>(a, b, out, n, |x, y| L::cmp(op, x, y))
+    // a loop of its own, not `map2` with a closure: closures do not inherit
+    // the ISA entry's `#[target_feature]` and would run out of line
+    let mut i = 0;
+    while i < n {
+        L::store(out.add(i), L::cmp(op, get::<L>(a, i), get::<L>(b, i)));
+        i += L::N;
+    }
 }
 
 /// `out = c ? a : b` (c a mask).
