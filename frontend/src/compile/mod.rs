@@ -64,13 +64,19 @@ struct State {
     gave_up: Option<String>,
 }
 
-/// Compiles a module's `forward` (see the module docs).
-pub fn compile<M: Module>(m: &M) -> Compiled<'_> {
+/// Compiles a module's `forward` (see the module docs); any `&dyn Module`
+/// will do, a `Box<dyn Module>` too (`compile(boxed.as_ref())`).
+/// [`Compiled::forward`] runs `Module::forward`; [`Compiled::call`] with
+/// several inputs runs `Module::forward_many`.
+pub fn compile(m: &dyn Module) -> Compiled<'_> {
     let mut names = m.named_parameters();
     names.extend(m.named_buffers());
     Compiled {
         name: "forward".into(),
-        f: Box::new(move |xs: &[Tensor]| Ok(vec![m.forward(&xs[0])?])),
+        f: Box::new(move |xs: &[Tensor]| match xs {
+            [x] => Ok(vec![m.forward(x)?]),
+            _ => m.forward_many(&xs.iter().map(Some).collect::<Vec<_>>()),
+        }),
         names,
         training: Box::new(move || tree_training(m)),
         options: CompileOptions::default(),

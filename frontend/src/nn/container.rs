@@ -36,11 +36,13 @@ impl Sequential {
 
 impl Module for Sequential {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let mut y = x.clone();
-        for l in &self.layers {
-            y = l.forward(&y)?;
-        }
-        Ok(y)
+        super::hooks::run(self, x, |x| {
+            let mut y = x.clone();
+            for l in &self.layers {
+                y = l.forward(&y)?;
+            }
+            Ok(y)
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, l) in self.names.iter().zip(&self.layers) {

@@ -45,7 +45,7 @@ impl Linear {
 
 impl Module for Linear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::linear(x, &self.weight, self.bias.as_ref())
+        super::hooks::run(self, x, |x| F::linear(x, &self.weight, self.bias.as_ref()))
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
@@ -130,11 +130,13 @@ impl Conv {
 
 impl Module for Conv {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if self.weight.rank() == 3 {
-            F::conv1d(x, &self.weight, self.bias.as_ref(), &self.params)
-        } else {
-            F::conv2d(x, &self.weight, self.bias.as_ref(), &self.params)
-        }
+        super::hooks::run(self, x, |x| {
+            if self.weight.rank() == 3 {
+                F::conv1d(x, &self.weight, self.bias.as_ref(), &self.params)
+            } else {
+                F::conv2d(x, &self.weight, self.bias.as_ref(), &self.params)
+            }
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
@@ -210,7 +212,9 @@ impl ConvTranspose2d {
 
 impl Module for ConvTranspose2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::conv_transpose2d(x, &self.weight, self.bias.as_ref(), &self.params)
+        super::hooks::run(self, x, |x| {
+            F::conv_transpose2d(x, &self.weight, self.bias.as_ref(), &self.params)
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         visit_wb(&self.weight, &self.bias, f)
@@ -262,7 +266,7 @@ impl Embedding {
 
 impl Module for Embedding {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::embedding(x, &self.weight, self.padding_idx)
+        super::hooks::run(self, x, |x| F::embedding(x, &self.weight, self.padding_idx))
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         f(Entry::Param("weight", &self.weight))

@@ -11,6 +11,8 @@
 //! ```
 
 mod container;
+mod fields;
+pub mod hooks;
 pub mod init;
 mod layers;
 mod loss;
@@ -19,10 +21,16 @@ mod norm;
 mod simple;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
+pub use fields::{ModuleField, Training};
+/// `#[derive(Module)]`: `visit`, `visit_mut`, `describe` and the training
+/// flag generated from the struct's fields (see the `kiln-derive` crate).
+pub use kiln_derive::Module;
+pub use kiln_ir::op::conv::Padding;
+pub use kiln_ir::op::pool::Pool2dParams;
 pub use layers::{Conv, ConvOptions, ConvTranspose2d, Embedding, Linear};
 pub use loss::{
     BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, HuberLoss, L1Loss, MSELoss, NLLLoss, SmoothL1Loss,
 };
 pub use module::{Entry, EntryMut, LoadReport, Module, ModuleExt};
-pub use norm::{BatchNorm, GroupNorm, LayerNorm};
+pub use norm::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm};
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};

@@ -4,7 +4,7 @@
 use crate::autograd::no_grad;
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
-use kiln_ir::{bail, Error, Result};
+use kiln_ir::{bail, DType, Error, Result};
 use kiln_runtime::Device;
 use std::collections::BTreeMap;
 
@@ -12,6 +12,9 @@ use std::collections::BTreeMap;
 pub enum Entry<'a> {
     Param(&'a str, &'a Tensor),
     Buffer(&'a str, &'a Tensor),
+    /// A non-persistent buffer (`register_buffer(.., persistent=False)`):
+    /// moved with the module, left out of the `state_dict`.
+    TransientBuffer(&'a str, &'a Tensor),
     Child(&'a str, &'a dyn Module),
 }
 
@@ -21,6 +24,7 @@ pub enum Entry<'a> {
 pub enum EntryMut<'a> {
     Param(&'a str, &'a mut Tensor),
     Buffer(&'a str, &'a mut Tensor),
+    TransientBuffer(&'a str, &'a mut Tensor),
     Child(&'a str, &'a mut dyn Module),
 }
 
@@ -32,6 +36,35 @@ pub enum EntryMut<'a> {
 /// derived from that one method.
 pub trait Module: Send + Sync {
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
+
+    /// Several inputs, some of them optional (masks, initial states), to
+    /// several outputs: `model(ids, attention_mask)`, `lstm(x, (h0, c0))`
+    /// returning `(output, h, c)`. `None` stands for an argument left out.
+    ///
+    /// The default takes exactly one input and calls [`Module::forward`];
+    /// modules with more inputs or outputs override it.
+    ///
+    /// ```
+    /// use kiln_frontend::nn::{Linear, Module};
+    /// use kiln_frontend::{DType, Tensor};
+    /// let l = Linear::new(3, 2, true).unwrap();
+    /// let x = Tensor::zeros(&[4, 3], DType::F32);
+    /// assert_eq!(l.forward_many(&[Some(&x)]).unwrap()[0].dims(), &[4, 2]);
+    /// assert!(l.forward_many(&[Some(&x), None]).is_err());
+    /// ```
+    fn forward_many(&self, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        match inputs {
+            [Some(x)] => Ok(vec![self.forward(x)?]),
+            _ => bail!(
+                "forward_many",
+                "{} takes one input, got {} ({} given): call forward, or override \
+                 Module::forward_many",
+                self.describe(),
+                inputs.len(),
+                inputs.iter().filter(|x| x.is_some()).count()
+            ),
+        }
+    }
 
     /// Calls `f` for each own parameter, buffer and child, in registration order.
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>));
@@ -47,9 +80,18 @@ pub trait Module: Send + Sync {
     /// are handled by [`ModuleExt::train`].
     fn set_own_training(&self, _on: bool) {}
 
-    /// The module's own training flag (true unless the module tracks one).
+    /// Whether the module is in training mode: its own flag if it tracks
+    /// one ([`super::Training`], which `#[derive(Module)]` wires up), else
+    /// whether all its children are (so a container follows `train()` /
+    /// `eval()` without a flag of its own), else true.
     fn is_training(&self) -> bool {
-        true
+        let mut all = true;
+        self.visit(&mut |e| {
+            if let Entry::Child(_, c) = e {
+                all &= c.is_training()
+            }
+        });
+        all
     }
 
     /// `Linear(in_features=64, out_features=32, bias=True)`, as PyTorch prints it.
@@ -74,11 +116,18 @@ pub struct LoadReport {
 /// The derived API of every module.
 pub trait ModuleExt: Module {
     /// `named_parameters()`: `0.weight`, `0.bias`, `2.weight`, ...
+    ///
+    /// A tensor registered twice (weight tying: GPT-2's `lm_head.weight` is
+    /// `transformer.wte.weight`) is listed once, under its first name, as
+    /// PyTorch's `remove_duplicate=True` does, so an optimizer steps it
+    /// once. `state_dict()` keeps both keys.
     fn named_parameters(&self) -> Vec<(String, Tensor)> {
-        let mut out = vec![];
+        let mut out: Vec<(String, Tensor)> = vec![];
         walk(self.as_dyn(), "", &mut |name, e| {
             if let Entry::Param(_, t) = e {
-                out.push((name, t.clone()))
+                if !out.iter().any(|(_, o)| o.is_same(t)) {
+                    out.push((name, t.clone()))
+                }
             }
         });
         out
@@ -91,10 +140,11 @@ pub trait ModuleExt: Module {
             .collect()
     }
 
+    /// Buffers, persistent or not (`named_buffers()`).
     fn named_buffers(&self) -> Vec<(String, Tensor)> {
         let mut out = vec![];
         walk(self.as_dyn(), "", &mut |name, e| {
-            if let Entry::Buffer(_, t) = e {
+            if let Entry::Buffer(_, t) | Entry::TransientBuffer(_, t) = e {
                 out.push((name, t.clone()))
             }
         });
@@ -106,7 +156,7 @@ pub trait ModuleExt: Module {
         let mut out = vec![];
         walk(self.as_dyn(), "", &mut |name, e| match e {
             Entry::Param(_, t) | Entry::Buffer(_, t) => out.push((name, t.clone())),
-            Entry::Child(..) => {}
+            Entry::TransientBuffer(..) | Entry::Child(..) => {}
         });
         out
     }
@@ -185,12 +235,21 @@ pub trait ModuleExt: Module {
     fn to_device(&mut self, device: Device) -> Result<()> {
         let _g = no_grad();
         let mut first_err: Option<Error> = None;
+        // a tensor registered twice (tied weights) moves once and stays tied
+        let mut done: Vec<(Tensor, Tensor)> = vec![];
         walk_mut(self.as_dyn_mut(), "", &mut |name, t| {
             if first_err.is_some() || t.device() == device {
                 return;
             }
+            if let Some((_, new)) = done.iter().find(|(old, _)| old.is_same(t)) {
+                *t = new.clone();
+                return;
+            }
             match moved(t, device) {
-                Ok(m) => *t = m,
+                Ok(m) => {
+                    done.push((t.clone(), m.clone()));
+                    *t = m
+                }
                 Err(e) => {
                     first_err = Some(Error::op(
                         "to_device",
@@ -218,6 +277,57 @@ pub trait ModuleExt: Module {
             );
         }
         Ok(())
+    }
+
+    /// `model.to(dtype)`: every floating-point parameter and buffer becomes
+    /// `dtype` (integer and bool tensors, like BatchNorm's
+    /// `num_batches_tracked`, stay as they are), again a leaf with the same
+    /// `requires_grad`. Build the optimizer afterwards, as with
+    /// [`ModuleExt::to_device`].
+    ///
+    /// ```
+    /// use kiln_frontend::nn::{Linear, ModuleExt};
+    /// use kiln_frontend::DType;
+    /// let mut l = Linear::new(4, 2, true).unwrap();
+    /// l.to_dtype(DType::BF16).unwrap();
+    /// assert!(l.parameters().iter().all(|p| p.dtype() == DType::BF16 && p.requires_grad()));
+    /// ```
+    fn to_dtype(&mut self, dtype: DType) -> Result<()> {
+        if !dtype.is_float() {
+            bail!("to_dtype", "{dtype:?} is not a floating-point dtype (model.to(dtype) converts parameters and buffers to a float type)");
+        }
+        let _g = no_grad();
+        let mut first_err: Option<Error> = None;
+        let mut done: Vec<(Tensor, Tensor)> = vec![];
+        walk_mut(self.as_dyn_mut(), "", &mut |name, t| {
+            if first_err.is_some() || !t.dtype().is_float() || t.dtype() == dtype {
+                return;
+            }
+            if let Some((_, new)) = done.iter().find(|(old, _)| old.is_same(t)) {
+                *t = new.clone();
+                return;
+            }
+            match converted(t, dtype) {
+                Ok(c) => {
+                    done.push((t.clone(), c.clone()));
+                    *t = c
+                }
+                Err(e) => {
+                    first_err = Some(Error::op(
+                        "to_dtype",
+                        format!("converting {name} from {:?} to {dtype:?}: {e}", t.dtype()),
+                    ))
+                }
+            }
+        });
+        first_err.map_or(Ok(()), Err)
+    }
+
+    /// `module(x)`: `forward` between the module's forward hooks (see
+    /// [`super::hooks`]); the standard layers fire their hooks from
+    /// `forward` itself, so for them both are the same.
+    fn call(&self, x: &Tensor) -> Result<Tensor> {
+        super::hooks::run(self.as_dyn(), x, |x| self.forward(x))
     }
 
     /// `train()`: this module and every descendant.
@@ -256,13 +366,26 @@ impl<M: Module> ModuleExt for M {
     }
 }
 
-impl ModuleExt for dyn Module {
+impl<'m> ModuleExt for dyn Module + 'm {
     fn as_dyn(&self) -> &dyn Module {
         self
     }
     fn as_dyn_mut(&mut self) -> &mut dyn Module {
         self
     }
+}
+
+/// `t` as a fresh leaf of `dtype`: same `requires_grad`, `.grad` converted.
+fn converted(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    let out = t.detach().to_dtype(dtype)?;
+    if !t.requires_grad() {
+        return Ok(out);
+    }
+    let out = out.requires_grad_(true);
+    if let Some(g) = t.grad() {
+        out.set_grad(Some(g.to_dtype(dtype)?));
+    }
+    Ok(out)
 }
 
 /// `t` as a fresh leaf on `device`: same `requires_grad`, `.grad` moved too
@@ -286,6 +409,7 @@ fn walk<'a>(m: &'a dyn Module, prefix: &str, f: &mut dyn FnMut(String, Entry<'a>
         Entry::Child(n, c) => children.push((n.to_string(), c)),
         Entry::Param(n, t) => f(format!("{prefix}{n}"), Entry::Param(n, t)),
         Entry::Buffer(n, t) => f(format!("{prefix}{n}"), Entry::Buffer(n, t)),
+        Entry::TransientBuffer(n, t) => f(format!("{prefix}{n}"), Entry::TransientBuffer(n, t)),
     });
     for (n, c) in children {
         walk(c, &format!("{prefix}{n}."), f);
@@ -296,7 +420,9 @@ fn walk<'a>(m: &'a dyn Module, prefix: &str, f: &mut dyn FnMut(String, Entry<'a>
 /// access (depth first, in `visit_mut` order).
 fn walk_mut(m: &mut dyn Module, prefix: &str, f: &mut dyn FnMut(&str, &mut Tensor)) {
     m.visit_mut(&mut |e| match e {
-        EntryMut::Param(n, t) | EntryMut::Buffer(n, t) => f(&format!("{prefix}{n}"), t),
+        EntryMut::Param(n, t) | EntryMut::Buffer(n, t) | EntryMut::TransientBuffer(n, t) => {
+            f(&format!("{prefix}{n}"), t)
+        }
         EntryMut::Child(n, c) => walk_mut(c, &format!("{prefix}{n}."), f),
     });
 }

@@ -39,6 +39,27 @@ pub struct BatchNorm {
     sync: AtomicBool,
 }
 
+/// BatchNorm's keyword arguments, PyTorch's defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchNormOptions {
+    pub eps: f64,
+    /// `None`: a cumulative moving average (PyTorch's `momentum=None`).
+    pub momentum: Option<f64>,
+    pub affine: bool,
+    pub track_running_stats: bool,
+}
+
+impl Default for BatchNormOptions {
+    fn default() -> Self {
+        BatchNormOptions {
+            eps: 1e-5,
+            momentum: Some(0.1),
+            affine: true,
+            track_running_stats: true,
+        }
+    }
+}
+
 impl BatchNorm {
     /// Makes the training statistics those of the global batch of the
     /// default process group (`distributed::convert_sync_batchnorm`).
@@ -56,7 +77,26 @@ impl BatchNorm {
     pub fn new_2d(features: usize) -> BatchNorm {
         BatchNorm::with_options(features, 4, 1e-5, Some(0.1), true, true)
     }
-    /// All of PyTorch's arguments: eps, momentum, affine, track_running_stats.
+    /// `nn.BatchNorm{1,2}d(features, **opts)` for a `rank`-d input (2 or
+    /// 3 for 1d, 4 for 2d), with PyTorch's argument names.
+    ///
+    /// ```
+    /// use kiln_frontend::nn::{BatchNorm, BatchNormOptions, ModuleExt};
+    /// let bn = BatchNorm::with(8, 4, BatchNormOptions { affine: false, ..Default::default() });
+    /// assert_eq!(bn.parameters().len(), 0);
+    /// ```
+    pub fn with(features: usize, rank: usize, o: BatchNormOptions) -> BatchNorm {
+        BatchNorm::with_options(
+            features,
+            rank,
+            o.eps,
+            o.momentum,
+            o.affine,
+            o.track_running_stats,
+        )
+    }
+    /// All of PyTorch's arguments, positionally: eps, momentum, affine,
+    /// track_running_stats (see [`BatchNorm::with`] for named ones).
     pub fn with_options(
         c: usize,
         rank: usize,
@@ -83,57 +123,59 @@ impl BatchNorm {
 
 impl Module for BatchNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let name = if self.rank == 2 {
-            "BatchNorm1d"
-        } else {
-            "BatchNorm2d"
-        };
-        let ok = if self.rank == 2 {
-            matches!(x.rank(), 2 | 3)
-        } else {
-            x.rank() == 4
-        };
-        if !ok {
-            bail!(
-                name,
-                "expected {} input, got {}",
-                if self.rank == 2 { "2D or 3D" } else { "4D" },
-                fmt_dims(x.dims())
-            );
-        }
-        let training = self.training.load(Ordering::Relaxed);
-        if training && self.is_sync() {
-            if let Some(g) = crate::distributed::sync_bn_group() {
-                return crate::distributed::sync_bn_forward(self, &g, x);
+        super::hooks::run(self, x, |x| {
+            let name = if self.rank == 2 {
+                "BatchNorm1d"
+            } else {
+                "BatchNorm2d"
+            };
+            let ok = if self.rank == 2 {
+                matches!(x.rank(), 2 | 3)
+            } else {
+                x.rank() == 4
+            };
+            if !ok {
+                bail!(
+                    name,
+                    "expected {} input, got {}",
+                    if self.rank == 2 { "2D or 3D" } else { "4D" },
+                    fmt_dims(x.dims())
+                );
             }
-        }
-        let use_batch_stats = training || self.running_mean.is_none();
-        let mut momentum = self.momentum.unwrap_or(0.0);
-        if training {
-            if let Some(n) = &self.num_batches_tracked {
-                let _g = crate::autograd::no_grad();
-                let next = n.binary_scalar(kiln_ir::BinaryOp::Add, 1i64, false)?;
-                crate::compile::trace::record_mutation(n, &next, || n.copy_(&next))?;
-                if self.momentum.is_none() {
-                    momentum = 1.0 / n.item()?;
+            let training = self.training.load(Ordering::Relaxed);
+            if training && self.is_sync() {
+                if let Some(g) = crate::distributed::sync_bn_group() {
+                    return crate::distributed::sync_bn_forward(self, &g, x);
                 }
             }
-        }
-        let (rm, rv) = if training || !use_batch_stats {
-            (self.running_mean.as_ref(), self.running_var.as_ref())
-        } else {
-            (None, None)
-        };
-        F::batch_norm(
-            x,
-            rm,
-            rv,
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            use_batch_stats,
-            momentum,
-            self.eps,
-        )
+            let use_batch_stats = training || self.running_mean.is_none();
+            let mut momentum = self.momentum.unwrap_or(0.0);
+            if training {
+                if let Some(n) = &self.num_batches_tracked {
+                    let _g = crate::autograd::no_grad();
+                    let next = n.binary_scalar(kiln_ir::BinaryOp::Add, 1i64, false)?;
+                    crate::compile::trace::record_mutation(n, &next, || n.copy_(&next))?;
+                    if self.momentum.is_none() {
+                        momentum = 1.0 / n.item()?;
+                    }
+                }
+            }
+            let (rm, rv) = if training || !use_batch_stats {
+                (self.running_mean.as_ref(), self.running_var.as_ref())
+            } else {
+                (None, None)
+            };
+            F::batch_norm(
+                x,
+                rm,
+                rv,
+                self.weight.as_ref(),
+                self.bias.as_ref(),
+                use_batch_stats,
+                momentum,
+                self.eps,
+            )
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
@@ -218,13 +260,15 @@ impl LayerNorm {
 
 impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::layer_norm(
-            x,
-            &self.normalized_shape,
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            self.eps,
-        )
+        super::hooks::run(self, x, |x| {
+            F::layer_norm(
+                x,
+                &self.normalized_shape,
+                self.weight.as_ref(),
+                self.bias.as_ref(),
+                self.eps,
+            )
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {
@@ -269,13 +313,15 @@ impl GroupNorm {
 
 impl Module for GroupNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        F::group_norm(
-            x,
-            self.groups,
-            self.weight.as_ref(),
-            self.bias.as_ref(),
-            self.eps,
-        )
+        super::hooks::run(self, x, |x| {
+            F::group_norm(
+                x,
+                self.groups,
+                self.weight.as_ref(),
+                self.bias.as_ref(),
+                self.eps,
+            )
+        })
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         for (n, t) in [("weight", &self.weight), ("bias", &self.bias)] {

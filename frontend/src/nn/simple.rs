@@ -63,7 +63,7 @@ impl Activation {
 
 impl Module for Activation {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.unary(self.op)
+        super::hooks::run(self, x, |x| x.unary(self.op))
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn describe(&self) -> String {
@@ -105,21 +105,24 @@ impl Dropout {
 
 impl Module for Dropout {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
-            return Ok(x.clone());
-        }
-        if self.p == 1.0 {
-            return x.binary_scalar(kiln_ir::BinaryOp::Mul, 0.0, false);
-        }
-        // a graph input drawn afresh on every compiled call
-        let keep =
-            crate::compile::trace::random_input(crate::compile::trace::RandomSpec::Bernoulli {
-                dims: x.dims().to_vec(),
-                p: 1.0 - self.p,
-                dtype: x.dtype(),
-            })?;
-        x.mul(&keep)?
-            .binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p), false)
+        super::hooks::run(self, x, |x| {
+            if !self.training.load(Ordering::Relaxed) || self.p == 0.0 {
+                return Ok(x.clone());
+            }
+            if self.p == 1.0 {
+                return x.binary_scalar(kiln_ir::BinaryOp::Mul, 0.0, false);
+            }
+            // a graph input drawn afresh on every compiled call
+            let keep = crate::compile::trace::random_input(
+                crate::compile::trace::RandomSpec::Bernoulli {
+                    dims: x.dims().to_vec(),
+                    p: 1.0 - self.p,
+                    dtype: x.dtype(),
+                },
+            )?;
+            x.mul(&keep)?
+                .binary_scalar(kiln_ir::BinaryOp::Mul, 1.0 / (1.0 - self.p), false)
+        })
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn set_own_training(&self, on: bool) {
@@ -146,7 +149,7 @@ pub enum Pool2d {
 
 impl Module for Pool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match self {
+        super::hooks::run(self, x, |x| match self {
             Pool2d::Max(p) => Ok(F::max_pool2d(x, p)?.0),
             Pool2d::Avg {
                 params,
@@ -154,7 +157,7 @@ impl Module for Pool2d {
             } => F::avg_pool2d(x, params, *count_include_pad, None),
             Pool2d::AdaptiveAvg(o) => F::adaptive_avg_pool2d(x, *o),
             Pool2d::AdaptiveMax(o) => Ok(F::adaptive_max_pool2d(x, *o)?.0),
-        }
+        })
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn describe(&self) -> String {
@@ -194,7 +197,7 @@ impl Default for Flatten {
 
 impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.flatten(self.start, self.end)
+        super::hooks::run(self, x, |x| x.flatten(self.start, self.end))
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn describe(&self) -> String {
@@ -207,7 +210,7 @@ pub struct Identity;
 
 impl Module for Identity {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(x.clone())
+        super::hooks::run(self, x, |x| Ok(x.clone()))
     }
     fn visit<'a>(&'a self, _f: &mut dyn FnMut(Entry<'a>)) {}
     fn describe(&self) -> String {

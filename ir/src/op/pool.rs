@@ -27,6 +27,34 @@ impl Pool2dParams {
             ceil_mode: false,
         }
     }
+
+    /// `stride=` (PyTorch's `nn.MaxPool2d(3, stride=2, padding=1)` is
+    /// `Pool2dParams::new([3, 3]).stride([2, 2]).padding([1, 1])`).
+    ///
+    /// ```
+    /// use kiln_ir::op::pool::Pool2dParams;
+    /// let p = Pool2dParams::new([3, 3]).stride([2, 2]).padding([1, 1]).ceil_mode(true);
+    /// assert_eq!((p.kernel, p.stride, p.padding, p.ceil_mode), ([3, 3], [2, 2], [1, 1], true));
+    /// ```
+    pub fn stride(mut self, stride: [usize; 2]) -> Self {
+        self.stride = stride;
+        self
+    }
+    /// `padding=`.
+    pub fn padding(mut self, padding: [usize; 2]) -> Self {
+        self.padding = padding;
+        self
+    }
+    /// `dilation=`.
+    pub fn dilation(mut self, dilation: [usize; 2]) -> Self {
+        self.dilation = dilation;
+        self
+    }
+    /// `ceil_mode=`.
+    pub fn ceil_mode(mut self, on: bool) -> Self {
+        self.ceil_mode = on;
+        self
+    }
 }
 
 /// A checked 2-D pooling: input `[N, C, H, W]` (or unbatched `[C, H, W]`, then `n == 1`).
