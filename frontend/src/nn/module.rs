@@ -263,8 +263,9 @@ pub trait ModuleExt: Module {
         }
         // A module whose `visit_mut` does not report its tensors leaves them behind.
         let left: Vec<String> = self
-            .state_dict()
+            .named_parameters()
             .into_iter()
+            .chain(self.named_buffers())
             .filter(|(_, t)| t.device() != device)
             .map(|(k, t)| format!("{k} (on {})", t.device()))
             .collect();
