@@ -202,7 +202,16 @@ fn compiled_peak_memory_is_at_most_eager() {
         }
         let eager = peak(|| vec![(c.forward)(&x).unwrap()]);
         let comp = peak(|| fast.call(std::slice::from_ref(&x)).unwrap());
-        println!("{}: peak eager {eager} B, compiled {comp} B", c.name);
+        // the measured call replayed a launch list (not the node-by-node path)
+        let report = fast.explain();
+        let list = match &report.entries[0].launch_list {
+            Some(Ok(l)) => *l,
+            other => panic!("{}: no launch list: {other:?}\n{report}", c.name),
+        };
+        println!(
+            "{}: peak eager {eager} B, compiled {comp} B ({list})",
+            c.name
+        );
         assert!(
             comp <= eager,
             "{}: compiled {comp} B > eager {eager} B",
