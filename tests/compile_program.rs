@@ -13,8 +13,8 @@ use kiln::{Result, Tensor};
 use std::sync::Arc;
 
 /// Kernel-cache counters and memory counters are process-wide: one test at a time.
-/// Also turns launch-list replay on (opt-in: `KILN_PROGRAM=1`) before any
-/// compile in this process reads it.
+/// Also keeps launch-list replay on (the default; `KILN_PROGRAM=0` turns it
+/// off) whatever the environment says, before any compile reads it.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     std::env::set_var("KILN_PROGRAM", "1");
@@ -202,11 +202,69 @@ fn compiled_peak_memory_is_at_most_eager() {
         }
         let eager = peak(|| vec![(c.forward)(&x).unwrap()]);
         let comp = peak(|| fast.call(std::slice::from_ref(&x)).unwrap());
-        println!("{}: peak eager {eager} B, compiled {comp} B", c.name);
+        // the measured call replayed a launch list (not the node-by-node path)
+        let report = fast.explain();
+        let list = match &report.entries[0].launch_list {
+            Some(Ok(l)) => *l,
+            other => panic!("{}: no launch list: {other:?}\n{report}", c.name),
+        };
+        println!(
+            "{}: peak eager {eager} B, compiled {comp} B ({list})",
+            c.name
+        );
         assert!(
             comp <= eager,
             "{}: compiled {comp} B > eager {eager} B",
             c.name
         );
     }
+}
+
+/// Regression (the differential backward run's seed 670): the CPU
+/// `scatter_add` of a weighted cross_entropy's class-weight gradient casts
+/// its source to f64 in a temporary, frees it, sums on the host into a new
+/// storage (often at the freed one's address) and casts that back. The
+/// recorder took the second storage for the first by address, so warm calls
+/// replayed the two casts without the sum between them: the weight's
+/// gradient came back unscattered. (As many samples as classes: the two
+/// f64 storages have one size.) Every call's gradients must equal eager's.
+#[test]
+fn replayed_backward_keeps_host_work_between_launches() {
+    let _s = serial();
+    let t = Tensor::from_vec(vec![0i64, 1, 0, 1], &[4]).unwrap();
+    let loss =
+        |x: &Tensor, w: &Tensor| F::cross_entropy(x, &t, Some(w), kiln::ClassLossOpts::default());
+    let fast = compile_fn("weighted_ce", |xs: &[Tensor]| {
+        Ok(vec![loss(&xs[0], &xs[1])?])
+    });
+    for call in 0..4u64 {
+        let leaves = || {
+            let x = randn(&[4, 4], 20 + call).requires_grad_(true);
+            let w = (&randn(&[4], 30 + call).abs().unwrap() + 0.5).requires_grad_(true);
+            (x, w)
+        };
+        let (xe, we) = leaves();
+        let le = loss(&xe, &we).unwrap();
+        le.backward().unwrap();
+        let (xc, wc) = leaves();
+        let lc = fast.call(&[xc.clone(), wc.clone()]).unwrap().remove(0);
+        lc.backward().unwrap();
+        let what = |v: &str| format!("call {call}: {v}");
+        assert_close(&what("loss"), &lc, &le, 1e-5);
+        assert_close(
+            &what("x.grad"),
+            &xc.grad().unwrap(),
+            &xe.grad().unwrap(),
+            1e-5,
+        );
+        assert_close(
+            &what("w.grad"),
+            &wc.grad().unwrap(),
+            &we.grad().unwrap(),
+            1e-5,
+        );
+    }
+    let report = fast.explain();
+    assert_eq!(report.entries.len(), 1, "{report}");
+    assert!(report.entries[0].graph_break.is_none(), "{report}");
 }

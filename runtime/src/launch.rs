@@ -105,6 +105,9 @@ pub struct CapturedLaunch {
     pub scalars: Vec<u64>,
     /// Per operand (outputs first): its storage and the element offset of its view.
     pub storages: Vec<*const Storage>,
+    /// Per operand: its storage's [`Storage::id`] (an address is reused once
+    /// its storage is freed; the id is not).
+    pub ids: Vec<u64>,
     pub offsets: Vec<usize>,
     /// Per operand: its storage's dtype and length in elements.
     pub dtypes: Vec<DType>,
@@ -322,6 +325,7 @@ pub fn launch(template: &Kernel, views: &[View], scalars: &[u64]) -> Result<()> 
                 strides: flat_strides.clone(),
                 scalars: scalars.to_vec(),
                 storages: views.iter().map(|v| v.storage as *const Storage).collect(),
+                ids: views.iter().map(|v| v.storage.id()).collect(),
                 offsets: views.iter().map(|v| v.layout.offset).collect(),
                 dtypes: views.iter().map(|v| v.dtype()).collect(),
                 lens: views.iter().map(|v| v.storage.len()).collect(),

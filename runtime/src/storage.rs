@@ -109,6 +109,8 @@ fn give_back(v: Vec<u128>) {
 /// A pinned CPU storage ([`Storage::pin`]) keeps its bytes in
 /// [`HostMemory`] instead of `data`, shared with the copies still reading it.
 pub struct Storage {
+    /// Unique per storage for the process's lifetime (see [`Storage::id`]).
+    id: u64,
     dtype: DType,
     len: usize,
     data: UnsafeCell<Vec<u128>>,
@@ -120,6 +122,12 @@ pub struct Storage {
 // (PyTorch's) contract, not Rust's.
 unsafe impl Send for Storage {}
 unsafe impl Sync for Storage {}
+
+/// The next [`Storage::id`].
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 impl Storage {
     /// Zero-filled storage. Panics with [`Storage::try_zeros`]'s message when
@@ -169,6 +177,7 @@ impl Storage {
     fn with_data(dtype: DType, len: usize, data: Vec<u128>) -> Storage {
         counters(Device::Cpu).on_alloc(len * dtype.size(), data.len() * 16);
         Storage {
+            id: next_id(),
             dtype,
             len,
             data: UnsafeCell::new(data),
@@ -191,6 +200,7 @@ impl Storage {
                 let buf = crate::cuda::gpu(n)?.alloc(bytes)?;
                 counters(device).on_alloc(len * dtype.size(), buf.bytes);
                 Ok(Storage {
+                    id: next_id(),
                     dtype,
                     len,
                     data: UnsafeCell::new(vec![]),
@@ -291,6 +301,7 @@ impl Storage {
         }
         counters(Device::Cpu).on_alloc(nbytes, m.len());
         Ok(Storage {
+            id: next_id(),
             dtype: self.dtype,
             len: range.len(),
             data: UnsafeCell::new(vec![]),
@@ -350,6 +361,21 @@ impl Storage {
         // Safety: freshly allocated, large enough.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), s.ptr(), bytes.len()) };
         s
+    }
+
+    /// A number no other storage of this process has, ever: unlike the
+    /// storage's address, which the allocator hands to a new storage once
+    /// this one is freed, it names this storage alone (the compiled
+    /// executor's launch recorder tells a freed temporary from the storage
+    /// that took its place by it).
+    ///
+    /// ```
+    /// use kiln_runtime::Storage;
+    /// let a = Storage::zeros(kiln_ir::DType::F32, 4).id();
+    /// assert_ne!(a, Storage::zeros(kiln_ir::DType::F32, 4).id());
+    /// ```
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn dtype(&self) -> DType {

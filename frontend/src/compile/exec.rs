@@ -620,12 +620,9 @@ impl Executable {
     }
 }
 
-/// Whether warm calls replay recorded launch lists: opt-in (`KILN_PROGRAM=1`)
-/// until the replay of compiled training entries is fixed — with it on, the
-/// differential backward run (`tests/differential.rs`) finds 2 of 977 graphs
-/// (seed 670 and one other, both a weighted `cross_entropy`) whose gradients
-/// on a cached call with new values differ from eager.
+/// Whether warm calls replay recorded launch lists: on unless `KILN_PROGRAM=0`
+/// (the off switch runs every call node by node, as the first one does).
 fn programs_enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_PROGRAM").is_ok_and(|v| v != "0"))
+    *ON.get_or_init(|| std::env::var("KILN_PROGRAM").map_or(true, |v| v != "0"))
 }

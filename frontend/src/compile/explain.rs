@@ -39,9 +39,41 @@ pub struct EntryReport {
     pub planned_peak: usize,
     pub unplanned: usize,
     pub eager_peak: usize,
+    /// The launch list warm calls replay (see `program.rs`): its replayed
+    /// launches, node steps and planned buffer bytes, or why calls run node
+    /// by node; None until the call that records it.
+    pub launch_list: Option<std::result::Result<LaunchList, String>>,
     pub times: StageTimes,
     /// For a training entry: its backward half (`kernels` are the forward's).
     pub backward: Option<BackwardReport>,
+}
+
+/// The shape of an entry's recorded launch list.
+///
+/// ```
+/// let l = kiln_frontend::compile::LaunchList { launches: 3, node_steps: 1, planned_bytes: 4096 };
+/// assert_eq!(l.to_string(), "3 replayed launches, 1 node steps, 4.0 KiB in planned buffers");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchList {
+    /// Kernel launches (and tiled conv epilogues) called directly.
+    pub launches: usize,
+    /// Nodes run through their own code every call (externs: GEMM, conv, pools).
+    pub node_steps: usize,
+    /// Bytes of the buffers the memory plan placed the launches' outputs in.
+    pub planned_bytes: usize,
+}
+
+impl fmt::Display for LaunchList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} replayed launches, {} node steps, {} in planned buffers",
+            self.launches,
+            self.node_steps,
+            kib(self.planned_bytes)
+        )
+    }
 }
 
 /// The backward half of a compiled training entry.
@@ -165,6 +197,13 @@ impl Entry {
             }
         }
         r.conv_algorithms = super::conv_report::conv_algorithms(g);
+        r.launch_list = exec.program_summary().map(|p| {
+            p.map(|(launches, node_steps, planned_bytes)| LaunchList {
+                launches,
+                node_steps,
+                planned_bytes,
+            })
+        });
         r.planned_peak = exec.memory.planned_peak;
         r.unplanned = exec.memory.unplanned;
         r.eager_peak = self.traced.as_ref().map_or(0, |t| {
@@ -241,6 +280,11 @@ impl fmt::Display for EntryReport {
             kib(self.unplanned),
             kib(self.eager_peak)
         )?;
+        match &self.launch_list {
+            Some(Ok(l)) => writeln!(f, "  warm calls: {l}")?,
+            Some(Err(why)) => writeln!(f, "  warm calls: node by node ({why})")?,
+            None => {}
+        }
         writeln!(f, "  compile time: {}", self.times_line())
     }
 }

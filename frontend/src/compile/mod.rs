@@ -33,7 +33,7 @@ mod tile_replay;
 pub mod trace;
 
 pub use dump::Stage;
-pub use explain::{BackwardReport, EntryReport, Report};
+pub use explain::{BackwardReport, EntryReport, LaunchList, Report};
 pub use guard::{Guards, RecompileReason};
 pub use pipeline::{CompileOptions, StageTimes};
 

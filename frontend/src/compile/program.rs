@@ -310,17 +310,16 @@ impl Recorder {
     }
 
     /// The replayable steps of `events` with the slots each uses, and the
-    /// fresh slots made for their new outputs (by storage address); None
-    /// when one is not replayable.
+    /// fresh slots made for their new outputs (by [`Storage::id`]: a
+    /// temporary freed inside the node frees its address for the next
+    /// storage, which may be one the node made on the host, not by a
+    /// launch); None when one is not replayable.
     #[allow(clippy::type_complexity)]
     fn launches(
         &mut self,
         events: &[Captured],
-    ) -> Option<(
-        Vec<(LaunchStep, Vec<usize>)>,
-        HashMap<*const Storage, usize>,
-    )> {
-        let mut fresh: HashMap<*const Storage, usize> = HashMap::new();
+    ) -> Option<(Vec<(LaunchStep, Vec<usize>)>, HashMap<u64, usize>)> {
+        let mut fresh: HashMap<u64, usize> = HashMap::new();
         let mut out = vec![];
         let before = self.slots.len();
         let reject = |r: &mut Recorder| {
@@ -339,11 +338,10 @@ impl Recorder {
             };
             let mut operands = vec![];
             for (k, &p) in c.storages.iter().enumerate() {
-                // a fresh address reused by a storage of another size is another slot
                 let same = |s: &usize| {
                     self.slots[*s].len == c.lens[k] && self.slots[*s].dtype == c.dtypes[k]
                 };
-                let found = fresh.get(&p).copied().filter(same);
+                let found = fresh.get(&c.ids[k]).copied();
                 let found = found.or_else(|| self.live_slot(p).filter(same));
                 let slot = match found {
                     Some(s) => {
@@ -372,7 +370,7 @@ impl Recorder {
                             len: c.lens[k],
                         });
                         let s = self.slots.len() - 1;
-                        fresh.insert(p, s);
+                        fresh.insert(c.ids[k], s);
                         s
                     }
                     None => return reject(self),
@@ -397,10 +395,13 @@ impl Recorder {
     }
 
     /// `v` as views of known slots: live ones, or `fresh` ones of this node.
-    fn known_value(&self, v: &Val, fresh: &HashMap<*const Storage, usize>) -> Option<Value> {
+    fn known_value(&self, v: &Val, fresh: &HashMap<u64, usize>) -> Option<Value> {
         let find = |t: &Tensor| -> Option<(usize, Layout)> {
             let p = Arc::as_ptr(&t.storage);
-            let s = fresh.get(&p).copied().or_else(|| self.live_slot(p))?;
+            let s = fresh
+                .get(&t.storage.id())
+                .copied()
+                .or_else(|| self.live_slot(p))?;
             Some((s, t.layout().clone()))
         };
         match v {
@@ -414,14 +415,14 @@ impl Recorder {
 
     /// Pins the storages of `v` that are `fresh` slots of this node, so
     /// later nodes find them by address.
-    fn pin(&mut self, v: &Val, fresh: &HashMap<*const Storage, usize>) {
+    fn pin(&mut self, v: &Val, fresh: &HashMap<u64, usize>) {
         let ts: Vec<&Tensor> = match v {
             Val::One(l) => tensor_of(l).into_iter().collect(),
             Val::Many(ts) => ts.iter().collect(),
         };
         for t in ts {
             let p = Arc::as_ptr(&t.storage);
-            if let Some(&s) = fresh.get(&p) {
+            if let Some(&s) = fresh.get(&t.storage.id()) {
                 self.slot_of.insert(p, (s, Arc::downgrade(&t.storage)));
             }
         }
