@@ -7,13 +7,15 @@ pub mod matmul;
 pub mod overlap;
 mod pointwise;
 pub mod pool;
+mod table;
 mod values;
 pub mod view;
 mod vocab;
 mod vocab_infer;
 
 pub use infer::Meta;
-pub use pointwise::{BinaryOp, Float, ReduceKind, UnaryOp};
+pub use pointwise::{Float, ReduceKind};
+pub use table::{BinaryDtype, BinaryOp, Domain, UnaryDtype, UnaryOp};
 pub use values::{Reduction, ScalarValue};
 pub use view::Layout;
 pub use vocab::Op;

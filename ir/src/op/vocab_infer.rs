@@ -105,16 +105,63 @@ fn class_loss(
 }
 
 impl Op {
-    /// Output types and shapes for `ins`, with the op's argument checks.
+    /// Output types and shapes for `ins`, with the op's argument checks
+    /// (one rule per op family below).
     pub fn infer(&self, ins: &[Meta]) -> Result<Vec<Meta>> {
         let name = self.name();
+        match self {
+            Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Where
+            | Op::Cast { .. } => self.infer_pointwise(&name, ins),
+            Op::Reduce { .. }
+            | Op::Mean { .. }
+            | Op::Var { .. }
+            | Op::Std { .. }
+            | Op::LogSumExp { .. }
+            | Op::LseParts { .. }
+            | Op::Moments { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. } => self.infer_reduction(&name, ins),
+            Op::LayerNorm { .. } | Op::GroupNorm { .. } | Op::BatchNorm { .. } => {
+                self.infer_norm(&name, ins)
+            }
+            Op::Matmul
+            | Op::Linear
+            | Op::Conv { .. }
+            | Op::ConvTranspose2d { .. }
+            | Op::Conv2dWeightGrad { .. } => self.infer_extern_kernel(&name, ins),
+            Op::MaxPool2d { .. }
+            | Op::AvgPool2d { .. }
+            | Op::AvgPool2dBackward { .. }
+            | Op::AdaptiveAvgPool2d { .. }
+            | Op::AdaptiveMaxPool2d { .. } => self.infer_pooling(&name, ins),
+            Op::Embedding
+            | Op::View { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Select { .. }
+            | Op::Cat { .. }
+            | Op::IndexSelect { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::MaskedFill { .. } => self.infer_data_movement(&name, ins),
+            Op::CrossEntropy { .. } | Op::NllLoss { .. } | Op::PairLoss { .. } => {
+                self.infer_loss(&name, ins)
+            }
+        }
+    }
+
+    /// Inference for unary, binary, where and cast: broadcasting and dtype promotion.
+    fn infer_pointwise(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
         let pw = |s: infer::PointwiseSig| {
             one(Meta {
                 dtype: s.out,
                 dims: s.dims,
             })
         };
-        let x = ins.first();
         match self {
             Op::Unary(u) => {
                 need(&name, ins, 1)?;
@@ -156,6 +203,13 @@ impl Op {
                     dims: ins[0].dims.clone(),
                 })
             }
+            _ => bail!(name, "not handled by the pointwise rule"),
+        }
+    }
+
+    /// Inference for reductions, softmax and the one-pass statistics.
+    fn infer_reduction(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::Reduce {
                 kind,
                 dims,
@@ -198,6 +252,13 @@ impl Op {
                 crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
                 one(ins[0].clone())
             }
+            _ => bail!(name, "not handled by the reduction rule"),
+        }
+    }
+
+    /// Inference for layer, group and batch norm.
+    fn infer_norm(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::LayerNorm {
                 normalized_shape,
                 has_weight,
@@ -241,6 +302,13 @@ impl Op {
                 let n = 1 + 2 * *has_running_stats as usize;
                 self.channel_norm(&name, ins, n + *has_weight as usize + *has_bias as usize)
             }
+            _ => bail!(name, "not handled by the norm rule"),
+        }
+    }
+
+    /// Inference for matmul, linear and the convolutions.
+    fn infer_extern_kernel(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::Matmul => {
                 need(&name, ins, 2)?;
                 one(Meta {
@@ -307,33 +375,13 @@ impl Op {
                     dims: w.iter().copied().collect(),
                 })
             }
-            Op::ScatterAdd { dim, size } => {
-                need(&name, ins, 2)?;
-                let (index, src) = (&ins[0], &ins[1]);
-                let d = crate::shape::norm_dim(&name, *dim, size.len())?;
-                if index.dtype.is_float() || index.dtype == DType::Bool {
-                    bail!(name, "index must be an integer tensor, got {}", index.dtype);
-                }
-                let fits = src.dims.len() == size.len()
-                    && src
-                        .dims
-                        .iter()
-                        .zip(size)
-                        .enumerate()
-                        .all(|(k, (s, n))| k == d || s <= n);
-                if !fits {
-                    bail!(
-                        name,
-                        "src {} does not fit a result of shape {} along dims other than {dim}",
-                        fmt_dims(&src.dims),
-                        fmt_dims(size)
-                    );
-                }
-                one(Meta {
-                    dtype: src.dtype,
-                    dims: size.iter().copied().collect(),
-                })
-            }
+            _ => bail!(name, "not handled by the extern_kernel rule"),
+        }
+    }
+
+    /// Inference for the 2-D poolings and their backward.
+    fn infer_pooling(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::MaxPool2d(p) => {
                 need(&name, ins, 1)?;
                 let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
@@ -396,6 +444,13 @@ impl Op {
                 }
                 Ok(out)
             }
+            _ => bail!(name, "not handled by the pooling rule"),
+        }
+    }
+
+    /// Inference for views, gathers, scatters, cat and masked_fill.
+    fn infer_data_movement(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::Embedding => {
                 need(&name, ins, 2)?;
                 one(Meta {
@@ -454,6 +509,33 @@ impl Op {
                     dims: ins[1].dims.clone(),
                 })
             }
+            Op::ScatterAdd { dim, size } => {
+                need(&name, ins, 2)?;
+                let (index, src) = (&ins[0], &ins[1]);
+                let d = crate::shape::norm_dim(&name, *dim, size.len())?;
+                if index.dtype.is_float() || index.dtype == DType::Bool {
+                    bail!(name, "index must be an integer tensor, got {}", index.dtype);
+                }
+                let fits = src.dims.len() == size.len()
+                    && src
+                        .dims
+                        .iter()
+                        .zip(size)
+                        .enumerate()
+                        .all(|(k, (s, n))| k == d || s <= n);
+                if !fits {
+                    bail!(
+                        name,
+                        "src {} does not fit a result of shape {} along dims other than {dim}",
+                        fmt_dims(&src.dims),
+                        fmt_dims(size)
+                    );
+                }
+                one(Meta {
+                    dtype: src.dtype,
+                    dims: size.iter().copied().collect(),
+                })
+            }
             Op::MaskedFill { value } => {
                 exactly(&name, ins, 2 + value.is_none() as usize)?;
                 if ins[1].dtype != DType::Bool {
@@ -469,6 +551,14 @@ impl Op {
                 }
                 one(ins[0].clone())
             }
+            _ => bail!(name, "not handled by the data_movement rule"),
+        }
+    }
+
+    /// Inference for the losses.
+    fn infer_loss(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        let x = ins.first();
+        match self {
             Op::CrossEntropy {
                 reduction,
                 has_weight,
@@ -506,6 +596,7 @@ impl Op {
                     },
                 })
             }
+            _ => bail!(name, "not handled by the loss rule"),
         }
     }
 

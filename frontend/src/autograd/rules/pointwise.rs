@@ -2,6 +2,7 @@
 //! number operands), where, masked_fill and casts. The formulas follow
 //! PyTorch's derivatives.yaml so edge values (0, inf) give the same gradients.
 
+use super::pointwise_special as special;
 use super::{add_s, keep, mul_s, rsub_s};
 use crate::autograd::{needs_grad, record, Saved};
 use crate::{Scalar, Tensor};
@@ -79,6 +80,44 @@ fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<
             let neg = mul_s(&g.mul(&x.exp()?)?, alpha.0)?;
             Tensor::where_(&gt0(x)?, g, &neg)?
         }
+        Clamp { .. }
+        | Hardtanh { .. }
+        | Relu6
+        | Hardswish
+        | Hardsigmoid
+        | Mish
+        | Selu
+        | Celu { .. }
+        | LogSigmoid
+        | Softsign
+        | Threshold { .. }
+        | Hardshrink { .. }
+        | Softshrink { .. }
+        | Tanhshrink
+        | Round { .. }
+        | Ceil
+        | Trunc
+        | Frac
+        | Sign
+        | IsNan
+        | IsInf
+        | IsFinite
+        | IsPosInf
+        | IsNegInf
+        | NanToNum { .. }
+        | Log2
+        | Log10
+        | Exp2
+        | Sinh
+        | Cosh
+        | Tan
+        | Asin
+        | Acos
+        | Atan
+        | Erfc
+        | Erfinv
+        | Logit { .. }
+        | BitwiseNot => return special::unary_grad(op, g, x, y),
     }))
 }
 
@@ -96,7 +135,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor, y: Tensor) -> Result<Tensor> {
 
 fn differentiable(op: BinaryOp) -> bool {
     use BinaryOp::*;
-    matches!(op, Add | Sub | Mul | Div | Pow | Maximum | Minimum)
+    matches!(
+        op,
+        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Atan2 | Hypot | Copysign | Xlogy
+    )
 }
 
 /// `where(cond, a, b)` with the ties rule of maximum/minimum: a tie splits the gradient.
@@ -147,6 +189,7 @@ fn binary_grads(
                 Tensor::where_scalar(&zero_case.logical_not()?, &gb, 0.0)?,
             ]
         }
+        Atan2 | Hypot | Copysign | Xlogy => special::binary_grads(op, g, a, b, y)?,
         _ => max_min_grads(op, g, a, b)?,
     })
 }
@@ -170,7 +213,8 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, y: Tensor) -> Result<
         });
     }
     let (sa, sb) = (Saved::new(name, a), Saved::new(name, b));
-    let sy = (op == BinaryOp::Pow).then(|| Saved::new(name, &y));
+    let sy = matches!(op, BinaryOp::Pow | BinaryOp::Hypot | BinaryOp::Copysign)
+        .then(|| Saved::new(name, &y));
     record(name, y, &[a, b], move |g| {
         let (a, b) = (sa.get()?, sb.get()?);
         let y = match &sy {
@@ -238,7 +282,11 @@ pub(crate) fn binary_scalar(
                 } else {
                     (x.clone(), sx)
                 };
-                let [ga, gb] = max_min_grads(op, g, &a, &b)?;
+                let [ga, gb] = if matches!(op, Atan2 | Hypot | Copysign | Xlogy) {
+                    special::binary_grads(op, g, &a, &b, &sy.get()?)?
+                } else {
+                    max_min_grads(op, g, &a, &b)?
+                };
                 if reversed {
                     gb
                 } else {
