@@ -177,30 +177,7 @@ pub fn lower_binary<S: ScalarOps>(s: &mut S, op: BinaryOp, a: S::V, b: S::V, dt:
         BinaryOp::BitwiseXor => s.binary(Xor, a, b, dt),
         BinaryOp::Atan2 => s.binary(Atan2, a, b, dt),
         BinaryOp::Hypot => s.binary(Hypot, a, b, dt),
-        // |a| negated when b's sign bit is set (b < 0, or b is -0: 1/b < 0)
-        BinaryOp::Copysign => {
-            let zero = s.constant(0.0, dt);
-            let one = s.constant(1.0, dt);
-            let lt = s.compare(Cmp::Lt, b, zero, dt);
-            let is0 = s.compare(Cmp::Eq, b, zero, dt);
-            let inv = s.binary(Div, one, b, dt);
-            let inv_neg = s.compare(Cmp::Lt, inv, zero, dt);
-            let neg0 = s.binary(And, is0, inv_neg, DType::Bool);
-            let neg = s.binary(Or, lt, neg0, DType::Bool);
-            let m = s.unary(Prim1::Abs, a, dt);
-            let nm = s.unary(Prim1::Neg, m, dt);
-            s.select(neg, nm, m, dt)
-        }
-        // isnan(b) ? b : (a == 0 ? 0 : a * log(b))
-        BinaryOp::Xlogy => {
-            let zero = s.constant(0.0, dt);
-            let l = s.unary(Prim1::Log, b, dt);
-            let p = s.binary(Mul, a, l, dt);
-            let a0 = s.compare(Cmp::Eq, a, zero, dt);
-            let r = s.select(a0, zero, p, dt);
-            let nan = s.compare(Cmp::Ne, b, b, dt);
-            s.select(nan, b, r, dt)
-        }
+        BinaryOp::Copysign | BinaryOp::Xlogy => special::lower_binary(s, op, a, b, dt),
         BinaryOp::Eq => s.compare(Cmp::Eq, a, b, dt),
         BinaryOp::Ne => s.compare(Cmp::Ne, a, b, dt),
         BinaryOp::Lt => s.compare(Cmp::Lt, a, b, dt),

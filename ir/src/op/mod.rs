@@ -3,6 +3,7 @@
 pub mod conv;
 pub mod embedding;
 pub mod infer;
+mod infer_kernels;
 pub mod matmul;
 pub mod overlap;
 mod pointwise;

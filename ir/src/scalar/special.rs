@@ -3,7 +3,7 @@
 //! logit), lowered onto [`super::ScalarOps`].
 
 use super::{clamp, Cmp, Prim1 as P, Prim2::*, ScalarOps};
-use crate::op::UnaryOp;
+use crate::op::{BinaryOp, UnaryOp};
 use crate::DType;
 
 /// Every unary op neither primitive nor an activation.
@@ -191,4 +191,41 @@ fn erfinv<S: ScalarOps>(s: &mut S, x: S::V, dt: DType) -> S::V {
     let inf = s.constant(f64::INFINITY, dt);
     let yi = s.binary(Mul, x, inf, dt);
     s.select(edge, yi, y, dt)
+}
+
+/// copysign and xlogy, built from primitives.
+pub(super) fn lower_binary<S: ScalarOps>(
+    s: &mut S,
+    op: BinaryOp,
+    a: S::V,
+    b: S::V,
+    dt: DType,
+) -> S::V {
+    match op {
+        // |a| negated when b's sign bit is set (b < 0, or b is -0: 1/b < 0)
+        BinaryOp::Copysign => {
+            let zero = s.constant(0.0, dt);
+            let one = s.constant(1.0, dt);
+            let lt = s.compare(Cmp::Lt, b, zero, dt);
+            let is0 = s.compare(Cmp::Eq, b, zero, dt);
+            let inv = s.binary(Div, one, b, dt);
+            let inv_neg = s.compare(Cmp::Lt, inv, zero, dt);
+            let neg0 = s.binary(And, is0, inv_neg, DType::Bool);
+            let neg = s.binary(Or, lt, neg0, DType::Bool);
+            let m = s.unary(P::Abs, a, dt);
+            let nm = s.unary(P::Neg, m, dt);
+            s.select(neg, nm, m, dt)
+        }
+        // isnan(b) ? b : (a == 0 ? 0 : a * log(b))
+        BinaryOp::Xlogy => {
+            let zero = s.constant(0.0, dt);
+            let l = s.unary(P::Log, b, dt);
+            let p = s.binary(Mul, a, l, dt);
+            let a0 = s.compare(Cmp::Eq, a, zero, dt);
+            let r = s.select(a0, zero, p, dt);
+            let nan = s.compare(Cmp::Ne, b, b, dt);
+            s.select(nan, b, r, dt)
+        }
+        other => unreachable!("{other} is lowered by lower_binary"),
+    }
 }

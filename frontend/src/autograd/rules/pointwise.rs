@@ -12,6 +12,36 @@ fn gt0(t: &Tensor) -> Result<Tensor> {
     t.binary_scalar(BinaryOp::Gt, 0.0, false)
 }
 
+/// d/dx of `x * Phi(x)` (erf gelu).
+fn gelu_grad(g: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let cdf = mul_s(
+        &add_s(
+            &mul_s(x, std::f64::consts::FRAC_1_SQRT_2)?.unary(UnaryOp::Erf)?,
+            1.0,
+        )?,
+        0.5,
+    )?;
+    let beta = std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5;
+    let pdf = mul_s(&mul_s(&x.mul(x)?, -0.5)?.exp()?, beta)?;
+    g.mul(&cdf.add(&x.mul(&pdf)?)?)
+}
+
+/// d/dx of the tanh-approximated gelu.
+fn gelu_tanh_grad(g: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
+    let kappa = 0.044715;
+    let x2 = x.mul(x)?;
+    let x3 = x2.mul(x)?;
+    let inner = mul_s(&x.add(&mul_s(&x3, kappa)?)?, beta)?;
+    let t = inner.tanh()?;
+    let left = mul_s(x, 0.5)?;
+    let right = add_s(&t, 1.0)?;
+    let left_d = mul_s(&right, 0.5)?;
+    let right_d = left.mul(&rsub_s(&t.mul(&t)?, 1.0)?)?;
+    let inner_d = mul_s(&add_s(&mul_s(&x2, 3.0 * kappa)?, 1.0)?, beta)?;
+    g.mul(&left_d.add(&right_d.mul(&inner_d)?)?)
+}
+
 fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<Tensor>> {
     use UnaryOp::*;
     let dt = x.dtype();
@@ -41,29 +71,8 @@ fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<
         Not => return Ok(None),
         Sigmoid => g.mul(&rsub_s(y, 1.0)?)?.mul(y)?,
         Relu => keep(&gt0(y)?, g)?,
-        Gelu => {
-            let cdf = mul_s(
-                &add_s(&mul_s(x, std::f64::consts::FRAC_1_SQRT_2)?.unary(Erf)?, 1.0)?,
-                0.5,
-            )?;
-            let beta = std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5;
-            let pdf = mul_s(&mul_s(&x.mul(x)?, -0.5)?.exp()?, beta)?;
-            g.mul(&cdf.add(&x.mul(&pdf)?)?)?
-        }
-        GeluTanh => {
-            let beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
-            let kappa = 0.044715;
-            let x2 = x.mul(x)?;
-            let x3 = x2.mul(x)?;
-            let inner = mul_s(&x.add(&mul_s(&x3, kappa)?)?, beta)?;
-            let t = inner.tanh()?;
-            let left = mul_s(x, 0.5)?;
-            let right = add_s(&t, 1.0)?;
-            let left_d = mul_s(&right, 0.5)?;
-            let right_d = left.mul(&rsub_s(&t.mul(&t)?, 1.0)?)?;
-            let inner_d = mul_s(&add_s(&mul_s(&x2, 3.0 * kappa)?, 1.0)?, beta)?;
-            g.mul(&left_d.add(&right_d.mul(&inner_d)?)?)?
-        }
+        Gelu => gelu_grad(g, x)?,
+        GeluTanh => gelu_tanh_grad(g, x)?,
         Silu => {
             let s = x.sigmoid()?;
             g.mul(&s.mul(&add_s(&x.mul(&rsub_s(&s, 1.0)?)?, 1.0)?)?)?
