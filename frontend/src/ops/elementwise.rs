@@ -7,9 +7,10 @@
 //!
 //! ```
 //! # use kiln_frontend::Tensor;
-//! let x = Tensor::from_vec(vec![-4.0f32, -1.0, 0.5, 4.0], &[4])?;
+//! let x = Tensor::from_vec(vec![-4.0f32, -1.5, 0.0, 4.0], &[4])?;
+//! // hardswish: [-0.0, -0.375, 0.0, 4.0], then clamped to [-0.25, 1]
 //! let y = x.hardswish()?.clamp(Some(-0.25), Some(1.0))?;
-//! assert_eq!(y.to_vec::<f32>()?, vec![0.0, -0.25, 0.2916667, 1.0]);
+//! assert_eq!(y.to_vec::<f32>()?, vec![0.0, -0.25, 0.0, 1.0]);
 //! # Ok::<(), kiln_ir::Error>(())
 //! ```
 
