@@ -6,41 +6,22 @@
 mod common;
 
 use common::*;
+use kiln_ir::op::{BinaryDtype, UnaryDtype};
+/// Every float unary op of the table, then a few non-default attributes.
 fn all_unary() -> Vec<UnaryOp> {
     use UnaryOp::*;
-    vec![
-        Neg,
-        Abs,
-        Exp,
-        Log,
-        Log1p,
-        Expm1,
-        Sqrt,
-        Rsqrt,
-        Reciprocal,
-        Square,
-        Sin,
-        Cos,
-        Tanh,
-        Erf,
-        Floor,
-        Sigmoid,
-        Relu,
-        Gelu,
-        GeluTanh,
-        Silu,
-        Softplus {
-            beta: Float(1.0),
-            threshold: Float(20.0),
-        },
+    let mut v: Vec<UnaryOp> = UnaryOp::EXAMPLES
+        .into_iter()
+        .filter(|u| !matches!(u.dtype_rule(), UnaryDtype::Bool | UnaryDtype::Integer))
+        .collect();
+    v.extend([
         Softplus {
             beta: Float(2.0),
             threshold: Float(10.0),
         },
-        LeakyRelu { slope: Float(0.01) },
-        Elu { alpha: Float(1.0) },
         Elu { alpha: Float(0.5) },
-    ]
+    ]);
+    v
 }
 
 #[test]
@@ -79,7 +60,10 @@ fn unary_float_ops() {
 #[test]
 fn unary_int_ops() {
     use UnaryOp::*;
-    for uop in [Neg, Abs, Square, Relu] {
+    let keep = UnaryOp::EXAMPLES
+        .into_iter()
+        .filter(|u| matches!(u.dtype_rule(), UnaryDtype::Keep | UnaryDtype::KeepNoBool));
+    for uop in keep {
         for dt in [I64, I32, I16, I8, U8] {
             for (rank, l) in [(1, Layout::Contiguous), (2, Layout::Permuted)] {
                 let body = |b: &mut KernelBuilder| {
@@ -106,12 +90,15 @@ fn unary_int_ops() {
     );
 }
 
+/// Every binary op of the table whose operands may be any numeric dtype.
 fn all_binary() -> Vec<BinaryOp> {
-    use BinaryOp::*;
-    vec![
-        Add, Sub, Mul, Div, Pow, Maximum, Minimum, Remainder, Fmod, FloorDiv, Eq, Ne, Lt, Le, Gt,
-        Ge,
-    ]
+    BinaryOp::ALL
+        .into_iter()
+        .filter(|b| {
+            use BinaryDtype::*;
+            matches!(b.dtype_rule(), Promote | PromoteNoBool | TrueDiv | Compare)
+        })
+        .collect()
 }
 
 #[test]

@@ -216,6 +216,10 @@ impl Interp {
     }
 }
 
+fn x_f(i: i64) -> f64 {
+    i as f64
+}
+
 impl ScalarOps for Interp {
     type V = Val;
 
@@ -231,7 +235,7 @@ impl ScalarOps for Interp {
             match op {
                 Prim1::Neg => return Val::I(wrap(i.wrapping_neg(), dt)),
                 Prim1::Abs => return Val::I(wrap(i.wrapping_abs(), dt)),
-                Prim1::Floor => return x,
+                Prim1::Floor | Prim1::Ceil | Prim1::Trunc | Prim1::Round => return x,
                 Prim1::Not => return Val::I((i == 0) as i64),
                 // Float-only primitives on integers (not produced by valid kernels):
                 // compute in f64 and convert back.
@@ -256,15 +260,26 @@ impl ScalarOps for Interp {
             Prim1::Sin => v.sin(),
             Prim1::Cos => v.cos(),
             Prim1::Not => return Val::I((v == 0.0) as i64),
+            Prim1::Ceil => v.ceil(),
+            Prim1::Trunc => v.trunc(),
+            Prim1::Round => v.round_ties_even(),
+            Prim1::Tan => v.tan(),
+            Prim1::Asin => v.asin(),
+            Prim1::Acos => v.acos(),
+            Prim1::Atan => v.atan(),
+            Prim1::Sinh => v.sinh(),
+            Prim1::Cosh => v.cosh(),
         };
         Interp::fval(r, dt)
     }
 
     fn binary(&mut self, op: Prim2, a: Val, b: Val, dt: DType) -> Val {
-        if matches!(op, Prim2::And | Prim2::Or) {
+        let bitwise = matches!(op, Prim2::And | Prim2::Or | Prim2::Xor);
+        if bitwise && (dt == DType::Bool || dt.is_float()) {
             let r = match op {
                 Prim2::And => a.is_true() && b.is_true(),
-                _ => a.is_true() || b.is_true(),
+                Prim2::Or => a.is_true() || b.is_true(),
+                _ => a.is_true() != b.is_true(),
             };
             return Val::I(r as i64);
         }
@@ -291,7 +306,12 @@ impl ScalarOps for Interp {
                 Prim2::Max => x.max(y),
                 Prim2::Min => x.min(y),
                 Prim2::Pow => ipow(x, y),
-                Prim2::And | Prim2::Or => unreachable!(),
+                Prim2::And => x & y,
+                Prim2::Or => x | y,
+                Prim2::Xor => x ^ y,
+                // float-only primitives on integers: in f64, truncated back
+                Prim2::Atan2 => x_f(x).atan2(x_f(y)) as i64,
+                Prim2::Hypot => x_f(x).hypot(x_f(y)) as i64,
             };
             return Val::I(wrap(r, dt));
         }
@@ -305,7 +325,9 @@ impl ScalarOps for Interp {
             Prim2::Min => fmin(x, y),
             Prim2::Pow => x.powf(y),
             Prim2::Fmod => x % y,
-            Prim2::And | Prim2::Or => unreachable!(),
+            Prim2::Atan2 => x.atan2(y),
+            Prim2::Hypot => x.hypot(y),
+            Prim2::And | Prim2::Or | Prim2::Xor => unreachable!("handled above"),
         };
         Interp::fval(r, dt)
     }

@@ -9,6 +9,9 @@
 use crate::op::{BinaryOp, UnaryOp};
 use crate::DType;
 
+mod activation;
+mod special;
+
 /// Unary primitives a backend must provide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Prim1 {
@@ -26,6 +29,17 @@ pub enum Prim1 {
     Cos,
     /// Logical not of a bool.
     Not,
+    Ceil,
+    /// Round toward zero.
+    Trunc,
+    /// Round half to even (`torch.round`, IEEE `nearest`).
+    Round,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
 }
 
 /// Binary primitives a backend must provide. Operands share one dtype.
@@ -44,10 +58,16 @@ pub enum Prim2 {
     Pow,
     /// C's fmod / Rust's `%`: the remainder has the sign of the dividend.
     Fmod,
-    /// Logical and of bools.
+    /// Logical and of bools; bitwise and of integers.
     And,
-    /// Logical or of bools.
+    /// Logical or of bools; bitwise or of integers.
     Or,
+    /// Logical xor of bools; bitwise xor of integers.
+    Xor,
+    /// `atan2(a, b)` (floats).
+    Atan2,
+    /// `sqrt(a^2 + b^2)` without overflow (floats).
+    Hypot,
 }
 
 /// Comparisons; the result is a `Bool` value. Any comparison with NaN is false except `Ne`.
@@ -76,113 +96,64 @@ pub trait ScalarOps {
     fn cast(&mut self, x: Self::V, from: DType, to: DType) -> Self::V;
 }
 
-/// Lowers one unary pointwise op. `dt` is the compute dtype of `x` and of the result.
+/// Lowers one unary pointwise op. `dt` is the compute dtype of `x` and of
+/// the result (bool for the predicates: `isnan`, `logical_not`, ...).
 pub fn lower_unary<S: ScalarOps>(s: &mut S, op: UnaryOp, x: S::V, dt: DType) -> S::V {
     use Prim1 as P;
     use Prim2::*;
-    let c = |s: &mut S, v: f64| s.constant(v, dt);
-    match op {
-        UnaryOp::Neg => s.unary(P::Neg, x, dt),
-        UnaryOp::Abs => s.unary(P::Abs, x, dt),
-        UnaryOp::Exp => s.unary(P::Exp, x, dt),
-        UnaryOp::Log => s.unary(P::Log, x, dt),
-        UnaryOp::Log1p => s.unary(P::Log1p, x, dt),
-        UnaryOp::Expm1 => s.unary(P::Expm1, x, dt),
-        UnaryOp::Sqrt => s.unary(P::Sqrt, x, dt),
-        UnaryOp::Sin => s.unary(P::Sin, x, dt),
-        UnaryOp::Cos => s.unary(P::Cos, x, dt),
-        UnaryOp::Tanh => s.unary(P::Tanh, x, dt),
-        UnaryOp::Erf => s.unary(P::Erf, x, dt),
-        UnaryOp::Floor => s.unary(P::Floor, x, dt),
-        UnaryOp::Not => s.unary(P::Not, x, dt),
+    let prim = match op {
+        UnaryOp::Neg => P::Neg,
+        UnaryOp::Abs => P::Abs,
+        UnaryOp::Exp => P::Exp,
+        UnaryOp::Log => P::Log,
+        UnaryOp::Log1p => P::Log1p,
+        UnaryOp::Expm1 => P::Expm1,
+        UnaryOp::Sqrt => P::Sqrt,
+        UnaryOp::Sin => P::Sin,
+        UnaryOp::Cos => P::Cos,
+        UnaryOp::Tanh => P::Tanh,
+        UnaryOp::Erf => P::Erf,
+        UnaryOp::Floor => P::Floor,
+        UnaryOp::Not => P::Not,
+        UnaryOp::Ceil => P::Ceil,
+        UnaryOp::Trunc => P::Trunc,
+        UnaryOp::Sinh => P::Sinh,
+        UnaryOp::Cosh => P::Cosh,
+        UnaryOp::Tan => P::Tan,
+        UnaryOp::Asin => P::Asin,
+        UnaryOp::Acos => P::Acos,
+        UnaryOp::Atan => P::Atan,
         UnaryOp::Rsqrt => {
             let r = s.unary(P::Sqrt, x, dt);
-            let one = c(s, 1.0);
-            s.binary(Div, one, r, dt)
+            let one = s.constant(1.0, dt);
+            return s.binary(Div, one, r, dt);
         }
         UnaryOp::Reciprocal => {
-            let one = c(s, 1.0);
-            s.binary(Div, one, x, dt)
+            let one = s.constant(1.0, dt);
+            return s.binary(Div, one, x, dt);
         }
-        UnaryOp::Square => s.binary(Mul, x, x, dt),
-        // relu(NaN) is NaN in PyTorch: select on `x < 0` keeps NaN.
-        UnaryOp::Relu => {
-            let zero = c(s, 0.0);
-            let neg = s.compare(Cmp::Lt, x, zero, dt);
-            s.select(neg, zero, x, dt)
-        }
-        // 1 / (1 + exp(-x)): saturates to exactly 0 and 1 without NaN.
-        UnaryOp::Sigmoid => {
-            let nx = s.unary(P::Neg, x, dt);
-            let e = s.unary(P::Exp, nx, dt);
-            let one = c(s, 1.0);
-            let d = s.binary(Add, one, e, dt);
-            s.binary(Div, one, d, dt)
-        }
-        // x / (1 + exp(-x)), PyTorch's formulation.
-        UnaryOp::Silu => {
-            let nx = s.unary(P::Neg, x, dt);
-            let e = s.unary(P::Exp, nx, dt);
-            let one = c(s, 1.0);
-            let d = s.binary(Add, one, e, dt);
-            s.binary(Div, x, d, dt)
-        }
-        // x * 0.5 * (1 + erf(x / sqrt 2))
-        UnaryOp::Gelu => {
-            let k = c(s, std::f64::consts::FRAC_1_SQRT_2);
-            let u = s.binary(Mul, x, k, dt);
-            let e = s.unary(P::Erf, u, dt);
-            let one = c(s, 1.0);
-            let t = s.binary(Add, one, e, dt);
-            let half = c(s, 0.5);
-            let hx = s.binary(Mul, x, half, dt);
-            s.binary(Mul, hx, t, dt)
-        }
-        // 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))
-        UnaryOp::GeluTanh => {
-            let x2 = s.binary(Mul, x, x, dt);
-            let x3 = s.binary(Mul, x2, x, dt);
-            let k1 = c(s, 0.044715);
-            let a = s.binary(Mul, x3, k1, dt);
-            let inner = s.binary(Add, x, a, dt);
-            let k0 = c(s, (2.0 / std::f64::consts::PI).sqrt());
-            let u = s.binary(Mul, inner, k0, dt);
-            let t = s.unary(P::Tanh, u, dt);
-            let one = c(s, 1.0);
-            let t1 = s.binary(Add, one, t, dt);
-            let half = c(s, 0.5);
-            let hx = s.binary(Mul, x, half, dt);
-            s.binary(Mul, hx, t1, dt)
-        }
-        // x*beta > threshold ? x : log1p(exp(x*beta)) / beta
-        UnaryOp::Softplus { beta, threshold } => {
-            let b = c(s, beta.0);
-            let xb = s.binary(Mul, x, b, dt);
-            let th = c(s, threshold.0);
-            let big = s.compare(Cmp::Gt, xb, th, dt);
-            let e = s.unary(P::Exp, xb, dt);
-            let l = s.unary(P::Log1p, e, dt);
-            let soft = s.binary(Div, l, b, dt);
-            s.select(big, x, soft, dt)
-        }
-        // x > 0 ? x : x * slope
-        UnaryOp::LeakyRelu { slope } => {
-            let zero = c(s, 0.0);
-            let pos = s.compare(Cmp::Gt, x, zero, dt);
-            let k = c(s, slope.0);
-            let neg = s.binary(Mul, x, k, dt);
-            s.select(pos, x, neg, dt)
-        }
-        // x > 0 ? x : alpha * expm1(x)
-        UnaryOp::Elu { alpha } => {
-            let zero = c(s, 0.0);
-            let pos = s.compare(Cmp::Gt, x, zero, dt);
-            let e = s.unary(P::Expm1, x, dt);
-            let k = c(s, alpha.0);
-            let neg = s.binary(Mul, e, k, dt);
-            s.select(pos, x, neg, dt)
-        }
+        UnaryOp::Square => return s.binary(Mul, x, x, dt),
+        _ => match activation::lower(s, op, x, dt) {
+            Some(v) => return v,
+            None => return special::lower(s, op, x, dt),
+        },
+    };
+    s.unary(prim, x, dt)
+}
+
+/// `min(max(x, lo), hi)` with NaN kept; an infinite bound is skipped (so it
+/// also clamps integers, which have no infinity).
+pub(crate) fn clamp<S: ScalarOps>(s: &mut S, x: S::V, lo: f64, hi: f64, dt: DType) -> S::V {
+    let mut x = x;
+    if lo != f64::NEG_INFINITY {
+        let l = s.constant(lo, dt);
+        x = s.binary(Prim2::Max, x, l, dt);
     }
+    if hi != f64::INFINITY {
+        let h = s.constant(hi, dt);
+        x = s.binary(Prim2::Min, x, h, dt);
+    }
+    x
 }
 
 /// Lowers one binary pointwise op. `dt` is the compute dtype of both operands;
@@ -200,6 +171,13 @@ pub fn lower_binary<S: ScalarOps>(s: &mut S, op: BinaryOp, a: S::V, b: S::V, dt:
         BinaryOp::Fmod => s.binary(Fmod, a, b, dt),
         BinaryOp::And => s.binary(And, a, b, dt),
         BinaryOp::Or => s.binary(Or, a, b, dt),
+        BinaryOp::Xor => s.binary(Xor, a, b, dt),
+        BinaryOp::BitwiseAnd => s.binary(And, a, b, dt),
+        BinaryOp::BitwiseOr => s.binary(Or, a, b, dt),
+        BinaryOp::BitwiseXor => s.binary(Xor, a, b, dt),
+        BinaryOp::Atan2 => s.binary(Atan2, a, b, dt),
+        BinaryOp::Hypot => s.binary(Hypot, a, b, dt),
+        BinaryOp::Copysign | BinaryOp::Xlogy => special::lower_binary(s, op, a, b, dt),
         BinaryOp::Eq => s.compare(Cmp::Eq, a, b, dt),
         BinaryOp::Ne => s.compare(Cmp::Ne, a, b, dt),
         BinaryOp::Lt => s.compare(Cmp::Lt, a, b, dt),

@@ -7,7 +7,7 @@
 use kiln_ir::graph::{Constant, Graph, Reduction, ScalarValue};
 use kiln_ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use kiln_ir::op::pool::Pool2dParams;
-use kiln_ir::op::{Meta, Op};
+use kiln_ir::op::{Domain, Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
 const VARIANTS: usize = 41;
@@ -132,16 +132,17 @@ fn every_op() -> Graph {
         id
     };
     let f = Float;
-    for u in [U::Neg, U::Abs, U::Exp, U::Log, U::Log1p, U::Expm1, U::Sqrt, U::Rsqrt, U::Reciprocal,
-        U::Square, U::Sin, U::Cos, U::Tanh, U::Erf, U::Floor, U::Not, U::Sigmoid, U::Relu, U::Gelu,
-        U::GeluTanh, U::Silu, U::Softplus { beta: f(1.0), threshold: f(20.0) },
-        U::LeakyRelu { slope: f(0.01) }, U::Elu { alpha: f(1.5) }] {
-        add(&mut g, Op::Unary(u), &[m]);
+    for u in U::EXAMPLES {
+        // elu with a non-default alpha, so the attribute is seen to round-trip
+        let u = if let U::Elu { .. } = u { U::Elu { alpha: f(1.5) } } else { u };
+        // bitwise ops take integer (here i64) operands
+        let input = if u.domain() == Domain::Integer { idx2 } else { m };
+        add(&mut g, Op::Unary(u), &[input]);
     }
     add(&mut g, Op::Unary(U::Exp), &[h]);
-    for bop in [B::Add, B::Sub, B::Mul, B::Div, B::Pow, B::Maximum, B::Minimum, B::Remainder, B::Fmod,
-        B::FloorDiv, B::Eq, B::Ne, B::Lt, B::Le, B::Gt, B::Ge, B::And, B::Or] {
-        add(&mut g, Op::Binary(bop), &[m, y]);
+    for bop in B::ALL {
+        let ins = if bop.domain() == Domain::Integer { [idx2, idx2] } else { [m, y] };
+        add(&mut g, Op::Binary(bop), &ins);
     }
     use ScalarValue as S;
     add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(2.0)), reversed: false }, &[m]);

@@ -4,6 +4,7 @@
 pub mod backward;
 pub mod modules;
 pub mod ops;
+pub mod ops_more;
 pub mod optim;
 
 use kiln::{DType, Tensor};
@@ -12,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The fixture suites with forward cases (`forward SUITE: P/T`, ...).
-pub const FORWARD_SUITES: [&str; 11] = [
+pub const FORWARD_SUITES: [&str; 12] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -24,10 +25,11 @@ pub const FORWARD_SUITES: [&str; 11] = [
     "loss",
     "embedding",
     "half",
+    "ops_more",
 ];
 
 /// The suites with gradient cases: all forward suites but `half`.
-pub const BACKWARD_SUITES: [&str; 10] = [
+pub const BACKWARD_SUITES: [&str; 11] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -38,6 +40,7 @@ pub const BACKWARD_SUITES: [&str; 10] = [
     "norm",
     "loss",
     "embedding",
+    "ops_more",
 ];
 
 pub struct Fixtures {
@@ -88,7 +91,22 @@ impl Fixtures {
             )
         });
         let m: Value = serde_json::from_str(&text).expect("manifest parses");
-        let cases = m["cases"].as_array().expect("cases").clone();
+        let mut cases = m["cases"].as_array().expect("cases").clone();
+        // the later suites each ship their own `manifest_SUITE.json`
+        let mut extra: Vec<PathBuf> = std::fs::read_dir(dir())
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        extra.retain(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.starts_with("manifest_") && name.ends_with(".json")
+        });
+        extra.sort();
+        for p in extra {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            let m: Value = serde_json::from_str(&text).expect("manifest parses");
+            cases.extend(m["cases"].as_array().expect("cases").iter().cloned());
+        }
         let mut files = HashMap::new();
         for c in &cases {
             let f = c["file"].as_str().unwrap().to_string();

@@ -393,10 +393,12 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             role(c, inputs, "weight"),
             reduction(a)?,
         )),
-        other => Err(kiln::Error::op(
-            other,
-            format!("fixture op {} is not mapped", c.op),
-        )),
+        other => super::ops_more::run(c, other, inputs).unwrap_or_else(|| {
+            Err(kiln::Error::op(
+                other,
+                format!("fixture op {} is not mapped", c.op),
+            ))
+        }),
     }
 }
 

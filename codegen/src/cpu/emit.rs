@@ -271,6 +271,16 @@ impl<'a, 'f> Emitter<'a, 'f> {
                 let z = self.constant(0.0, dt);
                 self.compare(Cmp::Eq, x, z, dt)
             }
+            Prim1::Ceil => self.b.ins().ceil(x),
+            Prim1::Trunc => self.b.ins().trunc(x),
+            // IEEE round-to-nearest-even: torch.round's rule
+            Prim1::Round => self.b.ins().nearest(x),
+            Prim1::Tan => self.host(HostFn::Tan, &[x], dt),
+            Prim1::Asin => self.host(HostFn::Asin, &[x], dt),
+            Prim1::Acos => self.host(HostFn::Acos, &[x], dt),
+            Prim1::Atan => self.host(HostFn::Atan, &[x], dt),
+            Prim1::Sinh => self.host(HostFn::Sinh, &[x], dt),
+            Prim1::Cosh => self.host(HostFn::Cosh, &[x], dt),
         }
     }
 
@@ -389,7 +399,7 @@ impl ScalarOps for Emitter<'_, '_> {
             Prim1::Neg if !vector => self.b.ins().ineg(x),
             Prim1::Abs if is_unsigned(dt) => x,
             Prim1::Abs if !vector => self.b.ins().iabs(x),
-            Prim1::Floor => x,
+            Prim1::Floor | Prim1::Ceil | Prim1::Trunc | Prim1::Round => x,
             Prim1::Not if vector => self.b.ins().bnot(x),
             Prim1::Not => self.b.ins().icmp_imm_u(IntCC::Equal, x, 0),
             _ => self.fail(format!("{op:?} on {dt} is not supported"), dt),
@@ -408,13 +418,17 @@ impl ScalarOps for Emitter<'_, '_> {
                 Prim2::Min => self.b.ins().fmin(a, b),
                 Prim2::Pow => self.host(HostFn::Pow, &[a, b], dt),
                 Prim2::Fmod => self.host(HostFn::Fmod, &[a, b], dt),
-                Prim2::And | Prim2::Or => self.fail(format!("{op:?} on {dt}"), dt),
+                Prim2::Atan2 => self.host(HostFn::Atan2, &[a, b], dt),
+                Prim2::Hypot => self.host(HostFn::Hypot, &[a, b], dt),
+                Prim2::And | Prim2::Or | Prim2::Xor => self.fail(format!("{op:?} on {dt}"), dt),
             };
         }
         let u = is_unsigned(dt);
         match op {
             Prim2::And => return self.b.ins().band(a, b),
             Prim2::Or => return self.b.ins().bor(a, b),
+            Prim2::Xor => return self.b.ins().bxor(a, b),
+            Prim2::Atan2 | Prim2::Hypot => return self.fail(format!("{op:?} on {dt}"), dt),
             _ if self.lanes > 1 => return self.fail(format!("vector {op:?} on {dt}"), dt),
             _ => {}
         }
@@ -431,7 +445,7 @@ impl ScalarOps for Emitter<'_, '_> {
             Prim2::Max => self.b.ins().smax(a, b),
             Prim2::Min => self.b.ins().smin(a, b),
             Prim2::Pow => self.int_pow(a, b, dt),
-            Prim2::And | Prim2::Or => unreachable!(),
+            Prim2::And | Prim2::Or | Prim2::Xor | Prim2::Atan2 | Prim2::Hypot => unreachable!(),
         }
     }
 

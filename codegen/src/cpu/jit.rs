@@ -23,6 +23,14 @@ pub(crate) enum HostFn {
     Expm1,
     Tanh,
     Erf,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Atan2,
+    Hypot,
     Pow,
     Fmod,
     IPow,
@@ -35,7 +43,7 @@ pub(crate) enum HostFn {
 }
 
 impl HostFn {
-    pub(crate) const ALL: [HostFn; 13] = [
+    pub(crate) const ALL: [HostFn; 21] = [
         HostFn::Sin,
         HostFn::Cos,
         HostFn::Exp,
@@ -49,6 +57,14 @@ impl HostFn {
         HostFn::IPow,
         HostFn::WideUnary,
         HostFn::WideReduce,
+        HostFn::Tan,
+        HostFn::Asin,
+        HostFn::Acos,
+        HostFn::Atan,
+        HostFn::Sinh,
+        HostFn::Cosh,
+        HostFn::Atan2,
+        HostFn::Hypot,
     ];
 
     fn index(self) -> usize {
@@ -65,6 +81,14 @@ impl HostFn {
             HostFn::Expm1 => "kiln_host_expm1",
             HostFn::Tanh => "kiln_host_tanh",
             HostFn::Erf => "kiln_host_erf",
+            HostFn::Tan => "kiln_host_tan",
+            HostFn::Asin => "kiln_host_asin",
+            HostFn::Acos => "kiln_host_acos",
+            HostFn::Atan => "kiln_host_atan",
+            HostFn::Sinh => "kiln_host_sinh",
+            HostFn::Cosh => "kiln_host_cosh",
+            HostFn::Atan2 => "kiln_host_atan2",
+            HostFn::Hypot => "kiln_host_hypot",
             HostFn::Pow => "kiln_host_pow",
             HostFn::Fmod => "kiln_host_fmod",
             HostFn::IPow => "kiln_host_ipow",
@@ -83,6 +107,14 @@ impl HostFn {
             HostFn::Expm1 => host_expm1 as *const u8,
             HostFn::Tanh => host_tanh as *const u8,
             HostFn::Erf => host_erf as *const u8,
+            HostFn::Tan => host_tan as *const u8,
+            HostFn::Asin => host_asin as *const u8,
+            HostFn::Acos => host_acos as *const u8,
+            HostFn::Atan => host_atan as *const u8,
+            HostFn::Sinh => host_sinh as *const u8,
+            HostFn::Cosh => host_cosh as *const u8,
+            HostFn::Atan2 => host_atan2 as *const u8,
+            HostFn::Hypot => host_hypot as *const u8,
             HostFn::Pow => host_pow as *const u8,
             HostFn::Fmod => host_fmod as *const u8,
             HostFn::IPow => host_ipow as *const u8,
@@ -99,7 +131,7 @@ impl HostFn {
     /// and the wide helpers (i64 arguments, no result).
     pub(crate) fn arity(self) -> usize {
         match self {
-            HostFn::Pow | HostFn::Fmod | HostFn::IPow => 2,
+            HostFn::Pow | HostFn::Fmod | HostFn::IPow | HostFn::Atan2 | HostFn::Hypot => 2,
             HostFn::WideUnary => 3,
             HostFn::WideReduce => 5,
             _ => 1,
@@ -151,6 +183,30 @@ extern "C" fn host_tanh(x: f64) -> f64 {
 }
 extern "C" fn host_erf(x: f64) -> f64 {
     kiln_ir::interp::erf(x)
+}
+extern "C" fn host_tan(x: f64) -> f64 {
+    x.tan()
+}
+extern "C" fn host_asin(x: f64) -> f64 {
+    x.asin()
+}
+extern "C" fn host_acos(x: f64) -> f64 {
+    x.acos()
+}
+extern "C" fn host_atan(x: f64) -> f64 {
+    x.atan()
+}
+extern "C" fn host_sinh(x: f64) -> f64 {
+    x.sinh()
+}
+extern "C" fn host_cosh(x: f64) -> f64 {
+    x.cosh()
+}
+extern "C" fn host_atan2(y: f64, x: f64) -> f64 {
+    y.atan2(x)
+}
+extern "C" fn host_hypot(x: f64, y: f64) -> f64 {
+    x.hypot(y)
 }
 extern "C" fn host_pow(x: f64, y: f64) -> f64 {
     x.powf(y)

@@ -249,6 +249,24 @@ impl CudaC {
             (Prim1::Cos, false) => "cos",
             (Prim1::Abs, true) => "fabsf",
             (Prim1::Abs, false) => "fabs",
+            (Prim1::Ceil, true) => "ceilf",
+            (Prim1::Ceil, false) => "ceil",
+            (Prim1::Trunc, true) => "truncf",
+            (Prim1::Trunc, false) => "trunc",
+            (Prim1::Round, true) => "rintf",
+            (Prim1::Round, false) => "rint",
+            (Prim1::Tan, true) => "tanf",
+            (Prim1::Tan, false) => "tan",
+            (Prim1::Asin, true) => "asinf",
+            (Prim1::Asin, false) => "asin",
+            (Prim1::Acos, true) => "acosf",
+            (Prim1::Acos, false) => "acos",
+            (Prim1::Atan, true) => "atanf",
+            (Prim1::Atan, false) => "atan",
+            (Prim1::Sinh, true) => "sinhf",
+            (Prim1::Sinh, false) => "sinh",
+            (Prim1::Cosh, true) => "coshf",
+            (Prim1::Cosh, false) => "cosh",
             (Prim1::Neg | Prim1::Not, _) => unreachable!("handled inline"),
         }
     }
@@ -283,7 +301,7 @@ impl ScalarOps for CudaC {
         match op {
             Prim1::Neg => self.tmp(dt, format!("({t})(0ULL - {})", u64e(&a))),
             Prim1::Abs => self.tmp(dt, format!("({a} < 0) ? ({t})(0ULL - {}) : {a}", u64e(&a))),
-            Prim1::Floor => x,
+            Prim1::Floor | Prim1::Ceil | Prim1::Trunc | Prim1::Round => x,
             // Float-only primitives on integers: compute in f64 and convert back.
             _ => {
                 let d = self.cast(x, dt, DType::F64);
@@ -296,9 +314,22 @@ impl ScalarOps for CudaC {
     fn binary(&mut self, op: Prim2, x: Cv, y: Cv, dt: DType) -> Cv {
         let (a, b) = (self.name(x).to_string(), self.name(y).to_string());
         let t = c_type(dt);
-        if matches!(op, Prim2::And | Prim2::Or) {
-            let o = if op == Prim2::And { "&&" } else { "||" };
-            return self.tmp(dt, format!("({t})(({a} != 0) {o} ({b} != 0))"));
+        if matches!(op, Prim2::And | Prim2::Or | Prim2::Xor) {
+            // logical on bools (and floats), bitwise on integers
+            if dt == DType::Bool || dt.is_float() {
+                let o = match op {
+                    Prim2::And => "&&",
+                    Prim2::Or => "||",
+                    _ => "!=",
+                };
+                return self.tmp(dt, format!("({t})(({a} != 0) {o} ({b} != 0))"));
+            }
+            let o = match op {
+                Prim2::And => "&",
+                Prim2::Or => "|",
+                _ => "^",
+            };
+            return self.tmp(dt, format!("({t})({a} {o} {b})"));
         }
         if dt.is_float() {
             let f32 = dt != DType::F64;
@@ -319,7 +350,9 @@ impl ScalarOps for CudaC {
                 }
                 Prim2::Pow => format!("{}({a}, {b})", if f32 { "powf" } else { "pow" }),
                 Prim2::Fmod => format!("{}({a}, {b})", if f32 { "fmodf" } else { "fmod" }),
-                Prim2::And | Prim2::Or => unreachable!(),
+                Prim2::Atan2 => format!("{}({a}, {b})", if f32 { "atan2f" } else { "atan2" }),
+                Prim2::Hypot => format!("{}({a}, {b})", if f32 { "hypotf" } else { "hypot" }),
+                Prim2::And | Prim2::Or | Prim2::Xor => unreachable!(),
             };
             return self.result(dt, e);
         }
@@ -348,7 +381,10 @@ impl ScalarOps for CudaC {
                 self.helpers.insert(Helper::IPow);
                 format!("({t})kiln_ipow((long long){a}, (long long){b})")
             }
-            Prim2::And | Prim2::Or => unreachable!(),
+            // float-only primitives on integers: in double, truncated back
+            Prim2::Atan2 => format!("({t})atan2((double){a}, (double){b})"),
+            Prim2::Hypot => format!("({t})hypot((double){a}, (double){b})"),
+            Prim2::And | Prim2::Or | Prim2::Xor => unreachable!(),
         };
         self.tmp(dt, e)
     }

@@ -3,9 +3,11 @@
 //! device (the `*_kernel` modules); norms and losses come from the
 //! decomposition table (`kiln_passes::decompose`), run eagerly.
 
+mod activation;
 mod loss;
 mod norm;
 
+pub use activation::*;
 pub use conv_grad::conv2d_weight_grad;
 pub use loss::*;
 pub use norm::*;

@@ -2,6 +2,7 @@
 //! KernelIR each ([`kernel`]); composites come from `kiln_passes::decompose`.
 
 pub mod composite;
+pub mod elementwise;
 pub mod fuse;
 pub(crate) mod gather_kernel;
 pub(crate) mod kernel;

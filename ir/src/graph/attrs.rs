@@ -10,7 +10,7 @@ use super::{Reduction, ScalarValue};
 use crate::op::conv::Padding;
 use crate::op::pool::Pool2dParams;
 use crate::op::Op;
-use crate::{Float, UnaryOp};
+use crate::Float;
 use std::fmt;
 
 /// An attribute value of the text form.
@@ -122,12 +122,7 @@ fn pool(p: &Pool2dParams) -> Vec<(&'static str, AttrValue)> {
 pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
     use AttrValue::{Bool, Float as F, Word};
     let mut a = match op {
-        Op::Unary(u) => match u {
-            UnaryOp::Softplus { beta, threshold } => vec![("beta", F(*beta)), ("threshold", F(*threshold))],
-            UnaryOp::LeakyRelu { slope } => vec![("negative_slope", F(*slope))],
-            UnaryOp::Elu { alpha } => vec![("alpha", F(*alpha))],
-            _ => vec![],
-        },
+        Op::Unary(u) => u.attrs().into_iter().map(|(_, k, v)| (k, F(v))).collect(),
         Op::Binary(_) | Op::Where | Op::Matmul | Op::Linear | Op::Embedding => vec![],
         Op::BinaryScalar { value, reversed, .. } => vec![("reversed", Bool(*reversed)), ("value", scalar(*value))],
         Op::MaskedFill { value } => vec![("value", value.map_or(AttrValue::None, scalar))],

@@ -441,7 +441,29 @@ fn binary_err(op: BinaryOp, a: f64, b: f64, ea: f64, eb: f64) -> (f64, f64, bool
             (e, 2.0, unsure)
         }
         Eq | Ne | Lt | Le | Gt | Ge => (0.0, 0.0, too_close((a - b).abs(), ea + eb)),
-        And | Or => (0.0, 0.0, too_close(a.abs(), ea) || too_close(b.abs(), eb)),
+        And | Or | Xor | BitwiseAnd | BitwiseOr | BitwiseXor => {
+            (0.0, 0.0, too_close(a.abs(), ea) || too_close(b.abs(), eb))
+        }
+        Atan2 | Hypot => {
+            let r2 = a * a + b * b;
+            let (da, db) = if op == Atan2 {
+                (b.abs() / r2, a.abs() / r2)
+            } else {
+                (a.abs() / r2.sqrt(), b.abs() / r2.sqrt())
+            };
+            let (da, db) = (finite_or(da, 0.0), finite_or(db, 0.0));
+            (
+                mul0(da, ea) + mul0(db, eb),
+                4.0,
+                too_close(r2.sqrt(), ea + eb),
+            )
+        }
+        Copysign => (ea, 0.0, too_close(b.abs(), eb)),
+        Xlogy => {
+            let da = finite_or(b.ln().abs(), 0.0);
+            let db = finite_or((a / b).abs(), 0.0);
+            (mul0(da, ea) + mul0(db, eb), 16.0, too_close(b.abs(), eb))
+        }
     }
 }
 

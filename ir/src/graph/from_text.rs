@@ -136,55 +136,10 @@ impl Attrs {
     }
 }
 
-use UnaryOp as U;
-const UNARY: [UnaryOp; 21] = [
-    U::Neg,
-    U::Abs,
-    U::Exp,
-    U::Log,
-    U::Log1p,
-    U::Expm1,
-    U::Sqrt,
-    U::Rsqrt,
-    U::Reciprocal,
-    U::Square,
-    U::Sin,
-    U::Cos,
-    U::Tanh,
-    U::Erf,
-    U::Floor,
-    U::Not,
-    U::Sigmoid,
-    U::Relu,
-    U::Gelu,
-    U::GeluTanh,
-    U::Silu,
-];
-use BinaryOp as B;
-const BINARY: [BinaryOp; 18] = [
-    B::Add,
-    B::Sub,
-    B::Mul,
-    B::Div,
-    B::Pow,
-    B::Maximum,
-    B::Minimum,
-    B::Remainder,
-    B::Fmod,
-    B::FloorDiv,
-    B::Eq,
-    B::Ne,
-    B::Lt,
-    B::Le,
-    B::Gt,
-    B::Ge,
-    B::And,
-    B::Or,
-];
 const REDUCE: [ReduceKind; 8] = ReduceKind::ALL;
 
 fn binary(name: &str) -> Option<BinaryOp> {
-    BINARY.into_iter().find(|b| b.name() == name)
+    BinaryOp::from_name(name)
 }
 
 fn pool(a: &mut Attrs) -> Result<Pool2dParams> {
@@ -216,8 +171,8 @@ fn conv_params(a: &mut Attrs) -> Result<ConvParams> {
 
 /// The op named `name` with attributes `a`, or `None` if no op has that name.
 pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
-    if let Some(u) = UNARY.into_iter().find(|u| u.name() == name) {
-        return Ok(Some(Op::Unary(u)));
+    if let Some(u) = UnaryOp::from_text(name, |k| a.float(k)) {
+        return Ok(Some(Op::Unary(u?)));
     }
     if let Some(b) = binary(name) {
         return Ok(Some(Op::Binary(b)));
@@ -264,16 +219,6 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
     let dims_keep =
         |a: &mut Attrs| -> Result<(Vec<i64>, bool)> { Ok((a.ints("dims")?, a.bool("keepdim")?)) };
     Ok(Some(match name {
-        "softplus" => Op::Unary(U::Softplus {
-            beta: a.float("beta")?,
-            threshold: a.float("threshold")?,
-        }),
-        "leaky_relu" => Op::Unary(U::LeakyRelu {
-            slope: a.float("negative_slope")?,
-        }),
-        "elu" => Op::Unary(U::Elu {
-            alpha: a.float("alpha")?,
-        }),
         "where" => Op::Where,
         "cast" => {
             let (w, p) = a.word("dtype")?;

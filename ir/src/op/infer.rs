@@ -1,7 +1,7 @@
 //! Shape and dtype inference with argument checks for pointwise ops and
 //! reductions — written once, used by eager execution (and later the tracer).
 
-use super::{BinaryOp, ReduceKind, UnaryOp};
+use super::{BinaryDtype, BinaryOp, ReduceKind, UnaryDtype, UnaryOp};
 use crate::dtype::{result_type, Category, Operand};
 use crate::shape::{broadcast_shapes, fmt_dims, norm_dim, Dims};
 use crate::{bail, DType, Result};
@@ -71,9 +71,9 @@ pub struct PointwiseSig {
 
 pub fn unary(op: UnaryOp, x: &Meta) -> Result<PointwiseSig> {
     let name = op.name();
-    let out = match op {
-        UnaryOp::Not => DType::Bool,
-        UnaryOp::Neg if x.dtype == DType::Bool => {
+    let (compute, out) = match op.dtype_rule() {
+        UnaryDtype::Bool => (x.dtype.compute(), DType::Bool),
+        UnaryDtype::KeepNoBool if x.dtype == DType::Bool => {
             bail!(
                 name,
                 "negation of a bool tensor is not supported; use logical_not (input {} {})",
@@ -81,13 +81,16 @@ pub fn unary(op: UnaryOp, x: &Meta) -> Result<PointwiseSig> {
                 fmt_dims(&x.dims)
             )
         }
-        _ if op.is_float_only() && !x.dtype.is_float() => DType::F32,
-        _ => x.dtype,
-    };
-    let compute = if op == UnaryOp::Not {
-        x.dtype.compute()
-    } else {
-        out.compute()
+        UnaryDtype::Integer if x.dtype.is_float() => {
+            bail!(
+                name,
+                "only integer and bool tensors are supported, got {} {}",
+                x.dtype,
+                fmt_dims(&x.dims)
+            )
+        }
+        UnaryDtype::Float if !x.dtype.is_float() => (DType::F32, DType::F32),
+        _ => (x.dtype.compute(), x.dtype),
     };
     Ok(PointwiseSig {
         compute,
@@ -100,15 +103,24 @@ pub fn binary(op: BinaryOp, a: Arg, b: Arg) -> Result<PointwiseSig> {
     let name = op.name();
     let dims = broadcast_shapes(name, a.dims(), b.dims())?;
     let promoted = result_type(&[a.operand(), b.operand()]).expect("two operands");
-    let (compute, out) = match op {
-        _ if op.is_comparison() => (promoted.compute(), DType::Bool),
-        BinaryOp::And | BinaryOp::Or => (DType::Bool, DType::Bool),
+    let (compute, out) = match op.dtype_rule() {
+        BinaryDtype::Compare => (promoted.compute(), DType::Bool),
+        BinaryDtype::Logical => (DType::Bool, DType::Bool),
+        BinaryDtype::F64 => (DType::F64, DType::F64),
         // true division of integers is floating (the default dtype)
-        BinaryOp::Div if !promoted.is_float() => (DType::F32, DType::F32),
-        BinaryOp::Sub if promoted == DType::Bool => {
+        BinaryDtype::TrueDiv | BinaryDtype::FloatOnly if !promoted.is_float() => {
+            (DType::F32, DType::F32)
+        }
+        BinaryDtype::PromoteNoBool if promoted == DType::Bool => {
             bail!(
                 name,
                 "subtraction of bool tensors is not supported; use logical_xor"
+            )
+        }
+        BinaryDtype::Integer if promoted.is_float() => {
+            bail!(
+                name,
+                "only integer and bool tensors are supported, got {promoted}"
             )
         }
         _ => (promoted.compute(), promoted),

@@ -3,17 +3,20 @@
 pub mod conv;
 pub mod embedding;
 pub mod infer;
+mod infer_kernels;
 pub mod matmul;
 pub mod overlap;
 mod pointwise;
 pub mod pool;
+mod table;
 mod values;
 pub mod view;
 mod vocab;
 mod vocab_infer;
 
 pub use infer::Meta;
-pub use pointwise::{BinaryOp, Float, ReduceKind, UnaryOp};
+pub use pointwise::{Float, ReduceKind};
+pub use table::{BinaryDtype, BinaryOp, Domain, UnaryDtype, UnaryOp};
 pub use values::{Reduction, ScalarValue};
 pub use view::Layout;
 pub use vocab::Op;

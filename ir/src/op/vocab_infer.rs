@@ -1,19 +1,16 @@
 //! [`Op::infer`]: output types and shapes of every op, dispatching to the
 //! same inference and argument checks the eager path calls directly.
 
-use super::conv;
 use super::infer::{self, Arg, Meta};
-use super::pool;
-use super::{embedding, matmul, view, Layout, Op};
-use crate::graph::Reduction;
+use super::{embedding, view, Layout, Op};
 use crate::shape::{fmt_dims, Dims};
 use crate::{bail, DType, Result};
 
-fn one(m: Meta) -> Result<Vec<Meta>> {
+pub(super) fn one(m: Meta) -> Result<Vec<Meta>> {
     Ok(vec![m])
 }
 
-fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+pub(super) fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
     if ins.len() < n {
         bail!(op, "expected at least {n} tensor inputs, got {}", ins.len());
     }
@@ -22,7 +19,7 @@ fn need(op: &str, ins: &[Meta], n: usize) -> Result<()> {
 
 /// Exactly `n` operands: the required ones plus the optional ones the op's
 /// presence flags declare.
-fn exactly(op: &str, ins: &[Meta], n: usize) -> Result<()> {
+pub(super) fn exactly(op: &str, ins: &[Meta], n: usize) -> Result<()> {
     if ins.len() != n {
         bail!(
             op,
@@ -33,7 +30,7 @@ fn exactly(op: &str, ins: &[Meta], n: usize) -> Result<()> {
     Ok(())
 }
 
-fn check_shape(op: &str, what: &str, m: &Meta, want: &[usize]) -> Result<()> {
+pub(super) fn check_shape(op: &str, what: &str, m: &Meta, want: &[usize]) -> Result<()> {
     if m.dims.as_slice() != want {
         bail!(
             op,
@@ -45,76 +42,64 @@ fn check_shape(op: &str, what: &str, m: &Meta, want: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// The result of a class loss (cross_entropy, nll_loss) on `input` (N, C, d...)
-/// or (C) and `target`: per sample for `reduction=none`, else 0-dim.
-fn class_loss(
-    name: &str,
-    ins: &[Meta],
-    reduction: Reduction,
-    has_weight: bool,
-    allow_probs: bool,
-) -> Result<Vec<Meta>> {
-    exactly(name, ins, 2 + has_weight as usize)?;
-    let (x, t) = (&ins[0], &ins[1]);
-    infer::require_float(name, x)?;
-    if x.dims.is_empty() {
-        bail!(
-            name,
-            "expected an input of shape (N, C, *) or (C), got a 0-dim tensor"
-        );
-    }
-    let cdim = usize::from(x.dims.len() >= 2);
-    let c = x.dims[cdim];
-    let mut per_sample = x.dims.clone();
-    per_sample.remove(cdim);
-    let probs = allow_probs && t.dims == x.dims && t.dtype.is_float();
-    if !probs {
-        if t.dims != per_sample {
-            bail!(
-                name,
-                "target has shape {} but the input {} needs class indices of shape {}{}",
-                fmt_dims(&t.dims),
-                fmt_dims(&x.dims),
-                fmt_dims(&per_sample),
-                if allow_probs {
-                    " or class probabilities of the input's shape"
-                } else {
-                    ""
-                }
-            );
-        }
-        if t.dtype.is_float() || t.dtype == DType::Bool {
-            bail!(
-                name,
-                "class-index target must be an integer tensor, got {}",
-                t.dtype.name()
-            );
-        }
-    }
-    if has_weight {
-        check_shape(name, "weight", &ins[2], &[c])?;
-    }
-    one(Meta {
-        dtype: x.dtype,
-        dims: if reduction == Reduction::None {
-            per_sample
-        } else {
-            Dims::new()
-        },
-    })
-}
-
 impl Op {
-    /// Output types and shapes for `ins`, with the op's argument checks.
+    /// Output types and shapes for `ins`, with the op's argument checks
+    /// (one rule per op family below).
     pub fn infer(&self, ins: &[Meta]) -> Result<Vec<Meta>> {
         let name = self.name();
+        match self {
+            Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::BinaryScalar { .. }
+            | Op::Where
+            | Op::Cast { .. } => self.infer_pointwise(&name, ins),
+            Op::Reduce { .. }
+            | Op::Mean { .. }
+            | Op::Var { .. }
+            | Op::Std { .. }
+            | Op::LogSumExp { .. }
+            | Op::LseParts { .. }
+            | Op::Moments { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. } => self.infer_reduction(&name, ins),
+            Op::LayerNorm { .. } | Op::GroupNorm { .. } | Op::BatchNorm { .. } => {
+                self.infer_norm(&name, ins)
+            }
+            Op::Matmul
+            | Op::Linear
+            | Op::Conv { .. }
+            | Op::ConvTranspose2d { .. }
+            | Op::Conv2dWeightGrad { .. } => self.infer_extern_kernel(&name, ins),
+            Op::MaxPool2d { .. }
+            | Op::AvgPool2d { .. }
+            | Op::AvgPool2dBackward { .. }
+            | Op::AdaptiveAvgPool2d { .. }
+            | Op::AdaptiveMaxPool2d { .. } => self.infer_pooling(&name, ins),
+            Op::Embedding
+            | Op::View { .. }
+            | Op::Permute { .. }
+            | Op::Expand { .. }
+            | Op::Slice { .. }
+            | Op::Select { .. }
+            | Op::Cat { .. }
+            | Op::IndexSelect { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. }
+            | Op::MaskedFill { .. } => self.infer_data_movement(&name, ins),
+            Op::CrossEntropy { .. } | Op::NllLoss { .. } | Op::PairLoss { .. } => {
+                self.infer_loss(&name, ins)
+            }
+        }
+    }
+
+    /// Inference for unary, binary, where and cast: broadcasting and dtype promotion.
+    fn infer_pointwise(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
         let pw = |s: infer::PointwiseSig| {
             one(Meta {
                 dtype: s.out,
                 dims: s.dims,
             })
         };
-        let x = ins.first();
         match self {
             Op::Unary(u) => {
                 need(&name, ins, 1)?;
@@ -156,6 +141,13 @@ impl Op {
                     dims: ins[0].dims.clone(),
                 })
             }
+            _ => bail!(name, "not handled by the pointwise rule"),
+        }
+    }
+
+    /// Inference for reductions, softmax and the one-pass statistics.
+    fn infer_reduction(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::Reduce {
                 kind,
                 dims,
@@ -198,6 +190,13 @@ impl Op {
                 crate::shape::norm_dim(&name, *dim, ins[0].dims.len())?;
                 one(ins[0].clone())
             }
+            _ => bail!(name, "not handled by the reduction rule"),
+        }
+    }
+
+    /// Inference for layer, group and batch norm.
+    fn infer_norm(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::LayerNorm {
                 normalized_shape,
                 has_weight,
@@ -241,161 +240,13 @@ impl Op {
                 let n = 1 + 2 * *has_running_stats as usize;
                 self.channel_norm(&name, ins, n + *has_weight as usize + *has_bias as usize)
             }
-            Op::Matmul => {
-                need(&name, ins, 2)?;
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: matmul::matmul_shape(&ins[0].dims, &ins[1].dims)?,
-                })
-            }
-            Op::Linear => {
-                need(&name, ins, 2)?;
-                let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)?,
-                })
-            }
-            Op::Conv { params, spatial } => {
-                need(&name, ins, 2)?;
-                let op = if *spatial == 1 { "conv1d" } else { "conv2d" };
-                let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: conv::conv_shape(op, &ins[0].dims, &ins[1].dims, bias, params)?,
-                })
-            }
-            Op::ConvTranspose2d(p) => {
-                need(&name, ins, 2)?;
-                let bias = ins.get(2).map(|b| b.dims.as_slice());
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: conv::conv_transpose2d_shape(&ins[0].dims, &ins[1].dims, bias, p)?,
-                })
-            }
-            Op::Conv2dWeightGrad { params, kernel } => {
-                need(&name, ins, 2)?;
-                let (x, dy) = (&ins[0].dims, &ins[1].dims);
-                if x.len() != 4 || dy.len() != 4 || params.groups == 0 {
-                    bail!(
-                        name,
-                        "expects 4-D input and output gradient, got {} and {}",
-                        fmt_dims(x),
-                        fmt_dims(dy)
-                    );
-                }
-                if ins[0].dtype != ins[1].dtype {
-                    bail!(
-                        name,
-                        "input is {} but the output gradient is {}",
-                        ins[0].dtype,
-                        ins[1].dtype
-                    );
-                }
-                let w = [dy[1], x[1] / params.groups, kernel[0], kernel[1]];
-                let g = conv::conv_geometry(&name, x, &w, None, params)?;
-                if g.out_shape().as_slice() != dy.as_slice() {
-                    bail!(
-                        name,
-                        "output gradient {} does not match the convolution's output {}",
-                        fmt_dims(dy),
-                        fmt_dims(&g.out_shape())
-                    );
-                }
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: w.iter().copied().collect(),
-                })
-            }
-            Op::ScatterAdd { dim, size } => {
-                need(&name, ins, 2)?;
-                let (index, src) = (&ins[0], &ins[1]);
-                let d = crate::shape::norm_dim(&name, *dim, size.len())?;
-                if index.dtype.is_float() || index.dtype == DType::Bool {
-                    bail!(name, "index must be an integer tensor, got {}", index.dtype);
-                }
-                let fits = src.dims.len() == size.len()
-                    && src
-                        .dims
-                        .iter()
-                        .zip(size)
-                        .enumerate()
-                        .all(|(k, (s, n))| k == d || s <= n);
-                if !fits {
-                    bail!(
-                        name,
-                        "src {} does not fit a result of shape {} along dims other than {dim}",
-                        fmt_dims(&src.dims),
-                        fmt_dims(size)
-                    );
-                }
-                one(Meta {
-                    dtype: src.dtype,
-                    dims: size.iter().copied().collect(),
-                })
-            }
-            Op::MaxPool2d(p) => {
-                need(&name, ins, 1)?;
-                let d = pool::pool2d_shape("max_pool2d", &ins[0].dims, p)?;
-                Ok(vec![
-                    Meta {
-                        dtype: ins[0].dtype,
-                        dims: d.clone(),
-                    },
-                    Meta {
-                        dtype: DType::I64,
-                        dims: d,
-                    },
-                ])
-            }
-            Op::AvgPool2d { params, .. } => {
-                need(&name, ins, 1)?;
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: pool::pool2d_shape("avg_pool2d", &ins[0].dims, params)?,
-                })
-            }
-            Op::AvgPool2dBackward {
-                input_size, params, ..
-            } => {
-                need(&name, ins, 1)?;
-                let out = match params {
-                    Some(p) => pool::pool2d_shape(&name, input_size, p)?,
-                    None => {
-                        let o = &ins[0].dims;
-                        let hw = [o[o.len().saturating_sub(2)], o[o.len().saturating_sub(1)]];
-                        pool::adaptive_pool2d_geometry(&name, input_size, hw)?.out_shape()
-                    }
-                };
-                if out.as_slice() != ins[0].dims.as_slice() {
-                    bail!(
-                        name,
-                        "output gradient {} does not match the pooling's output {} for input {}",
-                        fmt_dims(&ins[0].dims),
-                        fmt_dims(&out),
-                        fmt_dims(input_size)
-                    );
-                }
-                one(Meta {
-                    dtype: ins[0].dtype,
-                    dims: input_size.iter().copied().collect(),
-                })
-            }
-            Op::AdaptiveAvgPool2d(o) | Op::AdaptiveMaxPool2d(o) => {
-                need(&name, ins, 1)?;
-                let d = pool::adaptive_pool2d_shape(&name, &ins[0].dims, *o)?;
-                let mut out = vec![Meta {
-                    dtype: ins[0].dtype,
-                    dims: d.clone(),
-                }];
-                if matches!(self, Op::AdaptiveMaxPool2d(_)) {
-                    out.push(Meta {
-                        dtype: DType::I64,
-                        dims: d,
-                    });
-                }
-                Ok(out)
-            }
+            _ => bail!(name, "not handled by the norm rule"),
+        }
+    }
+
+    /// Inference for views, gathers, scatters, cat and masked_fill.
+    fn infer_data_movement(&self, name: &str, ins: &[Meta]) -> Result<Vec<Meta>> {
+        match self {
             Op::Embedding => {
                 need(&name, ins, 2)?;
                 one(Meta {
@@ -454,6 +305,33 @@ impl Op {
                     dims: ins[1].dims.clone(),
                 })
             }
+            Op::ScatterAdd { dim, size } => {
+                need(&name, ins, 2)?;
+                let (index, src) = (&ins[0], &ins[1]);
+                let d = crate::shape::norm_dim(&name, *dim, size.len())?;
+                if index.dtype.is_float() || index.dtype == DType::Bool {
+                    bail!(name, "index must be an integer tensor, got {}", index.dtype);
+                }
+                let fits = src.dims.len() == size.len()
+                    && src
+                        .dims
+                        .iter()
+                        .zip(size)
+                        .enumerate()
+                        .all(|(k, (s, n))| k == d || s <= n);
+                if !fits {
+                    bail!(
+                        name,
+                        "src {} does not fit a result of shape {} along dims other than {dim}",
+                        fmt_dims(&src.dims),
+                        fmt_dims(size)
+                    );
+                }
+                one(Meta {
+                    dtype: src.dtype,
+                    dims: size.iter().copied().collect(),
+                })
+            }
             Op::MaskedFill { value } => {
                 exactly(&name, ins, 2 + value.is_none() as usize)?;
                 if ins[1].dtype != DType::Bool {
@@ -469,43 +347,7 @@ impl Op {
                 }
                 one(ins[0].clone())
             }
-            Op::CrossEntropy {
-                reduction,
-                has_weight,
-                ..
-            } => class_loss(&name, ins, *reduction, *has_weight, true),
-            Op::NllLoss {
-                reduction,
-                has_weight,
-                ..
-            } => class_loss(&name, ins, *reduction, *has_weight, false),
-            Op::PairLoss {
-                name: kind,
-                reduction,
-                has_weight,
-                has_pos_weight,
-            } => {
-                if *has_weight && !kind.starts_with("bce") {
-                    bail!(name, "takes no weight");
-                }
-                if *has_pos_weight && *kind != "bce_with_logits" {
-                    bail!(name, "takes no pos_weight");
-                }
-                exactly(
-                    &name,
-                    ins,
-                    2 + *has_weight as usize + *has_pos_weight as usize,
-                )?;
-                let dims = crate::shape::broadcast_shapes(&name, &ins[0].dims, &ins[1].dims)?;
-                one(Meta {
-                    dtype: x.map(|m| m.dtype).unwrap_or(DType::F32),
-                    dims: if *reduction == Reduction::None {
-                        dims
-                    } else {
-                        Dims::new()
-                    },
-                })
-            }
+            _ => bail!(name, "not handled by the data_movement rule"),
         }
     }
 

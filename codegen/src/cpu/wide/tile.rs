@@ -99,7 +99,12 @@ pub(crate) unsafe fn unary<L: Lanes>(op: Prim1, x: Src, out: *mut f32, n: usize)
         // `x == 0` (on a mask: all-ones is a NaN, so not equal)
         Prim1::Not => map1::<L>(x, out, n, is_zero::<L>),
         // not among the supported ops' lowerings (see `SUPPORTED`)
-        Prim1::Sin | Prim1::Cos => map1::<L>(x, out, n, |_| L::splat(f32::NAN)),
+        Prim1::Sin | Prim1::Cos | Prim1::Ceil | Prim1::Trunc | Prim1::Round | Prim1::Tan => {
+            map1::<L>(x, out, n, |_| L::splat(f32::NAN))
+        }
+        Prim1::Asin | Prim1::Acos | Prim1::Atan | Prim1::Sinh | Prim1::Cosh => {
+            map1::<L>(x, out, n, |_| L::splat(f32::NAN))
+        }
     }
 }
 
@@ -116,7 +121,9 @@ pub(crate) unsafe fn binary<L: Lanes>(op: Prim2, a: Src, b: Src, out: *mut f32, 
         Prim2::And => map2::<L>(a, b, out, n, L::and),
         Prim2::Or => map2::<L>(a, b, out, n, L::or),
         // not among the supported ops' lowerings (see `SUPPORTED`)
-        Prim2::Pow | Prim2::Fmod => map2::<L>(a, b, out, n, |_, _| L::splat(f32::NAN)),
+        Prim2::Pow | Prim2::Fmod | Prim2::Xor | Prim2::Atan2 | Prim2::Hypot => {
+            map2::<L>(a, b, out, n, |_, _| L::splat(f32::NAN))
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub(crate) mod index;
 pub(crate) mod nn;
 pub(crate) mod norm;
 pub(crate) mod pointwise;
+mod pointwise_special;
 pub(crate) mod reduce;
 pub(crate) mod view;
 

@@ -2,6 +2,7 @@
 //! number operands), where, masked_fill and casts. The formulas follow
 //! PyTorch's derivatives.yaml so edge values (0, inf) give the same gradients.
 
+use super::pointwise_special as special;
 use super::{add_s, keep, mul_s, rsub_s};
 use crate::autograd::{needs_grad, record, Saved};
 use crate::{Scalar, Tensor};
@@ -9,6 +10,36 @@ use kiln_ir::{BinaryOp, Result, UnaryOp};
 
 fn gt0(t: &Tensor) -> Result<Tensor> {
     t.binary_scalar(BinaryOp::Gt, 0.0, false)
+}
+
+/// d/dx of `x * Phi(x)` (erf gelu).
+fn gelu_grad(g: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let cdf = mul_s(
+        &add_s(
+            &mul_s(x, std::f64::consts::FRAC_1_SQRT_2)?.unary(UnaryOp::Erf)?,
+            1.0,
+        )?,
+        0.5,
+    )?;
+    let beta = std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5;
+    let pdf = mul_s(&mul_s(&x.mul(x)?, -0.5)?.exp()?, beta)?;
+    g.mul(&cdf.add(&x.mul(&pdf)?)?)
+}
+
+/// d/dx of the tanh-approximated gelu.
+fn gelu_tanh_grad(g: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
+    let kappa = 0.044715;
+    let x2 = x.mul(x)?;
+    let x3 = x2.mul(x)?;
+    let inner = mul_s(&x.add(&mul_s(&x3, kappa)?)?, beta)?;
+    let t = inner.tanh()?;
+    let left = mul_s(x, 0.5)?;
+    let right = add_s(&t, 1.0)?;
+    let left_d = mul_s(&right, 0.5)?;
+    let right_d = left.mul(&rsub_s(&t.mul(&t)?, 1.0)?)?;
+    let inner_d = mul_s(&add_s(&mul_s(&x2, 3.0 * kappa)?, 1.0)?, beta)?;
+    g.mul(&left_d.add(&right_d.mul(&inner_d)?)?)
 }
 
 fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<Tensor>> {
@@ -40,29 +71,8 @@ fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<
         Not => return Ok(None),
         Sigmoid => g.mul(&rsub_s(y, 1.0)?)?.mul(y)?,
         Relu => keep(&gt0(y)?, g)?,
-        Gelu => {
-            let cdf = mul_s(
-                &add_s(&mul_s(x, std::f64::consts::FRAC_1_SQRT_2)?.unary(Erf)?, 1.0)?,
-                0.5,
-            )?;
-            let beta = std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2 * 0.5;
-            let pdf = mul_s(&mul_s(&x.mul(x)?, -0.5)?.exp()?, beta)?;
-            g.mul(&cdf.add(&x.mul(&pdf)?)?)?
-        }
-        GeluTanh => {
-            let beta = std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5;
-            let kappa = 0.044715;
-            let x2 = x.mul(x)?;
-            let x3 = x2.mul(x)?;
-            let inner = mul_s(&x.add(&mul_s(&x3, kappa)?)?, beta)?;
-            let t = inner.tanh()?;
-            let left = mul_s(x, 0.5)?;
-            let right = add_s(&t, 1.0)?;
-            let left_d = mul_s(&right, 0.5)?;
-            let right_d = left.mul(&rsub_s(&t.mul(&t)?, 1.0)?)?;
-            let inner_d = mul_s(&add_s(&mul_s(&x2, 3.0 * kappa)?, 1.0)?, beta)?;
-            g.mul(&left_d.add(&right_d.mul(&inner_d)?)?)?
-        }
+        Gelu => gelu_grad(g, x)?,
+        GeluTanh => gelu_tanh_grad(g, x)?,
         Silu => {
             let s = x.sigmoid()?;
             g.mul(&s.mul(&add_s(&x.mul(&rsub_s(&s, 1.0)?)?, 1.0)?)?)?
@@ -79,6 +89,44 @@ fn unary_grad(op: UnaryOp, g: &Tensor, x: &Tensor, y: &Tensor) -> Result<Option<
             let neg = mul_s(&g.mul(&x.exp()?)?, alpha.0)?;
             Tensor::where_(&gt0(x)?, g, &neg)?
         }
+        Clamp { .. }
+        | Hardtanh { .. }
+        | Relu6
+        | Hardswish
+        | Hardsigmoid
+        | Mish
+        | Selu
+        | Celu { .. }
+        | LogSigmoid
+        | Softsign
+        | Threshold { .. }
+        | Hardshrink { .. }
+        | Softshrink { .. }
+        | Tanhshrink
+        | Round { .. }
+        | Ceil
+        | Trunc
+        | Frac
+        | Sign
+        | IsNan
+        | IsInf
+        | IsFinite
+        | IsPosInf
+        | IsNegInf
+        | NanToNum { .. }
+        | Log2
+        | Log10
+        | Exp2
+        | Sinh
+        | Cosh
+        | Tan
+        | Asin
+        | Acos
+        | Atan
+        | Erfc
+        | Erfinv
+        | Logit { .. }
+        | BitwiseNot => return special::unary_grad(op, g, x, y),
     }))
 }
 
@@ -96,7 +144,10 @@ pub(crate) fn unary(op: UnaryOp, x: &Tensor, y: Tensor) -> Result<Tensor> {
 
 fn differentiable(op: BinaryOp) -> bool {
     use BinaryOp::*;
-    matches!(op, Add | Sub | Mul | Div | Pow | Maximum | Minimum)
+    matches!(
+        op,
+        Add | Sub | Mul | Div | Pow | Maximum | Minimum | Atan2 | Hypot | Copysign | Xlogy
+    )
 }
 
 /// `where(cond, a, b)` with the ties rule of maximum/minimum: a tie splits the gradient.
@@ -147,6 +198,7 @@ fn binary_grads(
                 Tensor::where_scalar(&zero_case.logical_not()?, &gb, 0.0)?,
             ]
         }
+        Atan2 | Hypot | Copysign | Xlogy => special::binary_grads(op, g, a, b, y)?,
         _ => max_min_grads(op, g, a, b)?,
     })
 }
@@ -170,7 +222,8 @@ pub(crate) fn binary(op: BinaryOp, a: &Tensor, b: &Tensor, y: Tensor) -> Result<
         });
     }
     let (sa, sb) = (Saved::new(name, a), Saved::new(name, b));
-    let sy = (op == BinaryOp::Pow).then(|| Saved::new(name, &y));
+    let sy = matches!(op, BinaryOp::Pow | BinaryOp::Hypot | BinaryOp::Copysign)
+        .then(|| Saved::new(name, &y));
     record(name, y, &[a, b], move |g| {
         let (a, b) = (sa.get()?, sb.get()?);
         let y = match &sy {
@@ -238,7 +291,11 @@ pub(crate) fn binary_scalar(
                 } else {
                     (x.clone(), sx)
                 };
-                let [ga, gb] = max_min_grads(op, g, &a, &b)?;
+                let [ga, gb] = if matches!(op, Atan2 | Hypot | Copysign | Xlogy) {
+                    special::binary_grads(op, g, &a, &b, &sy.get()?)?
+                } else {
+                    max_min_grads(op, g, &a, &b)?
+                };
                 if reversed {
                     gb
                 } else {
