@@ -2,10 +2,9 @@
 //! (random weights), for `kiln bench --only ResNet18,MobileNetV3`.
 //!
 //! Both follow torchvision's layer lists exactly (same shapes, strides,
-//! paddings, groups, BatchNorm eps). kiln has no hardswish or hardsigmoid
-//! op: they are built here from existing ones (`x * min(relu(x + 3), 6) / 6`,
-//! `min(relu(x + 3), 6) / 6`), so in a compiled graph they fuse like any
-//! pointwise chain.
+//! paddings, groups, BatchNorm eps); hardswish and hardsigmoid are kiln's
+//! native pointwise ops, so each reads its input once and fuses into the
+//! preceding conv's epilogue.
 //!
 //! ```no_run
 //! use kiln::nn::{Module, ModuleExt};
@@ -16,10 +15,9 @@
 //! ```
 
 use crate::nn::{self, Activation, BatchNorm, Conv, ConvOptions, Entry, Module, Sequential};
-use crate::{Result, Scalar, Tensor};
+use crate::{Result, Tensor};
 use kiln_ir::op::conv::Padding;
 use kiln_ir::op::pool::Pool2dParams;
-use kiln_ir::BinaryOp;
 
 fn conv(
     c_in: usize,
@@ -49,22 +47,15 @@ fn bn(c: usize, eps: f64) -> BatchNorm {
     b
 }
 
-/// `min(relu(x + 3), 6)`: relu6 of x + 3.
-fn relu6_shifted(x: &Tensor) -> Result<Tensor> {
-    x.binary_scalar(BinaryOp::Add, Scalar::Float(3.0), false)?
-        .relu()?
-        .binary_scalar(BinaryOp::Minimum, Scalar::Float(6.0), false)
-}
-
-/// `F.hardsigmoid`: relu6(x + 3) / 6.
+/// `F.hardsigmoid`: relu6(x + 3) / 6, kiln's native pointwise op (it fuses
+/// into the conv epilogue like relu).
 pub fn hardsigmoid(x: &Tensor) -> Result<Tensor> {
-    relu6_shifted(x)?.binary_scalar(BinaryOp::Div, Scalar::Float(6.0), false)
+    x.hardsigmoid()
 }
 
-/// `F.hardswish`: x * relu6(x + 3) / 6.
+/// `F.hardswish`: x * relu6(x + 3) / 6, native as [`hardsigmoid`].
 pub fn hardswish(x: &Tensor) -> Result<Tensor> {
-    x.mul(&relu6_shifted(x)?)?
-        .binary_scalar(BinaryOp::Div, Scalar::Float(6.0), false)
+    x.hardswish()
 }
 
 /// `nn.Hardswish` / `nn.Hardsigmoid` as modules.
