@@ -155,3 +155,47 @@ fn trust_captures_skips_the_replay() {
     // documented: with the guard off, the traced constant stays
     assert_eq!(v(&f.call(&[x()]).unwrap()[0]), [2.0, 4.0, -6.0, 8.0]);
 }
+
+/// What the replay costs per call: a small CNN-like graph (conv, relu,
+/// reshape, linear, log_softmax) called with and without the guard, alternating.
+/// `cargo test --test compile_captures -- --ignored --nocapture`; prints µs.
+#[test]
+#[ignore]
+fn replay_cost_per_call() {
+    use kiln::ir::op::conv::{ConvParams, Padding};
+    let w = kiln::bench::randn(&[8, 1, 3, 3], 1);
+    let fc = nn::Linear::new(8 * 8 * 8, 10, true).unwrap();
+    let p = ConvParams {
+        padding: Padding::Explicit(vec![1]),
+        ..Default::default()
+    };
+    let net = |t: &[Tensor]| -> Result<Vec<Tensor>> {
+        let h = kiln::functional::conv2d(&t[0], &w, None, &p)?.relu()?;
+        let h = h.reshape(&[t[0].dims()[0] as i64, -1])?;
+        Ok(vec![fc.forward(&h)?.log_softmax(1)?])
+    };
+    let guarded = compile_fn("guarded", net);
+    let trusted = compile_fn("trusted", net).trust_captures();
+    let x = kiln::bench::randn(&[32, 1, 8, 8], 2);
+    let time = |f: &kiln::compile::Compiled| {
+        let t = std::time::Instant::now();
+        for _ in 0..200 {
+            f.call(&[x.clone()]).unwrap();
+        }
+        t.elapsed().as_secs_f64() * 1e6 / 200.0
+    };
+    time(&guarded);
+    time(&trusted);
+    let (mut g, mut t) = (vec![], vec![]);
+    for _ in 0..9 {
+        g.push(time(&guarded));
+        t.push(time(&trusted));
+    }
+    g.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "per call: guarded {:.1} µs (min {:.1} max {:.1}), trusted {:.1} µs (min {:.1} max {:.1}): the replay adds {:.1} µs",
+        g[4], g[0], g[8], t[4], t[0], t[8], g[4] - t[4]
+    );
+    assert!(guarded.explain().recompiles.is_empty());
+}
