@@ -532,6 +532,14 @@ mod tests {
         assert_eq!(bin(BinaryOp::Remainder, -7.5, 2.0, F64), 0.5);
         assert_eq!(bin(BinaryOp::FloorDiv, -7.5, 2.0, F64), -4.0);
         assert_eq!(bin(BinaryOp::FloorDiv, 7.5, -2.0, F32), -4.0);
+        // torch.floor_divide of floats by zero is IEEE a / b, not nan
+        assert_eq!(bin(BinaryOp::FloorDiv, 1.0, 0.0, F32), f64::INFINITY);
+        assert_eq!(bin(BinaryOp::FloorDiv, -1.0, 0.0, F64), f64::NEG_INFINITY);
+        assert_eq!(bin(BinaryOp::FloorDiv, 3.0, -0.0, F32), f64::NEG_INFINITY);
+        assert!(bin(BinaryOp::FloorDiv, 0.0, 0.0, F32).is_nan());
+        // a zero quotient takes a / b's sign, as torch's copysign(0, a / b)
+        assert!(bin(BinaryOp::FloorDiv, -0.0, 2.0, F32).is_sign_negative());
+        assert!(bin(BinaryOp::FloorDiv, -0.0, -2.0, F64).is_sign_positive());
         // found by the differential test: in f32, (a - fmod(a, b)) / b is
         // -30.000002 here, one ulp below the integer; floor alone gave -32
         let (a, b) = (-44.88129425048828f32 as f64, 1.4892146587371826f32 as f64);

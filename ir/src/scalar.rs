@@ -220,7 +220,16 @@ pub fn lower_binary<S: ScalarOps>(s: &mut S, op: BinaryOp, a: S::V, b: S::V, dt:
                 let half = s.constant(0.5, dt);
                 let up = s.compare(Cmp::Gt, frac, half, dt);
                 let f1 = s.binary(Add, f, one, dt);
-                s.select(up, f1, f, dt)
+                let floored = s.select(up, f1, f, dt);
+                // PyTorch's div_floor_floating: a zero quotient keeps the sign
+                // of a / b (copysign(0, a / b)), and a zero divisor gives the
+                // IEEE a / b (inf, -inf or nan by sign) rather than fmod's nan
+                let exact = s.binary(Div, a, b, dt);
+                let q_zero = s.compare(Cmp::Eq, q, zero, dt);
+                let signed_zero = s.binary(Mul, exact, zero, dt);
+                let r = s.select(q_zero, signed_zero, floored, dt);
+                let b_zero = s.compare(Cmp::Eq, b, zero, dt);
+                s.select(b_zero, exact, r, dt)
             } else {
                 let q = s.binary(Div, a, b, dt);
                 let r = s.binary(Fmod, a, b, dt);

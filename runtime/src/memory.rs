@@ -291,6 +291,19 @@ impl MemoryStats {
                 format!("x {n}"),
             );
         }
+        if self.device == Device::Cpu {
+            // the JIT's machine code, bounded for long-running processes
+            let k = crate::launch::kernel_cache();
+            s += &rule('-');
+            row(&mut s, "JIT kernels cached", k.kernels.to_string());
+            row(&mut s, "JIT code", bytes(k.code_bytes));
+            row(&mut s, "JIT code bound", bytes(k.limit));
+            row(
+                &mut s,
+                "JIT generations / evicted",
+                format!("{} / {}", k.generations, k.evicted),
+            );
+        }
         s += &rule('=');
         s
     }

@@ -51,8 +51,9 @@ pub struct CpuJit {
     compiled: usize,
 }
 
-/// A compiled kernel. The code lives as long as the process (the JIT module never
-/// frees it), so this can be copied around and called from any thread.
+/// A compiled kernel. Its code lives as long as the [`CpuJit`] that compiled
+/// it (until [`CpuJit::free_memory`]), so it can be copied around and called
+/// from any thread while that JIT lives.
 #[derive(Debug, Clone)]
 pub struct CompiledKernel {
     func: KernelFn,
@@ -175,6 +176,15 @@ impl CpuJit {
     /// compiled from now on; off, they are plain f32x4 code (same results).
     pub fn set_wide(&mut self, on: bool) {
         self.wide = on && self.fma && wide::detect().is_some();
+    }
+
+    /// Frees the machine code of every kernel this JIT compiled (dropping a
+    /// `CpuJit` keeps it mapped).
+    ///
+    /// # Safety
+    /// No [`CompiledKernel`] from this JIT may be called afterwards.
+    pub unsafe fn free_memory(self) {
+        self.module.free_memory()
     }
 
     /// Number of kernels compiled so far.

@@ -59,6 +59,9 @@ pub enum RecompileReason {
         expected: Device,
         actual: Device,
     },
+    /// `compile_fn`'s replay of the closure ran different ops, constants or
+    /// captured tensors than its trace (a captured Rust value changed).
+    Captured(String),
 }
 
 impl RecompileReason {
@@ -114,6 +117,7 @@ impl fmt::Display for RecompileReason {
                 f,
                 "input {input}: expected requires_grad={expected}, got {actual}"
             ),
+            Captured(why) => write!(f, "a captured value changed: {why}"),
             Training { expected, actual } => write!(
                 f,
                 "module mode changed: expected training={expected}, got training={actual}"

@@ -53,6 +53,9 @@ pub struct Compiled<'a> {
     names: Vec<(String, Tensor)>,
     training: Box<dyn Fn() -> bool + Send + Sync + 'a>,
     options: CompileOptions,
+    /// Replay the closure on every call to catch changed captured values
+    /// (`compile_fn`; see [`Compiled::trust_captures`]).
+    guard_captures: bool,
     state: Mutex<State>,
 }
 
@@ -80,6 +83,7 @@ pub fn compile(m: &dyn Module) -> Compiled<'_> {
         names,
         training: Box::new(move || tree_training(m)),
         options: CompileOptions::default(),
+        guard_captures: false,
         state: Mutex::default(),
     }
 }
@@ -104,18 +108,38 @@ fn tree_training(m: &dyn Module) -> bool {
 /// tracer sees `x * lr` as a `mul_scalar` node with the value `lr` had when
 /// it traced. A plain captured `f32` cannot change while the `Compiled`
 /// lives (the closure owns or borrows it), but one read through a `Cell`,
-/// an atomic or a `Mutex` can, and the compiled graph would not see the
-/// change. Pass such a value as an input instead, a 0-dim tensor read afresh
-/// on every call:
+/// an atomic or a `Mutex` can. So `compile_fn` guards on captured values:
+/// on every call it first *replays* the closure — each op compares itself
+/// (its kind, constants and operands) with what the trace recorded and
+/// returns the recorded result without computing anything — and a
+/// difference (a new scalar, a captured flag taking another branch, a
+/// tensor made afresh with other values) recompiles, with the reason in
+/// `explain()` and `KILN_LOG=recompiles`. The replay costs the closure's own
+/// Rust code plus one op comparison per op (a few µs for a small graph; see
+/// the README), and keeps the traced call's intermediate tensors alive while
+/// the entry lives. [`Compiled::trust_captures`] turns it off.
+///
+/// A value that changes on every call recompiles every call until the
+/// recompile limit, then runs eagerly: pass it as an input instead, a 0-dim
+/// tensor read afresh on every call:
 ///
 /// ```
 /// use kiln_frontend::{compile::compile_fn, Tensor};
+/// use std::sync::atomic::{AtomicU32, Ordering};
 /// let f = compile_fn("scale", |t| Ok(vec![t[0].mul(&t[1])?]));
 /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
 /// for lr in [0.5f32, 0.25] {
 ///     let y = f.call(&[x.clone(), Tensor::scalar(lr)]).unwrap();
 ///     assert_eq!(y[0].to_vec::<f32>().unwrap(), vec![lr, 2.0 * lr]);
 /// }
+/// // a captured value that changes is seen (and recompiles)
+/// let k = AtomicU32::new(2.0f32.to_bits());
+/// let g = compile_fn("times_k", |t| {
+///     Ok(vec![t[0].binary_scalar(kiln_ir::BinaryOp::Mul, f32::from_bits(k.load(Ordering::Relaxed)), false)?])
+/// });
+/// assert_eq!(g.call(&[x.clone()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0]);
+/// k.store(3.0f32.to_bits(), Ordering::Relaxed);
+/// assert_eq!(g.call(&[x.clone()]).unwrap()[0].to_vec::<f32>().unwrap(), vec![3.0, 6.0]);
 /// ```
 pub fn compile_fn<'a>(
     name: &str,
@@ -127,6 +151,7 @@ pub fn compile_fn<'a>(
         names: vec![],
         training: Box::new(|| false),
         options: CompileOptions::default(),
+        guard_captures: true,
         state: Mutex::default(),
     }
 }
@@ -145,6 +170,14 @@ impl<'a> Compiled<'a> {
         self
     }
 
+    /// Skips the captured-value replay of every call (see [`compile_fn`]):
+    /// for a closure whose captured values never change, it saves the
+    /// replay's cost; a changed value then goes unseen.
+    pub fn trust_captures(mut self) -> Compiled<'a> {
+        self.guard_captures = false;
+        self
+    }
+
     /// `forward(x)` for a compiled module (or a one-input, one-output function).
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let mut out = self.call(std::slice::from_ref(x))?;
@@ -159,10 +192,23 @@ impl<'a> Compiled<'a> {
             drop(st);
             return (self.f)(args);
         }
-        if let Some(e) = st.entries.iter_mut().find(|e| e.guards == guards) {
-            return e.run(&self.name, args, &*self.f, &self.options);
+        let mut reason = None;
+        if let Some(i) = st.entries.iter().position(|e| e.guards == guards) {
+            let stale = match st.entries[i].captures.as_mut() {
+                Some(script) if self.guard_captures => {
+                    trace::probe::replay_mismatch(script, args, &*self.f)
+                }
+                _ => None,
+            };
+            match stale {
+                None => return st.entries[i].run(&self.name, args, &*self.f, &self.options),
+                Some(why) => {
+                    st.entries.remove(i);
+                    reason = Some(RecompileReason::Captured(why));
+                }
+            }
         }
-        let reason = st.entries.last().map(|e| e.guards.miss_reason(&guards));
+        let reason = reason.or_else(|| st.entries.last().map(|e| e.guards.miss_reason(&guards)));
         if let Some(r) = &reason {
             if kiln_runtime::log_enabled("recompiles") {
                 eprintln!("[kiln recompiles] {}: {r}", self.name);
@@ -180,14 +226,28 @@ impl<'a> Compiled<'a> {
             }
             st.recompiles.push(r.clone());
         }
-        let (entry, outs) = Entry::build(
+        let script = std::cell::RefCell::new(None);
+        let f = &*self.f;
+        // while tracing, record the ops the closure runs for the replay guard
+        let recorded = |xs: &[Tensor]| {
+            if !(self.guard_captures && trace::is_tracing()) {
+                return f(xs);
+            }
+            let (r, s) = trace::probe::record(xs, || f(xs));
+            *script.borrow_mut() = Some(s);
+            r
+        };
+        let (mut entry, outs) = Entry::build(
             &self.name,
             args,
             &self.names,
-            &*self.f,
+            &recorded,
             guards,
             &self.options,
         )?;
+        if entry.graph_break.is_none() {
+            entry.captures = script.into_inner();
+        }
         st.entries.push(entry);
         Ok(outs)
     }

@@ -82,6 +82,9 @@ pub(crate) struct Entry {
     /// Positions of the inputs the call updates in place (num_batches_tracked):
     /// their new values are the graph's last outputs, written back after a run.
     pub mutated: Vec<usize>,
+    /// `compile_fn`'s record of the traced ops, replayed on every call to
+    /// catch a changed captured value (see `trace::probe`).
+    pub captures: Option<super::trace::probe::Script>,
 }
 
 /// The rewritten graph, the lowered (decomposed) one, each lowered node's
@@ -188,6 +191,7 @@ impl Entry {
             times,
             train: None,
             mutated: vec![],
+            captures: None,
         }
     }
 
@@ -281,6 +285,7 @@ impl Entry {
             times,
             train: None,
             mutated,
+            captures: None,
         };
         let outs = entry.first_run(args)?;
         entry.shadow(name, args, &outs, &eager_outs, options)?;

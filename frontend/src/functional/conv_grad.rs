@@ -1,7 +1,7 @@
 //! `conv2d_weight_grad`: the weight gradient of a 2-D convolution as one
 //! extern kernel (what conv2d's backward rule calls, traced as one node).
 
-use super::{compute_input, data, extern_out, float_dtype, op_scope};
+use super::{compute_input, data, extern_try_out, float_dtype, op_scope};
 use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::conv::ConvParams;
@@ -40,7 +40,7 @@ pub fn conv2d_weight_grad(
             let dims: Vec<i64> = meta.dims.iter().map(|&d| d as i64).collect();
             return gw.reshape(&dims)?.to_dtype(dt);
         }
-        extern_out(
+        extern_try_out(
             "conv2d_weight_grad",
             &[&xc, &gc],
             &meta.dims,

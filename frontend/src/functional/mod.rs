@@ -88,12 +88,26 @@ fn extern_out(
     dtype: DType,
     fill: impl FnOnce(&Tensor),
 ) -> Result<Tensor> {
+    extern_try_out(name, ins, dims, dtype, |out| {
+        fill(out);
+        Ok(())
+    })
+}
+
+/// [`extern_out`] for a kernel that can fail (a conv's scratch allocation).
+fn extern_try_out(
+    name: &'static str,
+    ins: &[&Tensor],
+    dims: &[usize],
+    dtype: DType,
+    fill: impl FnOnce(&Tensor) -> Result<()>,
+) -> Result<Tensor> {
     let out = Tensor::zeros_for(name, dims, dtype.compute(), kiln_runtime::Device::Cpu)?;
     {
         let _p = profiler::scope(name, Category::Extern)
             .shapes(|| shapes(ins))
             .bytes(|| ins.iter().chain([&&out]).map(|t| nbytes(t)).sum());
-        fill(&out);
+        fill(&out)?;
     }
     out.to_dtype(dtype)
 }
@@ -271,11 +285,12 @@ fn conv_eager(
         let y = conv_kernel::conv_kernel(&g, &xc, &wc, bc.as_ref(), dt.compute())?;
         return rules::conv(g, x, w, bias, y.to_dtype(dt)?);
     }
-    let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
+    let y = extern_try_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv2d_call::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
             externs::conv::ConvCall { epilogue: None, weight_key: weight_key(w, &wc) },
-        ));
+        ))
+        .map(|_| ())
     })?;
     rules::conv(g, x, w, bias, y)
 }
@@ -318,7 +333,7 @@ pub fn conv_with_epilogue(
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
     let failed = std::sync::Mutex::new(None);
-    let y = extern_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| {
+    let y = extern_try_out(op, &[&xc, &wc], &g.out_shape(), dt, |out| {
         let tile = |t: externs::conv::Tile| {
             if let Err(e) = epilogue(out, t) {
                 failed
@@ -332,7 +347,8 @@ pub fn conv_with_epilogue(
                 &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)),
                 out.storage.as_mut_slice::<T>(),
                 externs::conv::ConvCall { epilogue: Some(&tile), weight_key: weight_key(w, &wc) },
-            ));
+            ))
+            .map(|_| ())
         }
     })?;
     match failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
@@ -382,7 +398,7 @@ fn conv_transpose2d_eager(
             conv_transpose_kernel::conv_transpose_kernel(&g, &xc, &wc, bc.as_ref(), dt.compute())?;
         return rules::conv_transpose(g, x, w, bias, y.to_dtype(dt)?);
     }
-    let y = extern_out(
+    let y = extern_try_out(
         "conv_transpose2d",
         &[&xc, &wc],
         &g.out_shape(),

@@ -11,6 +11,7 @@
 use super::gemm::{auto_parallelism, gemm_raw, Parallelism};
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::{Error, Result};
 
 pub use super::conv_transpose::conv_transpose2d;
 use packed::WeightKey;
@@ -70,7 +71,7 @@ pub fn conv2d<T: Elem>(
     weight: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-) {
+) -> Result<()> {
     conv2d_tiled(g, input, weight, bias, out, None)
 }
 
@@ -82,7 +83,7 @@ pub fn conv2d_tiled<T: Elem>(
     bias: Option<&[T]>,
     out: &mut [T],
     epilogue: Option<Epilogue>,
-) {
+) -> Result<()> {
     conv2d_call(
         g,
         input,
@@ -93,7 +94,8 @@ pub fn conv2d_tiled<T: Elem>(
             epilogue,
             weight_key: None,
         },
-    );
+    )
+    .map(|_| ())
 }
 
 /// What a conv call may pass besides its operands.
@@ -105,11 +107,39 @@ pub struct ConvCall<'a> {
     pub weight_key: Option<WeightKey<'a>>,
 }
 
-/// Grows `buf` to `len` elements: every conv scratch buffer is sized here.
-pub(super) fn scratch<T: Elem>(buf: &mut Vec<T>, len: usize) {
+/// Grows `buf` to `len` elements: every conv scratch buffer is sized here,
+/// fallibly — running out of memory is an `Err` naming `op`, the bytes
+/// asked for and the conv's `shapes`, never an abort.
+pub(super) fn scratch<T: Elem>(
+    buf: &mut Vec<T>,
+    len: usize,
+    op: &str,
+    shapes: &dyn Fn() -> String,
+) -> Result<()> {
     if buf.len() < len {
-        buf.resize(len, T::ZERO);
+        crate::scratch::try_resize(op, buf, len).map_err(|e| match e {
+            Error::Op { op, msg } => {
+                Error::op(op, format!("{msg}: the scratch buffer of {}", shapes()))
+            }
+            e => e,
+        })?;
     }
+    Ok(())
+}
+
+/// `input [N, C, H, W], weight [C_out, C_in/g, kH, kW]` of a conv, for messages.
+pub(super) fn conv_shapes(g: &ConvGeometry) -> String {
+    format!(
+        "input [{}, {}, {}, {}], weight [{}, {}, {}, {}]",
+        g.n,
+        g.c_in,
+        g.in_size[0],
+        g.in_size[1],
+        g.c_out,
+        g.c_in_per_group(),
+        g.kernel[0],
+        g.kernel[1]
+    )
 }
 
 /// [`conv2d`] by the algorithm [`select::choose`] picks (timing the
@@ -121,16 +151,22 @@ pub fn conv2d_call<T: Elem>(
     bias: Option<&[T]>,
     out: &mut [T],
     call: ConvCall,
-) -> ConvAlgo {
+) -> Result<ConvAlgo> {
     check_lengths(g, input, weight, bias, out);
     if out.is_empty() {
-        return select::heuristic(g);
+        return Ok(select::heuristic(g));
     }
     let dtype = std::any::type_name::<T>();
     let key = call.weight_key;
+    let mut failed = None;
     let chosen = select::choose(g, dtype, &mut |a| {
-        run_algorithm(a, g, input, weight, bias, &mut *out, None, key)
+        if let Err(e) = run_algorithm(a, g, input, weight, bias, &mut *out, None, key) {
+            failed.get_or_insert(e);
+        }
     });
+    if let Some(e) = failed {
+        return Err(e);
+    }
     run_algorithm(
         chosen.algo(),
         g,
@@ -140,9 +176,9 @@ pub fn conv2d_call<T: Elem>(
         out,
         call.epilogue,
         key,
-    );
+    )?;
     select::note_run(chosen.algo());
-    chosen.algo()
+    Ok(chosen.algo())
 }
 
 /// Runs `algo` (which must apply to `g`).
@@ -156,9 +192,12 @@ fn run_algorithm<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
     key: Option<WeightKey>,
-) {
+) -> Result<()> {
     match algo {
-        ConvAlgo::Depthwise => depthwise(g, input, weight, bias, out, epilogue),
+        ConvAlgo::Depthwise => {
+            depthwise(g, input, weight, bias, out, epilogue);
+            Ok(())
+        }
         ConvAlgo::WinogradF2x2 => {
             let u = packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
                 winograd::pack_weights(g.c_out, g.c_in, weight)
@@ -216,7 +255,7 @@ fn im2col_gemm<T: Elem>(
     bias: Option<&[T]>,
     out: &mut [T],
     epilogue: Option<Epilogue>,
-) {
+) -> Result<()> {
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
     let [kh, kw] = g.kernel;
@@ -231,7 +270,8 @@ fn im2col_gemm<T: Elem>(
     let work = g.n * g.c_out * p * kk;
     let dst = SendPtr(out.as_mut_ptr());
 
-    let run = |item: usize, buf: &mut Vec<T>, par: Parallelism| {
+    let shapes = || conv_shapes(g);
+    let run = |item: usize, buf: &mut Vec<T>, par: Parallelism| -> Result<()> {
         let ti = item % n_tiles;
         let gi = (item / n_tiles) % g.groups;
         let ni = item / (n_tiles * g.groups);
@@ -252,7 +292,7 @@ fn im2col_gemm<T: Elem>(
             let (bp, b_rs) = if pointwise {
                 (x[p0..].as_ptr(), (h * w) as isize)
             } else {
-                scratch(buf, kk * cols);
+                scratch(buf, kk * cols, "conv2d", &shapes)?;
                 im2col(g, x, p0, p1, &mut buf[..kk * cols]);
                 (buf.as_ptr(), cols as isize)
             };
@@ -282,12 +322,13 @@ fn im2col_gemm<T: Elem>(
                 cols,
             });
         }
+        Ok(())
     };
 
     if threads() > 1 && work >= PAR_MIN_WORK && items >= 2 * threads() {
         (0..items)
             .into_par_iter()
-            .for_each_init(Vec::new, |buf, i| run(i, buf, Parallelism::None));
+            .try_for_each_init(Vec::new, |buf, i| run(i, buf, Parallelism::None))
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(opg, kk, tile)
@@ -295,7 +336,7 @@ fn im2col_gemm<T: Elem>(
             Parallelism::None
         };
         let mut buf = Vec::new();
-        (0..items).for_each(|i| run(i, &mut buf, par));
+        (0..items).try_for_each(|i| run(i, &mut buf, par))
     }
 }
 

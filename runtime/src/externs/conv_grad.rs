@@ -7,10 +7,11 @@
 //! worker accumulating its own dW; the partial sums are added at the end.
 //! The input gradient is a transposed convolution (`conv::conv_transpose2d`).
 
-use super::conv::im2col_ld;
+use super::conv::{conv_shapes, im2col_ld, scratch};
 use super::gemm::{gemm_raw, Parallelism};
 use super::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::Result;
 use rayon::prelude::*;
 
 /// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
@@ -18,7 +19,12 @@ const CHUNK_ELEMS: usize = 64 * 1024;
 
 /// `out[C_out, C_in/g, kH, kW]` = the gradient of `conv2d(input, W)` with
 /// respect to `W`, given the output gradient `grad[N, C_out, OH, OW]`.
-pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], out: &mut [T]) {
+pub fn conv2d_weight_grad<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    grad: &[T],
+    out: &mut [T],
+) -> Result<()> {
     let [h, w] = g.in_size;
     let p = g.out_size[0] * g.out_size[1];
     let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
@@ -40,7 +46,7 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
     );
     out.fill(T::ZERO);
     if p == 0 || g.n == 0 {
-        return;
+        return Ok(());
     }
     let work = g.n * g.c_out * p * kk;
     let par = threads() > 1 && work >= PAR_MIN_WORK && g.n >= 2;
@@ -50,11 +56,12 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
     }
     let chunks = g.n.div_ceil(per);
     // adds samples of chunk c to every group of `acc`
-    let chunk = |c: usize, acc: &mut [T], cols: &mut Vec<T>, dys: &mut Vec<T>| {
+    let shapes = || conv_shapes(g);
+    let chunk = |c: usize, acc: &mut [T], cols: &mut Vec<T>, dys: &mut Vec<T>| -> Result<()> {
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
         let ld = (n1 - n0) * p;
-        cols.resize(kk * ld, T::ZERO);
-        dys.resize(opg * ld, T::ZERO);
+        scratch(cols, kk * ld, "conv2d_weight_grad", &shapes)?;
+        scratch(dys, opg * ld, "conv2d_weight_grad", &shapes)?;
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * h * w..][..cpg * h * w];
@@ -86,6 +93,7 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
                 );
             }
         }
+        Ok(())
     };
     if par && crate::deterministic::are_deterministic_algorithms_enabled() {
         // Fixed chunk ranges per worker, partials added in worker order:
@@ -94,13 +102,14 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
         let partials: Vec<Vec<T>> = (0..workers)
             .into_par_iter()
             .map(|w| {
-                let (mut acc, mut cols, mut dys) = (vec![T::ZERO; out.len()], vec![], vec![]);
+                let mut acc = crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?;
+                let (mut cols, mut dys) = (vec![], vec![]);
                 for c in chunks * w / workers..chunks * (w + 1) / workers {
-                    chunk(c, &mut acc, &mut cols, &mut dys);
+                    chunk(c, &mut acc, &mut cols, &mut dys)?;
                 }
-                acc
+                Ok(acc)
             })
-            .collect();
+            .collect::<Result<_>>()?;
         for p in &partials {
             for (x, y) in out.iter_mut().zip(p) {
                 *x += *y;
@@ -110,28 +119,34 @@ pub fn conv2d_weight_grad<T: Elem>(g: &ConvGeometry, input: &[T], grad: &[T], ou
         let total = (0..chunks)
             .into_par_iter()
             .fold(
-                || (vec![T::ZERO; out.len()], Vec::new(), Vec::new()),
-                |(mut acc, mut cols, mut dys), c| {
-                    chunk(c, &mut acc, &mut cols, &mut dys);
-                    (acc, cols, dys)
+                || {
+                    crate::scratch::try_zeroed("conv2d_weight_grad", out.len())
+                        .map(|acc| (acc, Vec::new(), Vec::new()))
+                },
+                |st: Result<(Vec<T>, Vec<T>, Vec<T>)>, c| {
+                    let (mut acc, mut cols, mut dys) = st?;
+                    chunk(c, &mut acc, &mut cols, &mut dys)?;
+                    Ok((acc, cols, dys))
                 },
             )
-            .map(|(acc, ..)| acc)
-            .reduce_with(|mut a, b| {
+            .map(|st| st.map(|(acc, ..)| acc))
+            .reduce_with(|a, b| {
+                let (mut a, b) = (a?, b?);
                 for (x, y) in a.iter_mut().zip(&b) {
                     *x += *y;
                 }
-                a
+                Ok(a)
             });
         if let Some(t) = total {
-            out.copy_from_slice(&t);
+            out.copy_from_slice(&t?);
         }
     } else {
         let (mut cols, mut dys) = (Vec::new(), Vec::new());
         for c in 0..chunks {
-            chunk(c, out, &mut cols, &mut dys);
+            chunk(c, out, &mut cols, &mut dys)?;
         }
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -202,7 +217,7 @@ mod tests {
             let dy: Vec<f64> = (0..ny).map(|_| r.next_f64()).collect();
             let want = naive(&g, &x, &dy);
             let mut got = vec![0.0f64; want.len()];
-            conv2d_weight_grad(&g, &x, &dy, &mut got);
+            conv2d_weight_grad(&g, &x, &dy, &mut got).unwrap();
             for (k, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (a - b).abs() < 1e-9,
@@ -214,7 +229,7 @@ mod tests {
                 dy.iter().map(|v| *v as f32).collect(),
             );
             let mut gotf = vec![0.0f32; want.len()];
-            conv2d_weight_grad(&g, &xf, &dyf, &mut gotf);
+            conv2d_weight_grad(&g, &xf, &dyf, &mut gotf).unwrap();
             for (a, b) in gotf.iter().zip(&want) {
                 assert!((*a as f64 - b).abs() < 1e-4 * (1.0 + b.abs()));
             }

@@ -4,7 +4,7 @@
 //! GEMM's `n` is `samples * H * W`, not `H * W`); large ones per sample, on
 //! tiles of input positions.
 
-use super::conv::{tile_cols, valid_range};
+use super::conv::{scratch, tile_cols, valid_range};
 use super::gemm::{auto_parallelism, gemm_raw, gemm_with, Parallelism};
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvTransposeGeometry;
@@ -22,7 +22,7 @@ pub fn conv_transpose2d<T: Elem>(
     weight: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-) {
+) -> kiln_ir::Result<()> {
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
     let [kh, kw] = g.kernel;
@@ -50,8 +50,9 @@ pub fn conv_transpose2d<T: Elem>(
         );
     }
     if out.is_empty() {
-        return;
+        return Ok(());
     }
+    let shapes = || transpose_shapes(g);
     let kk = opg * kh * kw;
     let q = h * w;
     if kk * q <= CHUNK_ELEMS && g.n > 1 {
@@ -59,7 +60,11 @@ pub fn conv_transpose2d<T: Elem>(
     }
     let tile = tile_cols::<T>(kk, q);
     let work = g.n * g.c_in * q * kk;
-    let run = |item: usize, region: &mut [T], buf: &mut Vec<T>, par: Parallelism| {
+    let run = |item: usize,
+               region: &mut [T],
+               buf: &mut Vec<T>,
+               par: Parallelism|
+     -> kiln_ir::Result<()> {
         let (ni, gi) = (item / g.groups, item % g.groups);
         for oc in 0..opg {
             region[oc * oh * ow..(oc + 1) * oh * ow]
@@ -71,7 +76,7 @@ pub fn conv_transpose2d<T: Elem>(
         while q0 < q {
             let q1 = (q0 + tile).min(q);
             let cols = q1 - q0;
-            buf.resize(kk * cols, T::ZERO);
+            scratch(buf, kk * cols, "conv_transpose2d", &shapes)?;
             let cbuf = &mut buf[..kk * cols];
             gemm_with(
                 kk,
@@ -92,13 +97,14 @@ pub fn conv_transpose2d<T: Elem>(
             col2im(g, cbuf, q0, q1, region, cols);
             q0 = q1;
         }
+        Ok(())
     };
     let region_len = opg * oh * ow;
     let items = g.n * g.groups;
     if threads() > 1 && work >= PAR_MIN_WORK && items >= threads() {
         out.par_chunks_mut(region_len)
             .enumerate()
-            .for_each_init(Vec::new, |buf, (i, r)| run(i, r, buf, Parallelism::None));
+            .try_for_each_init(Vec::new, |buf, (i, r)| run(i, r, buf, Parallelism::None))
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(kk, cpg, tile)
@@ -108,8 +114,23 @@ pub fn conv_transpose2d<T: Elem>(
         let mut buf = Vec::new();
         out.chunks_mut(region_len)
             .enumerate()
-            .for_each(|(i, r)| run(i, r, &mut buf, par));
+            .try_for_each(|(i, r)| run(i, r, &mut buf, par))
     }
+}
+
+/// `input [N, C_in, H, W], weight [C_in, C_out/g, kH, kW]` of a transposed conv.
+fn transpose_shapes(g: &ConvTransposeGeometry) -> String {
+    format!(
+        "input [{}, {}, {}, {}], weight [{}, {}, {}, {}]",
+        g.n,
+        g.c_in,
+        g.in_size[0],
+        g.in_size[1],
+        g.c_in,
+        g.c_out_per_group(),
+        g.kernel[0],
+        g.kernel[1]
+    )
 }
 
 /// Adds `cols[C_out/g * kH * kW, q1 - q0]` (input positions `q0..q1`) into the
@@ -182,7 +203,7 @@ fn batched<T: Elem>(
     weight: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-) {
+) -> kiln_ir::Result<()> {
     let [oh, ow] = g.out_size;
     let q = g.in_size[0] * g.in_size[1];
     let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
@@ -196,12 +217,13 @@ fn batched<T: Elem>(
     let chunks = g.n.div_ceil(per);
     let dst = SendPtr(out.as_mut_ptr());
     let plane = oh * ow;
-    let run = |item: usize, xs: &mut Vec<T>, cols: &mut Vec<T>| {
+    let shapes = || transpose_shapes(g);
+    let run = |item: usize, xs: &mut Vec<T>, cols: &mut Vec<T>| -> kiln_ir::Result<()> {
         let (c, gi) = (item / g.groups, item % g.groups);
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
         let ld = (n1 - n0) * q;
-        xs.resize(cpg * ld, T::ZERO);
-        cols.resize(kk * ld, T::ZERO);
+        scratch(xs, cpg * ld, "conv_transpose2d", &shapes)?;
+        scratch(cols, kk * ld, "conv_transpose2d", &shapes)?;
         for (s, n) in (n0..n1).enumerate() {
             for ci in 0..cpg {
                 let src = &input[(n * g.c_in + gi * cpg + ci) * q..][..q];
@@ -244,15 +266,16 @@ fn batched<T: Elem>(
             }
             col2im(g, &cols[s * q..], 0, q, region, ld);
         }
+        Ok(())
     };
     let items = chunks * g.groups;
     if par {
-        (0..items).into_par_iter().for_each_init(
+        (0..items).into_par_iter().try_for_each_init(
             || (Vec::new(), Vec::new()),
             |(xs, cols), i| run(i, xs, cols),
-        );
+        )
     } else {
         let (mut xs, mut cols) = (Vec::new(), Vec::new());
-        (0..items).for_each(|i| run(i, &mut xs, &mut cols));
+        (0..items).try_for_each(|i| run(i, &mut xs, &mut cols))
     }
 }

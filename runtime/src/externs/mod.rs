@@ -41,6 +41,7 @@ pub trait Elem:
     + Mul<Output = Self>
     + Div<Output = Self>
     + AddAssign
+    + crate::scratch::Zeroable
     + 'static
 {
     const ZERO: Self;

@@ -303,7 +303,7 @@ pub fn record(
     inputs: &[&Tensor],
     f: impl FnOnce() -> Result<Tensor>,
 ) -> Result<Tensor> {
-    if !is_tracing() {
+    if !is_tracing() && !probe::replaying() {
         return f();
     }
     let mut out = record_multi(op, inputs, || f().map(|t| vec![t]))?;
@@ -317,14 +317,23 @@ pub fn record_multi(
     inputs: &[&Tensor],
     f: impl FnOnce() -> Result<Vec<Tensor>>,
 ) -> Result<Vec<Tensor>> {
-    if !is_tracing() || with(|t| t.depth > 0).unwrap_or(true) {
+    if !is_tracing() {
+        if probe::replaying() {
+            return probe::replay_op(Some(op()), inputs, f);
+        }
         return f();
     }
+    if with(|t| t.depth > 0).unwrap_or(true) {
+        return f();
+    }
+    // an op inside an inlined decomposition is part of the outer op's step
+    let outermost = with(|t| t.inlined.is_empty()).unwrap_or(false);
     with(|t| {
         t.depth += 1;
         t.inlined.push(false);
     });
     let op = op();
+    let scripted = (outermost && probe::recording()).then(|| op.clone());
     // an op that updates operands in place (BatchNorm's running stats) runs
     // again in the compiled first call: keep their old values to put back
     let saved: Result<Vec<(Tensor, Tensor)>> = mutated_operands(&op)
@@ -396,6 +405,9 @@ pub fn record_multi(
         Ok(())
     });
     r.unwrap_or(Ok(()))?;
+    if let Some(op) = scripted {
+        probe::push(Some(op), inputs, &outs);
+    }
     Ok(outs)
 }
 
@@ -422,14 +434,25 @@ pub fn same_value(input: &Tensor, output: &Tensor) {
 /// a copying `contiguous`): runs `f`, the op's implementation, then
 /// [`same_value`].
 pub fn record_same(input: &Tensor, f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
-    if !is_tracing() || with(|t| t.depth > 0).unwrap_or(true) {
+    if !is_tracing() {
+        if probe::replaying() {
+            let mut outs = probe::replay_op(None, &[input], || f().map(|t| vec![t]))?;
+            return Ok(outs.pop().expect("one result"));
+        }
         return f();
     }
+    if with(|t| t.depth > 0).unwrap_or(true) {
+        return f();
+    }
+    let outermost = with(|t| t.inlined.is_empty()).unwrap_or(false);
     with(|t| t.depth += 1);
     let out = f();
     with(|t| t.depth -= 1);
     let out = out?;
     same_value(input, &out);
+    if outermost && probe::recording() {
+        probe::push(None, &[input], std::slice::from_ref(&out));
+    }
     Ok(out)
 }
 
@@ -438,6 +461,9 @@ pub fn record_same(input: &Tensor, f: impl FnOnce() -> Result<Tensor>) -> Result
 /// depend on data).
 pub fn read_value(op: &str, t: &Tensor) -> Result<()> {
     if !is_tracing() {
+        if probe::replaying() {
+            return probe::replay_read(op, t);
+        }
         return Ok(());
     }
     let b = with(|tr| {
@@ -500,6 +526,7 @@ pub fn check_launch(kernel: &str, inputs: &[&Tensor]) -> Result<()> {
 }
 
 mod joint_hooks;
+pub(crate) mod probe;
 pub use joint_hooks::{
     inline_decomposition, random_input, record_mutation, tangent_input, untraced, InlineGuard,
     RandomSpec,

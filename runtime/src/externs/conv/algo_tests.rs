@@ -32,7 +32,7 @@ fn run<T: Elem>(algo: ConvAlgo, g: &ConvGeometry, seed: u64) -> Vec<T> {
     let b: Vec<T> = r.vec(g.c_out);
     let mut out = vec![T::from_f64(f64::NAN); g.n * g.c_out * g.out_size[0] * g.out_size[1]];
     let used = select::with_algorithm(algo, || {
-        conv2d_call(g, &x, &w, Some(&b), &mut out, ConvCall::default())
+        conv2d_call(g, &x, &w, Some(&b), &mut out, ConvCall::default()).unwrap()
     });
     assert_eq!(used, algo, "{g:?}: forced {algo:?}, ran {used:?}");
     out
@@ -121,6 +121,7 @@ fn winograd_calls_the_epilogue_on_every_output_element_once() {
                 weight_key: None,
             },
         )
+        .unwrap()
     });
     assert!(seen.into_inner().unwrap().iter().all(|&n| n == 1));
 }
@@ -146,7 +147,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     let timed = {
         let _scope = select::compiled_scope();
         assert!(select::benchmark_enabled());
-        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default())
+        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default()).unwrap()
     };
     assert!(!select::benchmark_enabled(), "the scope ended");
     assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
@@ -165,7 +166,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     );
     let again = {
         let _scope = select::compiled_scope();
-        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default())
+        conv2d_call(&g, &x, &w, None, &mut out, ConvCall::default()).unwrap()
     };
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&again));

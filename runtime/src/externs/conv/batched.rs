@@ -4,10 +4,11 @@
 //! and one GEMM per group computes `[C_out/g, samples * OH * OW]`, which is
 //! then scattered into the `[N, C_out, OH, OW]` output with the bias.
 
-use super::{im2col_ld, scratch, Epilogue, Tile};
+use super::{conv_shapes, im2col_ld, scratch, Epilogue, Tile};
 use crate::externs::gemm::{gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::Result;
 use rayon::prelude::*;
 
 /// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
@@ -35,7 +36,7 @@ pub fn conv2d<T: Elem>(
     bias: Option<&[T]>,
     out: &mut [T],
     epilogue: Option<Epilogue>,
-) {
+) -> Result<()> {
     let (kk, p) = (kk(g), positions(g));
     let (cpg, opg) = (g.c_in_per_group(), g.c_out_per_group());
     let plane = g.in_size[0] * g.in_size[1];
@@ -47,11 +48,12 @@ pub fn conv2d<T: Elem>(
     }
     let chunks = g.n.div_ceil(per);
     let dst = SendPtr(out.as_mut_ptr());
-    let chunk = |c: usize, cols: &mut Vec<T>, tmp: &mut Vec<T>| {
+    let shapes = || conv_shapes(g);
+    let chunk = |c: usize, cols: &mut Vec<T>, tmp: &mut Vec<T>| -> Result<()> {
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
         let ld = (n1 - n0) * p;
-        scratch(cols, kk * ld);
-        scratch(tmp, opg * ld);
+        scratch(cols, kk * ld, "conv2d", &shapes)?;
+        scratch(tmp, opg * ld, "conv2d", &shapes)?;
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * plane..][..cpg * plane];
@@ -105,13 +107,14 @@ pub fn conv2d<T: Elem>(
                 });
             }
         }
+        Ok(())
     };
     if par {
         (0..chunks)
             .into_par_iter()
-            .for_each_init(|| (Vec::new(), Vec::new()), |(a, b), c| chunk(c, a, b));
+            .try_for_each_init(|| (Vec::new(), Vec::new()), |(a, b), c| chunk(c, a, b))
     } else {
         let (mut a, mut b) = (Vec::new(), Vec::new());
-        (0..chunks).for_each(|c| chunk(c, &mut a, &mut b));
+        (0..chunks).try_for_each(|c| chunk(c, &mut a, &mut b))
     }
 }

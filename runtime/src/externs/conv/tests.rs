@@ -52,7 +52,7 @@ fn check_conv(op: &str, input: &[usize], weight: &[usize], bias: bool, p: ConvPa
     let bias = bias.then_some(&b[..]);
     let want = naive_conv(&g, &x, &wt, bias);
     let mut got = vec![f64::NAN; want.len()];
-    conv2d(&g, &x, &wt, bias, &mut got);
+    conv2d(&g, &x, &wt, bias, &mut got).unwrap();
     assert_close(
         &got,
         &want,
@@ -63,7 +63,7 @@ fn check_conv(op: &str, input: &[usize], weight: &[usize], bias: bool, p: ConvPa
     let wf: Vec<f32> = wt.iter().map(|&v| v as f32).collect();
     let bf: Vec<f32> = b.iter().map(|&v| v as f32).collect();
     let mut gotf = vec![f32::NAN; want.len()];
-    conv2d(&g, &xf, &wf, bias.map(|_| &bf[..]), &mut gotf);
+    conv2d(&g, &xf, &wf, bias.map(|_| &bf[..]), &mut gotf).unwrap();
     let wantf: Vec<f32> = want.iter().map(|&v| v as f32).collect();
     assert_close(
         &gotf,
@@ -282,7 +282,7 @@ fn check_transpose(
     let bias = bias.then_some(&b[..]);
     let want = naive_transpose(&g, &x, &wt, bias);
     let mut got = vec![f64::NAN; want.len()];
-    conv_transpose2d(&g, &x, &wt, bias, &mut got);
+    conv_transpose2d(&g, &x, &wt, bias, &mut got).unwrap();
     assert_close(
         &got,
         &want,
@@ -374,7 +374,7 @@ fn bench_conv2d_w4() {
     let mut times = vec![];
     for it in 0..23 {
         let t = std::time::Instant::now();
-        conv2d(&g, &x, &wt, Some(&b), &mut out);
+        conv2d(&g, &x, &wt, Some(&b), &mut out).unwrap();
         if it >= 3 {
             times.push(t.elapsed().as_secs_f64());
         }

@@ -88,7 +88,7 @@ pub fn conv2d<T: Elem>(
     bias: Option<&[T]>,
     out: &mut [T],
     epilogue: Option<Epilogue>,
-) {
+) -> kiln_ir::Result<()> {
     let [oh, ow] = g.out_size;
     let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
     let rows_per_block = (BLOCK_TILES / tw).clamp(1, th);
@@ -99,7 +99,7 @@ pub fn conv2d<T: Elem>(
     let dst = SendPtr(out.as_mut_ptr());
     let isa = cpu_isa::detect();
     let work = g.n * g.c_out * g.c_in * th * tw * 16;
-    let run = |item: usize, s: &mut Scratch<T>, par: Parallelism| {
+    let run = |item: usize, s: &mut Scratch<T>, par: Parallelism| -> kiln_ir::Result<()> {
         let (ni, bi) = (item / blocks, item % blocks);
         let tr0 = bi * rows_per_block;
         let tr1 = (tr0 + rows_per_block).min(th);
@@ -119,7 +119,7 @@ pub fn conv2d<T: Elem>(
                 s,
                 par,
                 isa,
-            );
+            )?;
         }
         if let Some(e) = epilogue {
             let (r0, r1) = (2 * tr0, (2 * tr1).min(oh));
@@ -131,11 +131,12 @@ pub fn conv2d<T: Elem>(
                 cols: (r1 - r0) * ow,
             });
         }
+        Ok(())
     };
     if threads() > 1 && work >= PAR_MIN_WORK && items >= 2 * threads() {
         (0..items)
             .into_par_iter()
-            .for_each_init(Scratch::default, |s, i| run(i, s, Parallelism::None));
+            .try_for_each_init(Scratch::default, |s, i| run(i, s, Parallelism::None))
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(g.c_out, g.c_in, rows_per_block * tw)
@@ -143,7 +144,7 @@ pub fn conv2d<T: Elem>(
             Parallelism::None
         };
         let mut s = Scratch::default();
-        (0..items).for_each(|i| run(i, &mut s, par));
+        (0..items).try_for_each(|i| run(i, &mut s, par))
     }
 }
 
@@ -164,14 +165,15 @@ unsafe fn block<T: Elem>(
     s: &mut Scratch<T>,
     par: Parallelism,
     isa: Isa,
-) {
+) -> kiln_ir::Result<()> {
     let (c, k) = (g.c_in, g.c_out);
     let nt = (tr1 - tr0) * tl.tw;
-    super::scratch(&mut s.v, 16 * c * nt);
-    super::scratch(&mut s.m, 16 * k * nt);
-    super::scratch(&mut s.eo, 8 * (tl.tw + 1));
-    super::scratch(&mut s.rt, 16 * tl.tw);
-    super::scratch(&mut s.st, 12 * tl.tw);
+    let shapes = || super::conv_shapes(g);
+    super::scratch(&mut s.v, 16 * c * nt, "conv2d", &shapes)?;
+    super::scratch(&mut s.m, 16 * k * nt, "conv2d", &shapes)?;
+    super::scratch(&mut s.eo, 8 * (tl.tw + 1), "conv2d", &shapes)?;
+    super::scratch(&mut s.rt, 16 * tl.tw, "conv2d", &shapes)?;
+    super::scratch(&mut s.st, 12 * tl.tw, "conv2d", &shapes)?;
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         input_transform_avx2(g, tl, x, (tr0, tr1), s);
@@ -204,9 +206,10 @@ unsafe fn block<T: Elem>(
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         output_transform_avx2(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
-        return;
+        return Ok(());
     }
     output_transform(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
+    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]
