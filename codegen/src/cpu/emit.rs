@@ -32,6 +32,8 @@ pub(crate) struct Emitter<'a, 'f> {
     /// Pointwise rows with a transcendental call the wide-vector helpers on
     /// tiles (`tiles.rs`); off: plain f32x4 code.
     pub wide: bool,
+    /// Log-sum-exp rows fold their tiles with the wide reduce helper.
+    pub wide_lse: bool,
 }
 
 /// The scalar Cranelift type of a (compute) dtype.
@@ -71,6 +73,7 @@ impl<'a, 'f> Emitter<'a, 'f> {
             pool_gv,
             pool_base: None,
             wide: false,
+            wide_lse: false,
         }
     }
 

@@ -46,6 +46,9 @@ pub struct CpuJit {
     fma: bool,
     /// Pointwise rows with transcendentals call the wide helpers (see [`wide`]).
     wide: bool,
+    /// Log-sum-exp rows call the wide reduce helper (on by default: see
+    /// [`wide::lse_by_default`]).
+    wide_lse: bool,
     fctx: FunctionBuilderContext,
     ctx: Context,
     compiled: usize,
@@ -111,7 +114,7 @@ fn build_function(
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
     hosts: HostImports,
-    (fma, wide): (bool, bool),
+    (fma, wide, wide_lse): (bool, bool, bool),
     config: TargetFrontendConfig,
     pool_index: u32,
 ) -> Result<(plan::Plan, Vec<u8>), Error> {
@@ -131,6 +134,7 @@ fn build_function(
     let mut b = FunctionBuilder::new(func, fctx);
     let mut em = emit::Emitter::new(&mut b, hosts, fma, pool_gv);
     em.wide = wide && fma;
+    em.wide_lse = (wide || wide_lse) && fma;
     loops::build(k, &mut em, &plan);
     if let Some(e) = em.err.take() {
         return Err(Error::Codegen(format!("kernel {}: {e}", k.name)));
@@ -156,6 +160,7 @@ impl CpuJit {
             host_ids,
             fma,
             wide: fma && wide::on_by_default() && wide::detect().is_some(),
+            wide_lse: fma && wide::lse_by_default() && wide::detect().is_some(),
             fctx: FunctionBuilderContext::new(),
             ctx: Context::new(),
             compiled: 0,
@@ -176,6 +181,7 @@ impl CpuJit {
     /// compiled from now on; off, they are plain f32x4 code (same results).
     pub fn set_wide(&mut self, on: bool) {
         self.wide = on && self.fma && wide::detect().is_some();
+        self.wide_lse = self.wide;
     }
 
     /// Frees the machine code of every kernel this JIT compiled (dropping a
@@ -214,7 +220,7 @@ impl CpuJit {
             &mut self.ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide),
+            (self.fma, self.wide, self.wide_lse),
             config,
             data.as_u32(),
         )?;
@@ -273,7 +279,15 @@ impl CpuJit {
         let mut fctx = FunctionBuilderContext::new();
         let config = jit::host_isa()?.frontend_config();
         let hosts = HostImports::ordinal(CallConv::SystemV);
-        let (_, pool) = build_function(k, &mut func, &mut fctx, hosts, (true, wide), config, 0)?;
+        let (_, pool) = build_function(
+            k,
+            &mut func,
+            &mut fctx,
+            hosts,
+            (true, wide, wide),
+            config,
+            0,
+        )?;
         let mut text = func.display().to_string();
         // The constant pool, one 16-byte slot per line (lanes as hex words).
         for (i, slot) in pool.chunks(16).enumerate() {
@@ -299,7 +313,7 @@ impl CpuJit {
             &mut ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide),
+            (self.fma, self.wide, self.wide_lse),
             self.isa.frontend_config(),
             0,
         )?;

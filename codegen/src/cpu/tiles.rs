@@ -164,7 +164,8 @@ pub(crate) fn tiled_online_row(
     (vd, cd): (DType, DType),
     hi: Value,
 ) -> Option<crate::online::Finished<Value>> {
-    if !em.wide || plan.lanes != 4 || vd != DType::F32 || cd != DType::F32 {
+    let on = em.wide || (em.wide_lse && is_lse);
+    if !on || plan.lanes != 4 || vd != DType::F32 || cd != DType::F32 {
         return None;
     }
     let tile = wide::TILE as i64;
