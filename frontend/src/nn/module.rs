@@ -233,34 +233,18 @@ pub trait ModuleExt: Module {
     /// assert!(l.parameters().iter().all(|p| p.device() == Device::Cpu && p.requires_grad()));
     /// ```
     fn to_device(&mut self, device: Device) -> Result<()> {
-        let _g = no_grad();
-        let mut first_err: Option<Error> = None;
-        // a tensor registered twice (tied weights) moves once and stays tied
-        let mut done: Vec<(Tensor, Tensor)> = vec![];
-        walk_mut(self.as_dyn_mut(), "", &mut |name, t| {
-            if first_err.is_some() || t.device() == device {
-                return;
-            }
-            if let Some((_, new)) = done.iter().find(|(old, _)| old.is_same(t)) {
-                *t = new.clone();
-                return;
-            }
-            match moved(t, device) {
-                Ok(m) => {
-                    done.push((t.clone(), m.clone()));
-                    *t = m
-                }
-                Err(e) => {
-                    first_err = Some(Error::op(
+        replace_tensors(
+            self.as_dyn_mut(),
+            |t| t.device() != device,
+            |name, t| {
+                replaced_leaf(t, |x| x.to_device(device)).map_err(|e| {
+                    Error::op(
                         "to_device",
                         format!("moving {name} from {} to {device}: {e}", t.device()),
-                    ))
-                }
-            }
-        });
-        if let Some(e) = first_err {
-            return Err(e);
-        }
+                    )
+                })
+            },
+        )?;
         // A module whose `visit_mut` does not report its tensors leaves them behind.
         let left: Vec<String> = self
             .named_parameters()
@@ -297,31 +281,18 @@ pub trait ModuleExt: Module {
         if !dtype.is_float() {
             bail!("to_dtype", "{dtype:?} is not a floating-point dtype (model.to(dtype) converts parameters and buffers to a float type)");
         }
-        let _g = no_grad();
-        let mut first_err: Option<Error> = None;
-        let mut done: Vec<(Tensor, Tensor)> = vec![];
-        walk_mut(self.as_dyn_mut(), "", &mut |name, t| {
-            if first_err.is_some() || !t.dtype().is_float() || t.dtype() == dtype {
-                return;
-            }
-            if let Some((_, new)) = done.iter().find(|(old, _)| old.is_same(t)) {
-                *t = new.clone();
-                return;
-            }
-            match converted(t, dtype) {
-                Ok(c) => {
-                    done.push((t.clone(), c.clone()));
-                    *t = c
-                }
-                Err(e) => {
-                    first_err = Some(Error::op(
+        replace_tensors(
+            self.as_dyn_mut(),
+            |t| t.dtype().is_float() && t.dtype() != dtype,
+            |name, t| {
+                replaced_leaf(t, |x| x.to_dtype(dtype)).map_err(|e| {
+                    Error::op(
                         "to_dtype",
                         format!("converting {name} from {:?} to {dtype:?}: {e}", t.dtype()),
-                    ))
-                }
-            }
-        });
-        first_err.map_or(Ok(()), Err)
+                    )
+                })
+            },
+        )
     }
 
     /// `module(x)`: `forward` between the module's forward hooks (see
@@ -376,29 +347,46 @@ impl<'m> ModuleExt for dyn Module + 'm {
     }
 }
 
-/// `t` as a fresh leaf of `dtype`: same `requires_grad`, `.grad` converted.
-fn converted(t: &Tensor, dtype: DType) -> Result<Tensor> {
-    let out = t.detach().to_dtype(dtype)?;
-    if !t.requires_grad() {
-        return Ok(out);
-    }
-    let out = out.requires_grad_(true);
-    if let Some(g) = t.grad() {
-        out.set_grad(Some(g.to_dtype(dtype)?));
-    }
-    Ok(out)
+/// Replaces every parameter and buffer `t` for which `wanted(t)` holds by
+/// `make(name, t)`, under `no_grad`; stops at the first error. A tensor
+/// registered twice (tied weights) is made once and stays tied.
+fn replace_tensors(
+    m: &mut dyn Module,
+    wanted: impl Fn(&Tensor) -> bool,
+    make: impl Fn(&str, &Tensor) -> Result<Tensor>,
+) -> Result<()> {
+    let _g = no_grad();
+    let mut first_err: Option<Error> = None;
+    let mut done: Vec<(Tensor, Tensor)> = vec![];
+    walk_mut(m, "", &mut |name, t| {
+        if first_err.is_some() || !wanted(t) {
+            return;
+        }
+        if let Some((_, new)) = done.iter().find(|(old, _)| old.is_same(t)) {
+            *t = new.clone();
+            return;
+        }
+        match make(name, t) {
+            Ok(new) => {
+                done.push((t.clone(), new.clone()));
+                *t = new
+            }
+            Err(e) => first_err = Some(e),
+        }
+    });
+    first_err.map_or(Ok(()), Err)
 }
 
-/// `t` as a fresh leaf on `device`: same `requires_grad`, `.grad` moved too
-/// (PyTorch's `param.data = param.data.to(device)` keeps both).
-fn moved(t: &Tensor, device: Device) -> Result<Tensor> {
-    let out = t.detach().to_device(device)?;
+/// `f(t)` as a fresh leaf: same `requires_grad`, `.grad` carried over through
+/// `f` too (PyTorch's `param.data = param.data.to(..)` keeps both).
+fn replaced_leaf(t: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let out = f(&t.detach())?;
     if !t.requires_grad() {
         return Ok(out);
     }
     let out = out.requires_grad_(true);
     if let Some(g) = t.grad() {
-        out.set_grad(Some(g.to_device(device)?));
+        out.set_grad(Some(f(&g)?));
     }
     Ok(out)
 }
