@@ -106,9 +106,7 @@ pub(crate) fn tiled_row(
                     step,
                     |_| (),
                     |em, i, _| {
-                        let rel = em.b.ins().isub(i, t);
-                        let rel = em.b.ins().ishl_imm_u(rel, 2);
-                        let at = em.b.ins().iadd(sbase, rel);
+                        let at = tile_slot(em, sbase, i, t);
                         for u in 0..2 {
                             let known = read_back(em, at, j, u * vbytes);
                             let v = row.eval_known(em, &[arg], i, u * vbytes, pre, known)[0];
@@ -131,9 +129,7 @@ pub(crate) fn tiled_row(
                 step,
                 |_| (),
                 |em, i, _| {
-                    let rel = em.b.ins().isub(i, t);
-                    let rel = em.b.ins().ishl_imm_u(rel, 2);
-                    let at = em.b.ins().iadd(sbase, rel);
+                    let at = tile_slot(em, sbase, i, t);
                     let addrs: Vec<Value> = stores.iter().map(|s| row.addr(em, s.0, i)).collect();
                     for u in 0..2 {
                         let known = read_back(em, at, heavy.len(), u * vbytes);
@@ -147,6 +143,14 @@ pub(crate) fn tiled_row(
         },
     );
     tiles_end
+}
+
+/// The stack address of element `i` of the tile starting at element `t`
+/// (the first wide value's tile; later ones sit at fixed offsets from it).
+fn tile_slot(em: &mut Emitter, sbase: Value, i: Value, t: Value) -> Value {
+    let rel = em.b.ins().isub(i, t);
+    let rel = em.b.ins().ishl_imm_u(rel, 2);
+    em.b.ins().iadd(sbase, rel)
 }
 
 /// A log-sum-exp or Welford row of f32 values through the wide reduce
