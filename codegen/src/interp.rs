@@ -18,7 +18,9 @@
 //!   ([`crate::online`]); then the epilogue runs once with `Acc` = that value
 //!   (and `AccPart`s = the state's other results), its loads reading at
 //!   reduce index 0, and its result is stored to the output at reduce index 0
-//!   (`extra_out` at the following elements);
+//!   (`extra_out` at the following elements); a row pass then evaluates its
+//!   value at every element of the row, with the epilogue's values, and
+//!   stores it to operand 1 ([`crate::kernel::RowPass`]);
 //! - when no dim is left to split (rank 0, or rank 1 with a reduction) the
 //!   single output element is computed by the call with `start == 0`;
 //! - a value is converted to the dtype its user needs with the cast rules of
@@ -63,11 +65,7 @@ pub(crate) fn eval_value<S: ScalarOps>(
     if let Some(v) = vals[id] {
         return v;
     }
-    let (ins, dt) = if id < k.body.len() {
-        k.body[id]
-    } else {
-        k.epilogue[id - k.body.len()]
-    };
+    let (ins, dt) = k.instr(id);
     let (args, n) = instr_args(&ins);
     for &a in &args[..n] {
         eval_value(s, k, a, vals, leaf);
@@ -289,7 +287,7 @@ unsafe fn point(
     stride: &dyn Fn(usize, usize) -> isize,
 ) {
     let s = &mut Interp;
-    let total = k.body.len() + k.epilogue.len();
+    let total = k.values();
     let leaf_at = |j: usize| {
         move |_: &mut Interp, ins: Instr| -> (Val, DType) {
             match ins {
@@ -323,6 +321,11 @@ unsafe fn point(
     };
     let vd = k.dtype_of(red.value);
     let n = sizes[k.rank - 1];
+    let row_stride = if k.rows.is_some() {
+        stride(1, k.rank - 1)
+    } else {
+        0
+    };
     let row_value = |s: &mut Interp, j: usize| {
         let mut vals = vec![None; total];
         let v = eval_value(s, k, red.value, &mut vals, &mut leaf_at(j));
@@ -350,7 +353,8 @@ unsafe fn point(
             }
             online::finish_welford(s, Val::I(n as i64), st, dt)
         };
-        return epilogue(k, ptrs, offs, &fin, dt, &leaf_at(0));
+        let at = |s: &mut Interp, ins: Instr, j: usize| leaf_at(j)(s, ins);
+        return epilogue(k, ptrs, offs, &fin, dt, (n, row_stride), &at);
     }
     let arg = matches!(red.kind, ReduceKind::ArgMax | ReduceKind::ArgMin);
     let cmp_dt = if arg { vd } else { red.dtype };
@@ -398,22 +402,28 @@ unsafe fn point(
         first: acc,
         second: acc,
     };
-    epilogue(k, ptrs, offs, &fin, dt, &leaf_at(0));
+    let at = |s: &mut Interp, ins: Instr, j: usize| leaf_at(j)(s, ins);
+    epilogue(k, ptrs, offs, &fin, dt, (n, row_stride), &at);
 }
 
 /// Runs the epilogue with the finished reduction `fin` (of dtype `dt`) and
-/// stores `out` and `extra_out` at the output's row element and the next ones.
+/// stores `out` and `extra_out` at the output's row element and the next
+/// ones; then the row pass, if any, over the row's `row_len` elements
+/// (`at(s, leaf, j)`: a leaf at element `j`).
 unsafe fn epilogue(
     k: &Kernel,
     ptrs: &[*mut u8],
     offs: &[isize],
     fin: &online::Finished<Val>,
     dt: DType,
-    base: &dyn Fn(&mut Interp, Instr) -> (Val, DType),
+    (row_len, row_stride): (usize, isize),
+    at: &dyn Fn(&mut Interp, Instr, usize) -> (Val, DType),
 ) {
+    let base = |s: &mut Interp, ins: Instr| at(s, ins, 0);
+    let row_leaf = |s: &mut Interp, ins: Instr, j: usize| at(s, ins, j);
     let s = &mut Interp;
     let out_dt = k.operands[0].dtype;
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+    let mut vals = vec![None; k.values()];
     let mut leaf = |s: &mut Interp, ins: Instr| match ins {
         Instr::Acc => (fin.get(None), dt),
         Instr::AccPart(p) => (fin.get(Some(p)), dt),
@@ -423,6 +433,23 @@ unsafe fn epilogue(
         let v = eval_value(s, k, o, &mut vals, &mut leaf);
         let v = s.cast(v, k.dtype_of(o), out_dt);
         write(ptrs[0], offs[0] + t as isize, out_dt, v);
+    }
+    if let Some(rows) = &k.rows {
+        // the epilogue values the pass uses, once per row
+        let epi = k.body.len()..k.body.len() + k.epilogue.len();
+        for id in epi.clone() {
+            eval_value(s, k, id, &mut vals, &mut leaf);
+        }
+        let row_dt = k.operands[1].dtype;
+        for j in 0..row_len {
+            let mut at = vals.clone();
+            for v in &mut at[epi.end..] {
+                *v = None;
+            }
+            let x = eval_value(s, k, rows.out, &mut at, &mut |s, ins| row_leaf(s, ins, j));
+            let x = s.cast(x, k.dtype_of(rows.out), row_dt);
+            write(ptrs[1], offs[1] + j as isize * row_stride, row_dt, x);
+        }
     }
 }
 
@@ -456,6 +483,7 @@ mod tests {
             epilogue: vec![],
             out: z,
             extra_out: vec![],
+            rows: None,
         };
         let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
         let c = [10.0f32, 20.0];
@@ -509,6 +537,7 @@ mod tests {
                 epilogue: vec![(Instr::Acc, acc_dt)],
                 out: b.instrs.len(),
                 extra_out: vec![],
+                rows: None,
             };
             let a: Vec<f32> = (0..6).map(|i| i as f32).collect();
             let mut o = [0u8; 16];
@@ -545,6 +574,7 @@ mod tests {
             epilogue: vec![],
             out: h,
             extra_out: vec![],
+            rows: None,
         };
         // bf16 1.0, 0.10009765625 (0.1 rounded), 29952 (30000 rounded)
         let xs: [u16; 3] = [0x3f80, 0x3dcd, 0x46ea];
@@ -567,6 +597,7 @@ mod tests {
             epilogue: vec![],
             out: 0,
             extra_out: vec![],
+            rows: None,
         };
         assert!(validate(&k)
             .unwrap_err()

@@ -162,6 +162,47 @@ pub struct Kernel {
     /// values (a trailing dim of that size with stride 1), e.g. (mean, rstd).
     /// Without one, the values stored to operands 1, 2, ... (one each).
     pub extra_out: Vec<ValueId>,
+    /// With a reduction: a second pass over the reduced row once the
+    /// epilogue has run (see [`RowPass`]).
+    pub rows: Option<RowPass>,
+}
+
+/// A pass over a reduction's row after its epilogue, storing one value per
+/// element of the row: a softmax's `exp((x - shift) - logsum)` or a
+/// layer_norm's `(x - mean) * rstd * w + b` in the same kernel as the
+/// reduction, while the row just read is still in cache — one read of the
+/// input from memory instead of two, and one launch instead of two.
+///
+/// Its instructions' ids continue after the epilogue's. They may use
+/// epilogue values (one per row) and their own; a load reads its operand at
+/// the element (epilogue operands, of stride 0 along the row, give the same
+/// value at every element). The result goes to operand 1, the kernel's
+/// second output, whose stride along the row is that of a full tensor.
+///
+/// ```text
+/// kernel softmax(rank=2) {
+///   out0: f32 broadcast        (shift, logsum) per row
+///   out1: f32 contiguous       the row pass's output
+///   in2: f32 contiguous
+///   %0 = load in2 : f32
+///   reduce lse %0 over dim 1 : f32
+///   %1 = acc : f32
+///   %2 = acc.shift : f32
+///   %3 = acc.logsum : f32
+///   store %2, %3
+///   row:
+///   %4 = load in2 : f32
+///   %5 = sub %4, %2 : f32
+///   %6 = sub %5, %3 : f32
+///   %7 = exp %6 : f32
+///   store out1 %7
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowPass {
+    pub instrs: Vec<(Instr, DType)>,
+    /// The value stored to operand 1 at each element.
+    pub out: ValueId,
 }
 
 /// The machine-code ABI of a compiled kernel.
@@ -184,18 +225,53 @@ pub type KernelFn = unsafe extern "C" fn(
 impl Kernel {
     /// dtype of value `v` (body or epilogue).
     pub fn dtype_of(&self, v: ValueId) -> DType {
-        if v < self.body.len() {
-            self.body[v].1
+        self.instr(v).1
+    }
+
+    /// Value `v`'s instruction: body, then epilogue, then row-pass ids.
+    pub fn instr(&self, v: ValueId) -> (Instr, DType) {
+        let (nb, ne) = (self.body.len(), self.epilogue.len());
+        if v < nb {
+            self.body[v]
+        } else if v < nb + ne {
+            self.epilogue[v - nb]
         } else {
-            self.epilogue[v - self.body.len()].1
+            self.rows.as_ref().expect("a row-pass value").instrs[v - nb - ne]
         }
     }
 
+    /// The epilogue values the row pass reads (none without one), in order.
+    pub fn row_pass_reads(&self) -> Vec<ValueId> {
+        let Some(rows) = &self.rows else {
+            return vec![];
+        };
+        let first = self.body.len() + self.epilogue.len();
+        let mut ids: Vec<ValueId> = rows
+            .instrs
+            .iter()
+            .flat_map(|(ins, _)| {
+                let (args, n) = crate::interp::instr_args(ins);
+                args[..n].to_vec()
+            })
+            .filter(|&a| a < first)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+
+    /// How many values the kernel defines (body, epilogue and row pass).
+    pub fn values(&self) -> usize {
+        let rows = self.rows.as_ref().map_or(0, |r| r.instrs.len());
+        self.body.len() + self.epilogue.len() + rows
+    }
+
     /// Number of output operands (the leading ones): 1 with a reduction
-    /// (a tuple store stays in operand 0), `1 + extra_out.len()` without.
+    /// (a tuple store stays in operand 0; 2 with a row pass),
+    /// `1 + extra_out.len()` without.
     pub fn outputs(&self) -> usize {
         if self.reduce.is_some() {
-            1
+            1 + usize::from(self.rows.is_some())
         } else {
             1 + self.extra_out.len()
         }
@@ -266,6 +342,11 @@ impl Kernel {
             write!(s, ", %{v}")?;
         }
         writeln!(s)?;
+        if let Some(r) = &self.rows {
+            writeln!(s, "  row:")?;
+            write_instrs(s, &r.instrs, self.body.len() + self.epilogue.len())?;
+            writeln!(s, "  store out1 %{}", r.out)?;
+        }
         write!(s, "}}")?;
         writeln!(s)
     }

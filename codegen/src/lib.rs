@@ -10,5 +10,5 @@ pub mod online;
 mod validate;
 
 pub use kernel::{
-    AccPart, Inner, Instr, Kernel, KernelBuilder, KernelFn, Operand, Reduction, ValueId,
+    AccPart, Inner, Instr, Kernel, KernelBuilder, KernelFn, Operand, Reduction, RowPass, ValueId,
 };

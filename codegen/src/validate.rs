@@ -25,6 +25,7 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
     }
     let nb = k.body.len();
     let total = nb + k.epilogue.len();
+    validate_rows(k, total)?;
     for (id, (ins, _)) in k.body.iter().chain(k.epilogue.iter()).enumerate() {
         let (args, n) = instr_args(ins);
         for &a in &args[..n] {
@@ -38,7 +39,7 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
             Instr::Load(o) if o >= k.operands.len() => {
                 return Err(bad(format!("kernel {name}: %{id} loads operand {o}")));
             }
-            Instr::Load(0) if k.reduce.is_some() => {
+            Instr::Load(o) if k.reduce.is_some() && o < k.outputs() => {
                 return Err(bad(format!(
                     "kernel {name}: %{id} loads the output of a reduction"
                 )));
@@ -98,6 +99,57 @@ pub fn validate(k: &Kernel) -> Result<(), Error> {
     Ok(())
 }
 
+/// The row pass: after a reduction, over operand 1 (an output), its values
+/// built from epilogue values, loads of inputs and its own earlier values.
+fn validate_rows(k: &Kernel, first: usize) -> Result<(), Error> {
+    let Some(rows) = &k.rows else {
+        return Ok(());
+    };
+    let name = &k.name;
+    if k.reduce.is_none() {
+        return Err(bad(format!(
+            "kernel {name}: a row pass without a reduction"
+        )));
+    }
+    if k.operands.len() < 2 {
+        return Err(bad(format!(
+            "kernel {name}: a row pass needs output operand 1"
+        )));
+    }
+    for (j, (ins, _)) in rows.instrs.iter().enumerate() {
+        let id = first + j;
+        let (args, n) = instr_args(ins);
+        if let Some(&a) = args[..n].iter().find(|&&a| a >= id || a < k.body.len()) {
+            return Err(bad(format!(
+                "kernel {name}: row value %{id} uses %{a} (only epilogue values and earlier row values)"
+            )));
+        }
+        match *ins {
+            Instr::Load(o) if o < k.outputs() || o >= k.operands.len() => {
+                return Err(bad(format!(
+                    "kernel {name}: row value %{id} loads operand {o}"
+                )));
+            }
+            Instr::Scalar(n) if n >= k.scalars.len() => {
+                return Err(bad(format!(
+                    "kernel {name}: %{id} reads missing scalar {n}"
+                )));
+            }
+            Instr::Acc | Instr::AccPart(_) => {
+                return Err(bad(format!("kernel {name}: acc in the row pass (%{id})")));
+            }
+            _ => {}
+        }
+    }
+    if rows.out < first || rows.out >= k.values() {
+        return Err(bad(format!(
+            "kernel {name}: the row pass stores %{}, not one of its values",
+            rows.out
+        )));
+    }
+    Ok(())
+}
+
 /// Rejects f16/bf16 anywhere in `k` (operands, scalars, values, the
 /// accumulator), for backends that have no half type: the CPU JIT, whose
 /// callers widen half tensors to f32 temporaries around the kernel.
@@ -105,7 +157,14 @@ pub(crate) fn reject_half(k: &Kernel, backend: &str) -> Result<(), Error> {
     let name = &k.name;
     let dts = k.operands.iter().map(|o| o.dtype);
     let dts = dts.chain(k.scalars.iter().copied());
-    let dts = dts.chain(k.body.iter().chain(&k.epilogue).map(|(_, d)| *d));
+    let rows = k.rows.iter().flat_map(|r| &r.instrs);
+    let dts = dts.chain(
+        k.body
+            .iter()
+            .chain(&k.epilogue)
+            .chain(rows)
+            .map(|(_, d)| *d),
+    );
     let dts = dts.chain(k.reduce.as_ref().map(|r| r.dtype));
     for dt in dts {
         if dt.is_half() {

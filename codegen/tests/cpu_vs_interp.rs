@@ -182,6 +182,7 @@ fn cpu_jit_rejects_half_operands() {
             epilogue: vec![],
             out: y,
             extra_out: vec![],
+            rows: None,
         };
         let mut g = JIT.lock().unwrap_or_else(|e| e.into_inner());
         let jit = g.get_or_insert_with(|| CpuJit::new().unwrap());
@@ -300,6 +301,7 @@ fn scalars_and_w1_chain() {
             epilogue: vec![],
             out,
             extra_out: vec![],
+            rows: None,
         };
         let views = vec![
             (vec![1], vec![0u8; 4 * n]),
@@ -329,6 +331,7 @@ fn scalars_and_w1_chain() {
         epilogue: vec![],
         out: o,
         extra_out: vec![],
+        rows: None,
     };
     let (st, len) = layout(&[4, 5], Layout::Permuted);
     let views = vec![
@@ -393,6 +396,7 @@ fn accuracy_sweeps() {
             epilogue: vec![],
             out,
             extra_out: vec![],
+            rows: None,
         };
         let ck = compile(&k);
         let mut got = vec![0f32; n];
@@ -452,6 +456,7 @@ fn w1_timing() {
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     };
     let t0 = std::time::Instant::now();
     let ck = compile(&k);

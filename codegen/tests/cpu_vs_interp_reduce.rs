@@ -76,6 +76,7 @@ fn reduction(
             epilogue: epilogue.clone(),
             out,
             extra_out: vec![],
+            rows: None,
         };
         let t = match (kind, acc_dt) {
             // Float sums add in the same (PyTorch's) order in both.
@@ -146,6 +147,7 @@ fn argmax_first_index_and_nan() {
         epilogue: vec![(Instr::Acc, I64)],
         out: 1,
         extra_out: vec![],
+        rows: None,
     };
     let ck = compile(&k);
     for (xs, want) in [

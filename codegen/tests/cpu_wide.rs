@@ -81,6 +81,7 @@ fn kernel(ins: &[Inner], body: impl Fn(&mut KernelBuilder) -> ValueId) -> Kernel
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     }
 }
 

@@ -35,6 +35,7 @@ fn pointwise(name: &str, rank: usize, ops: Vec<Operand>, b: KernelBuilder, out: 
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     }
 }
 

@@ -34,6 +34,8 @@ use std::path::PathBuf;
 mod cases;
 #[path = "cuda_shim/half.rs"]
 mod half;
+#[path = "cuda_shim/rows.rs"]
+mod rows;
 #[path = "cuda_shim/vector.rs"]
 mod vector;
 

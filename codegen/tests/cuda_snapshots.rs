@@ -28,6 +28,7 @@ fn kernel(name: &str, ops: Vec<Operand>, b: KernelBuilder, out: usize) -> Kernel
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     }
 }
 

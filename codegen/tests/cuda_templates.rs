@@ -167,6 +167,7 @@ fn bn_relu(dt: DType) -> Kernel {
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     }
 }
 

@@ -169,6 +169,7 @@ fn validator_rejects_bad_multi_output() {
         epilogue: vec![(Instr::Acc, F32)],
         out: 1,
         extra_out: vec![],
+        rows: None,
     };
     let e = validate(&k).unwrap_err().to_string();
     assert!(e.contains("loads the output of a reduction"), "{e}");

@@ -42,6 +42,7 @@ fn kernel(kind: ReduceKind, dt: DType, inner: Inner, rank: usize) -> Kernel {
         epilogue: shift_ids(epi.instrs, nb),
         out: outs[0] + nb,
         extra_out: outs[1..].iter().map(|v| v + nb).collect(),
+        rows: None,
     }
 }
 

@@ -34,6 +34,7 @@ fn broadcast_add() -> Kernel {
         epilogue: vec![],
         out: z,
         extra_out: vec![],
+        rows: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn strided_exp() -> Kernel {
         epilogue: vec![],
         out: e,
         extra_out: vec![],
+        rows: None,
     }
 }
 
@@ -85,6 +87,7 @@ fn softmax_sum() -> Kernel {
         epilogue: vec![(Instr::Acc, DType::F32)],
         out: n,
         extra_out: vec![],
+        rows: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn row_sum_kernel(dt: DType, body_neg: bool) -> Kernel {
         epilogue: vec![(Instr::Acc, dt)],
         out: n,
         extra_out: vec![],
+        rows: None,
     }
 }
 
@@ -236,6 +237,7 @@ fn scalar_plan_and_strided_rows() {
         epilogue: vec![(Instr::Acc, F32)],
         out: nb,
         extra_out: vec![],
+        rows: None,
     };
     let ck = compile(&k);
     assert_eq!(ck.lanes, 1);

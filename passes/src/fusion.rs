@@ -11,6 +11,7 @@
 //! | pointwise | view / extern / output| stored                                     | views and extern kernels index memory |
 //! | pointwise | > `MAX_RECOMPUTE` uses| stored                                     | recomputing for many readers costs more than one store |
 //! | extern    | one pointwise chain   | the chain is the extern's epilogue         | applied per output tile while it is in cache |
+//! | lse_parts / moments | the one pointwise kernel reading its parts | the reader may run it as its row pass | the row is re-read from cache, not memory |
 //!
 //! A stored pointwise value is the root of one kernel; its inlined producers
 //! are the kernel's body. Views cost nothing: they re-describe stored memory.
@@ -90,6 +91,10 @@ pub struct FusionPlan {
     pub stored: Vec<bool>,
     /// Per node: the extern whose epilogue computes it (its value shares that buffer).
     pub epilogue_of: Vec<Option<NodeId>>,
+    /// Per one-pass reduction (lse_parts, moments): the root of the only
+    /// pointwise kernel that reads its parts, which may run the reduction
+    /// as its row pass (the executor decides by device and dtype).
+    pub row_pass_of: Vec<Option<NodeId>>,
     pub kernels: Vec<Kernel>,
 }
 
@@ -217,11 +222,58 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
             reads,
         });
     }
+    let row_pass_of = row_passes(g, &kernels, &epilogue_of);
     FusionPlan {
         stored,
         epilogue_of,
+        row_pass_of,
         kernels,
     }
+}
+
+/// [`FusionPlan::row_pass_of`]: a one-pass reduction over one dim whose
+/// parts are read only through `getitem`s, by pointwise nodes, all inside
+/// one pointwise kernel (not an extern's epilogue), none a graph output.
+fn row_passes(
+    g: &Graph,
+    kernels: &[Kernel],
+    epilogue_of: &[Option<NodeId>],
+) -> Vec<Option<NodeId>> {
+    let mut users: Vec<Vec<NodeId>> = vec![vec![]; g.len()];
+    for (id, node) in g.iter() {
+        for o in &node.operands {
+            users[o.index()].push(id);
+        }
+    }
+    let outputs = g.outputs();
+    let mut out = vec![None; g.len()];
+    for (id, node) in g.iter() {
+        let one_dim = match &node.op {
+            NodeOp::Op(Op::LseParts { dims } | Op::Moments { dims, .. }) => dims.len() == 1,
+            _ => false,
+        };
+        let parts = &users[id.index()];
+        let only_parts = parts
+            .iter()
+            .all(|p| matches!(g.node(*p).op, NodeOp::Project(_)) && !outputs.contains(p));
+        let pointwise_readers = parts
+            .iter()
+            .flat_map(|p| &users[p.index()])
+            .all(|u| node_kind(&g.node(*u).op) == NodeKind::Pointwise);
+        if !one_dim || !only_parts || !pointwise_readers {
+            continue;
+        }
+        let readers: Vec<&Kernel> = kernels
+            .iter()
+            .filter(|k| k.reads.iter().any(|r| parts.contains(r)))
+            .collect();
+        if let [k] = readers.as_slice() {
+            if k.kind == KernelKind::Pointwise && epilogue_of[k.root.index()].is_none() {
+                out[id.index()] = Some(k.root);
+            }
+        }
+    }
+    out
 }
 
 /// `fused[mul+add+gelu]`-style name of a kernel, as profiles and dumps show it.
@@ -260,6 +312,9 @@ pub fn dump(g: &Graph, plan: &FusionPlan) -> String {
         );
         if !fused.is_empty() {
             let _ = write!(s, " fuses [{}]", fused.join(", "));
+        }
+        if let Some(r) = plan.row_pass_of[k.root.index()] {
+            let _ = write!(s, " row pass of {}", id(r));
         }
         let _ = writeln!(s, " : {ty}");
     }

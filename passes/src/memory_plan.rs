@@ -171,6 +171,7 @@ pub fn eager_peak(g: &Graph) -> usize {
     let all = crate::fusion::FusionPlan {
         stored: vec![true; g.len()],
         epilogue_of: vec![None; g.len()],
+        row_pass_of: vec![None; g.len()],
         kernels: g
             .iter()
             .filter(|(_, n)| {

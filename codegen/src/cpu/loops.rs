@@ -246,7 +246,7 @@ impl Row<'_> {
         byte_off: i32,
         pre: &[Option<Value>],
     ) -> Vec<Value> {
-        let known = vec![None; self.k.body.len() + self.k.epilogue.len()];
+        let known = vec![None; self.k.values()];
         self.eval_known(em, roots, i, byte_off, pre, known)
     }
 

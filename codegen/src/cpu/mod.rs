@@ -21,6 +21,7 @@ mod math;
 mod online;
 mod plan;
 mod reduce;
+mod rows;
 mod tiles;
 pub mod wide;
 

@@ -98,49 +98,74 @@ fn vector_dtype(k: &Kernel) -> Option<DType> {
         return None;
     }
     let live = live_body(k, &roots);
+    let mut body = k.body.iter().enumerate().filter(|(id, _)| live[*id]);
+    body.all(|(_, &(ins, dt))| vectorises(k, ins, dt, d))
+        .then_some(d)
+}
+
+/// Whether value `(ins, dt)` of a row whose vector dtype is `d` runs on vectors.
+fn vectorises(k: &Kernel, ins: Instr, dt: DType, d: DType) -> bool {
     let ok_dt = |t: DType| t == d || t == DType::Bool;
-    for (id, (ins, dt)) in k.body.iter().enumerate() {
-        if !live[id] {
-            continue;
-        }
-        let dt = *dt;
-        if !ok_dt(dt) {
-            return None;
-        }
-        let ok = match *ins {
-            Instr::Load(op) => {
-                let o = k.operands[op];
-                o.dtype == d && dt == d && o.inner != Inner::Strided
-            }
-            Instr::Scalar(n) => k.scalars[n] == d && dt == d,
-            Instr::Const(_) => true,
-            Instr::Unary(op, a) => {
-                let ad = k.dtype_of(a);
-                if dt == DType::Bool {
-                    op == UnaryOp::Not && ok_dt(ad)
-                } else {
-                    ad == d
-                }
-            }
-            Instr::Binary(op, a, b) => {
-                let (ad, bd) = (k.dtype_of(a), k.dtype_of(b));
-                let want = if op.is_comparison() { DType::Bool } else { ad };
-                let bool_ok = ad != DType::Bool
-                    || matches!(
-                        op,
-                        BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne
-                    );
-                ad == bd && dt == want && bool_ok
-            }
-            Instr::Where(c, a, b) => {
-                k.dtype_of(c) == DType::Bool && k.dtype_of(a) == dt && k.dtype_of(b) == dt
-            }
-            Instr::Cast(a) => ok_dt(k.dtype_of(a)),
-            Instr::Acc | Instr::AccPart(_) => false,
-        };
-        if !ok {
-            return None;
-        }
+    if !ok_dt(dt) {
+        return false;
     }
-    Some(d)
+    match ins {
+        Instr::Load(op) => {
+            let o = k.operands[op];
+            o.dtype == d && dt == d && o.inner != Inner::Strided
+        }
+        Instr::Scalar(n) => k.scalars[n] == d && dt == d,
+        Instr::Const(_) => true,
+        Instr::Unary(op, a) => {
+            let ad = k.dtype_of(a);
+            if dt == DType::Bool {
+                op == UnaryOp::Not && ok_dt(ad)
+            } else {
+                ad == d
+            }
+        }
+        Instr::Binary(op, a, b) => {
+            let (ad, bd) = (k.dtype_of(a), k.dtype_of(b));
+            let want = if op.is_comparison() { DType::Bool } else { ad };
+            let bool_ok = ad != DType::Bool
+                || matches!(
+                    op,
+                    BinaryOp::And | BinaryOp::Or | BinaryOp::Eq | BinaryOp::Ne
+                );
+            ad == bd && dt == want && bool_ok
+        }
+        Instr::Where(c, a, b) => {
+            k.dtype_of(c) == DType::Bool && k.dtype_of(a) == dt && k.dtype_of(b) == dt
+        }
+        Instr::Cast(a) => ok_dt(k.dtype_of(a)),
+        Instr::Acc | Instr::AccPart(_) => false,
+    }
+}
+
+/// The plan of a reduction's row pass ([`crate::kernel::RowPass`]): vectors
+/// when its output (operand 1) is contiguous f32/f64 and its values
+/// vectorise as a pointwise row's do; epilogue values enter it splatted.
+pub(crate) fn row_pass_plan(k: &Kernel) -> Plan {
+    let Some(rows) = &k.rows else {
+        return Plan::SCALAR;
+    };
+    let out = k.operands[1];
+    let d = out.dtype;
+    let epi_ok = k.epilogue.iter().all(|(_, dt)| *dt == d);
+    let ok = matches!(d, DType::F32 | DType::F64)
+        && out.inner == Inner::Contiguous
+        && k.dtype_of(rows.out) == d
+        && epi_ok
+        && rows
+            .instrs
+            .iter()
+            .all(|&(ins, dt)| vectorises(k, ins, dt, d));
+    match ok {
+        true => Plan {
+            lanes: (16 / d.size()) as u32,
+            unroll: 2,
+            vdt: d,
+        },
+        false => Plan::SCALAR,
+    }
 }

@@ -17,7 +17,8 @@
 //! [`crate::interp::reduce_identity`], so an empty row gives 0, 1 or ∓inf.
 //! Combining uses the `ScalarOps` primitives (Add, Mul, NaN-propagating
 //! Max/Min), the same ones the interpreter uses. LogSumExp and Welford keep
-//! a running state instead (`online.rs`).
+//! a running state instead (`online.rs`). A kernel with a row pass then
+//! walks the row again (`rows.rs`).
 
 use super::emit::{flags, scalar_ty, Emitter};
 use super::loops::{for_loop, loaded_operands, store_out, Frame, Row};
@@ -132,11 +133,21 @@ fn epilogue(
             _ => unreachable!(),
         }
     };
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+    let mut vals = vec![None; k.values()];
     let size = k.operands[0].dtype.size() as i32;
     for (t, &o) in std::iter::once(&k.out).chain(&k.extra_out).enumerate() {
         let v = eval_value(em, k, o, &mut vals, &mut leaf);
         store_out(k, em, v, k.dtype_of(o), ptrs[0], t as i32 * size);
+    }
+    if k.rows.is_some() {
+        for id in k.row_pass_reads() {
+            eval_value(em, k, id, &mut vals, &mut leaf);
+        }
+        // only epilogue values enter the pass (body values are per element)
+        for v in &mut vals[..k.body.len()] {
+            *v = None;
+        }
+        super::rows::row_pass(k, em, fr, ptrs, &vals);
     }
 }
 

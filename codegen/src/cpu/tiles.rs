@@ -73,7 +73,7 @@ pub(crate) fn tiled_row(
     let vbytes = 16i32;
     // the tile of wide value `j` at element `i` (+ `off` bytes), as f32x4
     let read_back = |em: &mut Emitter, base: Value, upto: usize, off: i32| {
-        let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+        let mut vals = vec![None; k.values()];
         for (j, &h) in heavy[..upto].iter().enumerate() {
             let v = em.b.ins().load(
                 types::F32X4,

@@ -97,6 +97,7 @@ pub fn cuda_kernel_name(k: &Kernel) -> String {
 /// The CUDA C source of `k` (deterministic: the same kernel gives the same text).
 pub fn cuda_source(k: &Kernel) -> Result<String, Error> {
     validate(k)?;
+    online::check_row_pass(k)?;
     let mut e = CudaC::default();
     let name = cuda_kernel_name(k);
     e.indent = 1;
@@ -334,12 +335,14 @@ fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         _ => unreachable!(),
     };
     store_epilogue(e, k, &mut leaf);
+    close_row(e);
 }
 
 /// Evaluates and stores a row reduction's outputs (`leaf` gives the
-/// accumulator, loads and scalars), then closes the row's blocks.
+/// accumulator, loads and scalars), then closes the row's blocks and waits
+/// for the block (the loop over rows stays open: [`close_row`]).
 fn store_epilogue(e: &mut CudaC, k: &Kernel, leaf: &mut Leaf<'_, CudaC>) {
-    let mut vals = vec![None; k.body.len() + k.epilogue.len()];
+    let mut vals = vec![None; k.values()];
     for st in k.stores() {
         let v = eval_value(e, k, st.2, &mut vals, leaf);
         store(e, k, st, v);
@@ -349,6 +352,10 @@ fn store_epilogue(e: &mut CudaC, k: &Kernel, leaf: &mut Leaf<'_, CudaC>) {
     e.indent -= 1;
     e.line("}");
     e.line("__syncthreads();");
+}
+
+/// Closes the loop over rows that [`store_epilogue`] left open.
+fn close_row(e: &mut CudaC) {
     e.indent -= 1;
     e.line("}");
 }

@@ -4,8 +4,13 @@
 //! states merge across each warp with `__shfl_down_sync` (every component
 //! shuffled), warp leaders meet in shared memory, and thread 0 finishes the
 //! state, runs the epilogue and stores `out` (and `extra_out` after it).
+//! A row pass then runs on every thread over its slice of the row, reading
+//! the stored parts back after a block barrier.
 
-use super::{c_literal, c_type, decompose, inner_term, load, store_epilogue, CudaC, Cv};
+use super::{
+    c_literal, c_type, close_row, decompose, inner_term, load, store_elem, store_epilogue, CudaC,
+    Cv,
+};
 use crate::interp::eval_value;
 use crate::kernel::{Instr, Kernel};
 use crate::online::{self, Finished, Lse, Moments};
@@ -166,4 +171,59 @@ pub(super) fn reduction(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
         _ => unreachable!(),
     };
     store_epilogue(e, k, &mut leaf);
+    row_pass(e, k, scal);
+    close_row(e);
+}
+
+/// Whether the CUDA backend can run `k`'s row pass: after a one-pass
+/// reduction, reading only epilogue values that are stored (each thread
+/// reads them back from the output once thread 0 has stored them).
+pub(super) fn check_row_pass(k: &Kernel) -> Result<(), kiln_ir::Error> {
+    if k.rows.is_none() {
+        return Ok(());
+    }
+    let online = k.reduce.as_ref().is_some_and(|r| online::is_online(r.kind));
+    let stored: Vec<usize> = k.stores().iter().map(|s| s.2).collect();
+    if !online || k.row_pass_reads().iter().any(|v| !stored.contains(v)) {
+        return Err(kiln_ir::Error::Codegen(format!(
+            "kernel {}: the CUDA row pass needs a one-pass reduction and only stored epilogue values",
+            k.name
+        )));
+    }
+    Ok(())
+}
+
+/// The row pass (see [`crate::kernel::RowPass`]), after the block barrier
+/// that follows thread 0's stores: every thread reads the row's stored
+/// parts back and walks its slice of the row, storing to operand 1.
+fn row_pass(e: &mut CudaC, k: &Kernel, scal: &[Cv]) {
+    let Some(rows) = &k.rows else {
+        return;
+    };
+    let last = k.rank - 1;
+    e.line(&format!(
+        "for (long long j = threadIdx.x; j < n{last}; j += blockDim.x) {{"
+    ));
+    e.indent += 1;
+    let mut vals = vec![None; k.values()];
+    let reads = k.row_pass_reads();
+    for (_, t, v) in k.stores() {
+        if reads.contains(&v) {
+            let (x, dt) = load(e, k, 0, &format!("o0 + {t}"));
+            let want = k.dtype_of(v);
+            vals[v] = Some(if dt == want { x } else { e.cast(x, dt, want) });
+        }
+    }
+    let mut leaf = |e: &mut CudaC, ins: Instr| match ins {
+        Instr::Load(op) => load(e, k, op, &format!("o{op}{}", inner_term(k, op, "j"))),
+        Instr::Scalar(n) => (scal[n], k.scalars[n]),
+        _ => unreachable!("checked by check_row_pass"),
+    };
+    let v = eval_value(e, k, rows.out, &mut vals, &mut leaf);
+    let at = format!("p1[o1{}]", inner_term(k, 1, "j"));
+    store_elem(e, k, (1, rows.out), v, &at);
+    e.indent -= 1;
+    e.line("}");
+    // the next row's thread 0 overwrites the shared state
+    e.line("__syncthreads();");
 }

@@ -11,6 +11,7 @@ pub use std::sync::Mutex;
 pub use DType::*;
 
 pub mod multi_out;
+pub mod row_pass;
 
 pub static JIT: Mutex<Option<CpuJit>> = Mutex::new(None);
 
@@ -274,6 +275,7 @@ pub fn pointwise(
             epilogue: vec![],
             out,
             extra_out: vec![],
+            rows: None,
         };
         check(&k, &sizes, &views, &[], t);
     }

@@ -40,6 +40,7 @@ pub fn adam_step(dt: DType, rank: usize, outs: Inner, g: Inner) -> Kernel {
         epilogue: vec![],
         out: p2,
         extra_out: vec![m2, v2],
+        rows: None,
     }
 }
 
@@ -63,5 +64,6 @@ pub fn swap(dt: DType, sum_dt: DType, rank: usize, inner: Inner) -> Kernel {
         epilogue: vec![],
         out: y,
         extra_out: vec![x, s],
+        rows: None,
     }
 }

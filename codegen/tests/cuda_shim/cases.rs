@@ -44,6 +44,7 @@ pub fn kernel(
         epilogue: vec![],
         out,
         extra_out: vec![],
+        rows: None,
     }
 }
 
@@ -198,6 +199,7 @@ fn reduction_cases(
             epilogue: epilogue.clone(),
             out,
             extra_out: extra_out.clone(),
+            rows: None,
         };
         cases.push(Case {
             label: format!("{kind}.{dt} {sizes:?} {in_layout:?} epi={epi_load} block={block}"),
@@ -464,6 +466,7 @@ pub fn all_cases() -> Vec<Case> {
     multi_output_cases(&mut cases, &mut rng);
     super::half::half_cases(&mut cases, &mut rng);
     super::vector::vector_cases(&mut cases, &mut rng);
+    super::rows::row_pass_cases(&mut cases, &mut rng);
     cases
 }
 

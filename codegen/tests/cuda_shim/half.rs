@@ -393,6 +393,7 @@ fn reductions(cases: &mut Vec<Case>, rng: &mut Rng) {
                 epilogue: epilogue.clone(),
                 out,
                 extra_out: extra_out.clone(),
+                rows: None,
             };
             cases.push(Case {
                 label: format!("{} {sizes:?} {l:?} epi={epi_load}", k.name),

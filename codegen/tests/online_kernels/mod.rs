@@ -29,6 +29,7 @@ pub fn softmax_lse() -> Kernel {
         ],
         out: 2,
         extra_out: vec![3],
+        rows: None,
     }
 }
 
@@ -67,5 +68,6 @@ pub fn layer_norm_moments() -> Kernel {
         epilogue,
         out: shift(mean),
         extra_out: vec![shift(var), shift(rstd)],
+        rows: None,
     }
 }

@@ -14,7 +14,11 @@ use crate::ops::fuse::{Fuser, Lazy};
 use crate::{Scalar, Tensor};
 use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
 use kiln_ir::op::Op;
-use kiln_ir::{bail, DType, Result};
+use kiln_ir::{
+    bail, DType,
+    ReduceKind::{LogSumExp, Welford},
+    Result,
+};
 use kiln_passes::decompose::Builder;
 use kiln_passes::fusion::{self, FusionPlan, KernelKind, NodeKind};
 use kiln_passes::memory_plan::{self, MemoryPlan};
@@ -74,13 +78,16 @@ impl HoistCache {
 pub(super) enum Val {
     One(Lazy),
     Many(Vec<Tensor>),
+    /// The parts of a one-pass reduction that its reader runs as a row
+    /// pass (`FusionPlan::row_pass_of`): nothing has run yet.
+    Parts(Vec<Lazy>),
 }
 
 impl Val {
     pub(super) fn lazy(&self) -> Result<&Lazy> {
         match self {
             Val::One(l) => Ok(l),
-            Val::Many(_) => bail!("compile", "a tuple value used as a tensor"),
+            Val::Many(_) | Val::Parts(_) => bail!("compile", "a tuple value used as a tensor"),
         }
     }
 }
@@ -100,6 +107,19 @@ pub(super) fn pointwise(op: &Op, a: &[&Lazy]) -> Result<Lazy> {
         Op::Cast(dt) => f.cast(a[0], *dt),
         other => bail!("compile", "`{}` is not pointwise", other.name()),
     }
+}
+
+/// A one-pass reduction's value: its parts as tensors once it has run, or
+/// pending until the reader that runs it as its row pass.
+fn parts(ps: Vec<Lazy>) -> Result<Val> {
+    if ps.iter().all(|p| p.as_leaf().is_some()) {
+        return ps
+            .iter()
+            .map(|p| p.materialize())
+            .collect::<Result<_>>()
+            .map(Val::Many);
+    }
+    Ok(Val::Parts(ps))
 }
 
 fn scalar(v: ScalarValue) -> Scalar {
@@ -539,6 +559,7 @@ impl Executable {
             }
             NodeOp::Project(k) => match &vals[node.operands[0].index()] {
                 Some(Val::Many(ts)) => Lazy::tensor(&ts[*k]),
+                Some(Val::Parts(ls)) => ls[*k].clone(),
                 _ => bail!("compile", "getitem of a value that is not a tuple"),
             },
             NodeOp::Op(op) => match fusion::node_kind(&node.op) {
@@ -569,20 +590,14 @@ impl Executable {
                         } => f.reduce(*kind, x, &pick(dims), *keepdim)?,
                         Op::Mean { dims, keepdim } => f.mean(x, &pick(dims), *keepdim)?,
                         Op::LseParts { dims } => {
-                            let (shift, logsum) = f.lse_parts(x, &pick(dims))?;
-                            return Ok(Val::Many(vec![
-                                shift.materialize()?,
-                                logsum.materialize()?,
-                            ]));
+                            let defer = self.plan.row_pass_of[i].is_some();
+                            let ps = f.one_pass(LogSumExp, x, &pick(dims), 0.0, defer)?;
+                            return parts(ps);
                         }
                         Op::Moments { dims, eps } => {
-                            let m = f.moments(x, &pick(dims), eps.0)?;
-                            let parts = [m.mean, m.var, m.rstd];
-                            let ts = parts
-                                .iter()
-                                .map(|p| p.materialize())
-                                .collect::<Result<_>>()?;
-                            return Ok(Val::Many(ts));
+                            let defer = self.plan.row_pass_of[i].is_some();
+                            let ps = f.one_pass(Welford, x, &pick(dims), eps.0, defer)?;
+                            return parts(ps);
                         }
                         _ => unreachable!("node_kind says reduction"),
                     }

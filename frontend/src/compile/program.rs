@@ -270,6 +270,13 @@ impl Recorder {
             }
             return;
         }
+        // a reduction its reader runs as a row pass: nothing ran yet
+        if let Val::Parts(_) = v {
+            if !events.is_empty() {
+                self.fail("a pending reduction launched kernels");
+            }
+            return;
+        }
         // a pending pointwise value: its readers' launches load its leaves
         if let Val::One(l) = v {
             if tensor_of(l).is_none() {
@@ -361,7 +368,7 @@ impl Recorder {
                             .body
                             .iter()
                             .any(|(ins, _)| *ins == kiln_codegen::Instr::Load(k));
-                        if reads_itself || !covers(c, k, parts) {
+                        if reads_itself || !covers(c, k, if k == 0 { parts } else { 1 }) {
                             return reject(self);
                         }
                         self.slots.push(Slot {
@@ -410,6 +417,7 @@ impl Recorder {
                 Some(Value::One(s, layout))
             }
             Val::Many(ts) => Some(Value::Many(ts.iter().map(find).collect::<Option<_>>()?)),
+            Val::Parts(_) => None,
         }
     }
 
@@ -419,6 +427,7 @@ impl Recorder {
         let ts: Vec<&Tensor> = match v {
             Val::One(l) => tensor_of(l).into_iter().collect(),
             Val::Many(ts) => ts.iter().collect(),
+            Val::Parts(_) => vec![],
         };
         for t in ts {
             let p = Arc::as_ptr(&t.storage);
@@ -520,6 +529,7 @@ impl Recorder {
         let ts: Vec<Tensor> = match v {
             Val::One(l) => tensor_of(l).into_iter().cloned().collect(),
             Val::Many(ts) => ts.clone(),
+            Val::Parts(_) => return self.fail("a pending reduction as a node step"),
         };
         let mut outs = vec![];
         let mut parts = vec![];
@@ -546,7 +556,7 @@ impl Recorder {
         uses.extend(&outs);
         self.values[id.index()] = Some(match v {
             Val::One(_) => Value::One(parts[0].0, parts[0].1.clone()),
-            Val::Many(_) => Value::Many(parts),
+            Val::Many(_) | Val::Parts(_) => Value::Many(parts),
         });
         self.steps.push(Step::Node {
             id,
@@ -644,7 +654,7 @@ impl Recorder {
 fn v_tensor(v: &Val) -> Option<&Tensor> {
     match v {
         Val::One(l) => tensor_of(l),
-        Val::Many(_) => None,
+        Val::Many(_) | Val::Parts(_) => None,
     }
 }
 
@@ -731,7 +741,9 @@ impl Program {
                         .iter()
                         .map(|r| match self.value(*r, &mut slot, &buffers) {
                             Val::One(l) => Ok(tensor_of(&l).expect("a tensor").clone()),
-                            Val::Many(_) => kiln_ir::bail!("compile", "a tuple conv operand"),
+                            Val::Many(_) | Val::Parts(_) => {
+                                kiln_ir::bail!("compile", "a tuple conv operand")
+                            }
                         })
                         .collect::<Result<_>>()?;
                     let bases: Vec<Option<Tensor>> = t
@@ -774,6 +786,9 @@ impl Program {
                     let ts: Vec<Tensor> = match &v {
                         Val::One(l) => tensor_of(l).into_iter().cloned().collect(),
                         Val::Many(ts) => ts.clone(),
+                        Val::Parts(_) => {
+                            kiln_ir::bail!("compile", "a replayed node left a reduction pending")
+                        }
                     };
                     let mut k = 0;
                     for t in ts {
@@ -806,7 +821,7 @@ impl Program {
         for o in exec.graph.outputs() {
             match self.value(*o, &mut slot, &buffers) {
                 Val::One(l) => outs.push(tensor_of(&l).expect("a tensor").clone()),
-                Val::Many(_) => kiln_ir::bail!("compile", "a tuple graph output"),
+                Val::Many(_) | Val::Parts(_) => kiln_ir::bail!("compile", "a tuple graph output"),
             }
         }
         Ok(Some(outs))

@@ -5,21 +5,24 @@
 //! reduction compiles the pending expression into its own loop body (a
 //! prologue), and whatever is pending at the end becomes one pointwise
 //! kernel. One-pass reductions store several values per row (a trailing
-//! tuple dim, read back through views): eager softmax is 2 kernels (an online
-//! log-sum-exp storing (shift, logsum); exp((x - shift) - logsum)) and
-//! layer_norm 2 (a Welford pass storing (mean, var, rstd); the normalisation).
+//! tuple dim, read back through views). Their reader over the same rows
+//! runs them as its row pass ([`rows`]): eager softmax is ONE kernel (an
+//! online log-sum-exp storing (shift, logsum), then exp((x - shift) -
+//! logsum) along the row again) and so is layer_norm (Welford's (mean, var,
+//! rstd), then the normalisation).
 //! Types follow the same inference functions as the unfused ops.
 
 use super::kernel::KernelCall;
 use super::reduce::{mean_epilogue, reduce_expr};
 use crate::{Scalar, Tensor};
-use kiln_codegen::AccPart;
 use kiln_ir::op::infer::{self, Arg, Meta};
 use kiln_ir::shape::Dims;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
 use kiln_passes::decompose::{Builder, Moments};
 use std::collections::HashMap;
 use std::rc::Rc;
+
+mod rows;
 
 /// A value of a decomposition: a tensor, or a pending pointwise expression.
 #[derive(Clone)]
@@ -32,6 +35,9 @@ struct Node {
 
 enum Kind {
     Leaf(Tensor),
+    /// Part `i` of a one-pass reduction that may not have run yet: its
+    /// reader runs it as the reduction's row pass ([`rows`]).
+    Part(Rc<rows::Pending>, usize),
     /// A Python number, already in the compute dtype of its use.
     Scalar(f64, DType),
     /// `op(args cast to compute)`, then cast to `meta.dtype`.
@@ -54,6 +60,7 @@ impl Lazy {
     fn as_tensor(&self) -> Option<&Tensor> {
         match &self.0.kind {
             Kind::Leaf(t) => Some(t),
+            Kind::Part(p, i) => p.view(*i),
             _ => None,
         }
     }
@@ -65,6 +72,10 @@ impl Lazy {
 
     /// Runs the pending expression (one kernel), or returns the tensor.
     pub fn materialize(&self) -> Result<Tensor> {
+        if let Some(t) = rows::row_kernel(self)? {
+            return Ok(t);
+        }
+        self.force()?;
         if let Some(t) = self.as_tensor() {
             return Ok(t.clone());
         }
@@ -95,6 +106,7 @@ impl Lazy {
         dst: &Tensor,
         launch: impl FnOnce(&kiln_codegen::Kernel, &[kiln_runtime::View], &[u64]) -> Result<()>,
     ) -> Result<()> {
+        self.force()?;
         let mut e = Emitter::default();
         let leaves = self.leaves();
         let mut k = KernelCall::new();
@@ -120,6 +132,9 @@ impl Lazy {
     /// dumps (`adam_step`), instead of the fused ops' names.
     pub fn materialize_many_named(name: Option<&str>, exprs: &[(&Lazy, &Tensor)]) -> Result<()> {
         let dsts: Vec<Tensor> = exprs.iter().map(|(_, d)| (*d).clone()).collect();
+        for (x, _) in exprs {
+            x.force()?;
+        }
         let mut leaves: Vec<Tensor> = vec![];
         for (x, _) in exprs {
             for t in x.leaves() {
@@ -160,14 +175,36 @@ impl Lazy {
 
     /// Whether the expression reads no tensor (constants only).
     pub fn is_constant(&self) -> bool {
-        self.leaves().is_empty()
+        let mut any = false;
+        rows::visit(self, &mut |n| {
+            any |= matches!(n.0.kind, Kind::Leaf(_) | Kind::Part(..));
+        });
+        !any
     }
 
-    /// Distinct leaf tensors, in first-use order.
+    /// Runs the one-pass reductions whose parts this expression reads.
+    fn force(&self) -> Result<()> {
+        let mut pending = vec![];
+        rows::visit(self, &mut |n| {
+            if let Kind::Part(p, _) = &n.0.kind {
+                pending.push(p.clone());
+            }
+        });
+        pending.iter().try_for_each(|p| p.resolve())
+    }
+
+    /// Distinct leaf tensors, in first-use order (parts of one-pass
+    /// reductions must have run: see [`Lazy::force`]).
     fn leaves(&self) -> Vec<Tensor> {
         fn walk(n: &Lazy, out: &mut Vec<Tensor>) {
+            let leaf = match &n.0.kind {
+                Kind::Part(p, i) => p.view(*i),
+                Kind::Leaf(t) => Some(t),
+                _ => None,
+            };
             match &n.0.kind {
-                Kind::Leaf(t) => {
+                Kind::Leaf(_) | Kind::Part(..) => {
+                    let t = leaf.expect("a forced part");
                     if !out
                         .iter()
                         .any(|o| o.shares_storage(t) && o.layout() == t.layout())
@@ -201,6 +238,8 @@ struct Emitter {
     leaf_vals: Vec<usize>,
     done: HashMap<*const Node, usize>,
     ops: Vec<&'static str>,
+    /// In a row pass: the reduction whose parts are the epilogue's values.
+    parts: Option<(Rc<rows::Pending>, Vec<usize>)>,
 }
 
 impl Emitter {
@@ -211,7 +250,11 @@ impl Emitter {
         }
         let out = n.0.meta.dtype.compute();
         let v = match &n.0.kind {
-            Kind::Leaf(t) => {
+            Kind::Part(p, i) if self.parts.as_ref().is_some_and(|q| Rc::ptr_eq(&q.0, p)) => {
+                self.parts.as_ref().expect("checked").1[*i]
+            }
+            Kind::Leaf(_) | Kind::Part(..) => {
+                let t = n.as_tensor().expect("a forced part");
                 let i = self
                     .leaves
                     .iter()
@@ -319,6 +362,7 @@ impl Fuser {
             ReduceKind::ArgMax | ReduceKind::ArgMin => m.dtype.compute(),
             _ => out.dtype.compute(),
         };
+        x.force()?;
         let leaves = x.leaves();
         let mut e = Emitter {
             leaves: leaves.clone(),
@@ -344,11 +388,52 @@ impl Fuser {
         )
     }
 
-    /// Element `i` of the trailing tuple dim of `t`, typed as `like` (a
-    /// cast that kernels skip: f16/bf16 values are computed in f32 anyway).
-    fn part(&mut self, t: &Tensor, i: i64, like: DType) -> Result<Lazy> {
-        let p = Lazy::tensor(&t.select(-1, i)?);
-        self.cast(&p, like)
+    /// The parts of a one-pass reduction (log-sum-exp: shift, logsum;
+    /// Welford: mean, var, rstd) over `dims` of `x`, each typed as `x` (a
+    /// cast kernels skip: f16/bf16 values are computed in f32 anyway).
+    /// With `defer`, where the row pass applies ([`rows::defers`]) the
+    /// reduction runs when a reader needs it, as that reader's row pass.
+    pub(crate) fn one_pass(
+        &mut self,
+        kind: ReduceKind,
+        x: &Lazy,
+        dims: &[i64],
+        eps: f64,
+        defer: bool,
+    ) -> Result<Vec<Lazy>> {
+        let p = Rc::new(rows::Pending::new(kind, x, eps));
+        if !(defer && rows::defers(x, dims)?) {
+            let t = self.reduce_lazy(
+                p.name(),
+                kind,
+                x,
+                dims,
+                true,
+                Some(x.0.meta.dtype.compute()),
+                |k, acc, _, c| p.epilogue(k, acc, c),
+            )?;
+            p.set(t)?;
+        }
+        let dims: Dims = match p.view(0) {
+            Some(v) => v.dims().iter().copied().collect(),
+            // deferred: over the last dim, kept
+            None => {
+                let mut d = x.0.meta.dims.clone();
+                *d.last_mut().expect("a deferred reduction has a dim") = 1;
+                d
+            }
+        };
+        let (dt, compute) = (x.0.meta.dtype, x.0.meta.dtype.compute());
+        (0..p.parts())
+            .map(|i| {
+                let meta = Meta {
+                    dtype: compute,
+                    dims: dims.clone(),
+                };
+                let part = Lazy::new(meta, Kind::Part(p.clone(), i));
+                self.cast(&part, dt)
+            })
+            .collect()
     }
 }
 
@@ -434,49 +519,20 @@ impl Builder for Fuser {
         )?;
         Ok(Lazy::tensor(&t))
     }
-    /// One online log-sum-exp kernel storing (shift, logsum) per row.
+    /// One online log-sum-exp kernel storing (shift, logsum) per row (run
+    /// by its reader as a row pass where it can: [`rows`]).
     fn lse_parts(&mut self, x: &Lazy, dims: &[i64]) -> Result<(Lazy, Lazy)> {
-        let dt = x.0.meta.dtype;
-        let kind = ReduceKind::LogSumExp;
-        let t = self.reduce_lazy(
-            "lse",
-            kind,
-            x,
-            dims,
-            true,
-            Some(dt.compute()),
-            |k, _, _, c| {
-                vec![
-                    k.acc_part(AccPart::Shift, c),
-                    k.acc_part(AccPart::LogSum, c),
-                ]
-            },
-        )?;
-        Ok((self.part(&t, 0, dt)?, self.part(&t, 1, dt)?))
+        let p = self.one_pass(ReduceKind::LogSumExp, x, dims, 0.0, true)?;
+        Ok((p[0].clone(), p[1].clone()))
     }
-    /// One Welford kernel storing (mean, var, rstd) per row.
+    /// One Welford kernel storing (mean, var, rstd) per row (run by its
+    /// reader as a row pass where it can: [`rows`]).
     fn moments(&mut self, x: &Lazy, dims: &[i64], eps: f64) -> Result<Moments<Lazy>> {
-        let dt = x.0.meta.dtype;
-        let kind = ReduceKind::Welford;
-        let t = self.reduce_lazy(
-            "moments",
-            kind,
-            x,
-            dims,
-            true,
-            Some(dt.compute()),
-            |k, var, _, c| {
-                let mean = k.acc_part(AccPart::Mean, c);
-                let eps = k.scalar(eps, c);
-                let ve = k.binary(BinaryOp::Add, var, eps, c);
-                let rstd = k.unary(UnaryOp::Rsqrt, ve, c);
-                vec![mean, var, rstd]
-            },
-        )?;
+        let p = self.one_pass(ReduceKind::Welford, x, dims, eps, true)?;
         Ok(Moments {
-            mean: self.part(&t, 0, dt)?,
-            var: self.part(&t, 1, dt)?,
-            rstd: self.part(&t, 2, dt)?,
+            mean: p[0].clone(),
+            var: p[1].clone(),
+            rstd: p[2].clone(),
         })
     }
     fn reshape(&mut self, x: &Lazy, shape: &[i64]) -> Result<Lazy> {

@@ -2,7 +2,9 @@
 //! "one-node graph". Every pointwise op and reduction in `ops` goes through here.
 
 use crate::Tensor;
-use kiln_codegen::{AccPart, Inner, Instr, Kernel, KernelBuilder, Operand, Reduction, ValueId};
+use kiln_codegen::{
+    AccPart, Inner, Instr, Kernel, KernelBuilder, Operand, Reduction, RowPass, ValueId,
+};
 use kiln_ir::op::view::broadcast_to;
 use kiln_ir::op::Layout;
 use kiln_ir::{BinaryOp, DType, ReduceKind, Result, UnaryOp};
@@ -16,6 +18,16 @@ pub(crate) struct KernelCall {
     inputs: Vec<Tensor>,
     scalars: Vec<DType>,
     scalar_bits: Vec<u64>,
+    /// Operand of the first input: 1, or 2 for a reduction with a row pass.
+    first_input: usize,
+}
+
+/// The row pass of [`KernelCall::reduce_with_rows`]: `emit(call, parts)`
+/// gives the value stored to `out` at each element of the row, from the
+/// epilogue's values `parts`.
+pub(crate) struct Rows<'a> {
+    pub out: &'a Tensor,
+    pub emit: &'a mut dyn FnMut(&mut KernelCall, &[ValueId]) -> ValueId,
 }
 
 /// dtype a kernel sees for a storage dtype: f16/bf16 are widened by the runtime.
@@ -31,6 +43,15 @@ impl KernelCall {
             inputs: vec![],
             scalars: vec![],
             scalar_bits: vec![],
+            first_input: 1,
+        }
+    }
+
+    /// A call for [`KernelCall::reduce_with_rows`] (its inputs start at operand 2).
+    pub fn for_rows() -> KernelCall {
+        KernelCall {
+            first_input: 2,
+            ..KernelCall::new()
         }
     }
 
@@ -58,8 +79,10 @@ impl KernelCall {
             return self.b.load(j, dt);
         }
         self.inputs.push(t.clone());
-        self.b
-            .load(self.outs.len().max(1) + self.inputs.len() - 1, dt)
+        self.b.load(
+            self.outs.len().max(self.first_input) + self.inputs.len() - 1,
+            dt,
+        )
     }
 
     /// Casts `a` to `to` (no-op when it already has that dtype).
@@ -156,6 +179,7 @@ impl KernelCall {
             epilogue: vec![],
             out: value,
             extra_out: vec![],
+            rows: None,
         };
         let mut views = vec![out.view()];
         views.extend(
@@ -210,6 +234,7 @@ impl KernelCall {
             epilogue: vec![],
             out: values[0],
             extra_out: values[1..].to_vec(),
+            rows: None,
         };
         let mut views: Vec<kiln_runtime::View> = outs.iter().map(|o| o.view()).collect();
         views.extend(
@@ -245,6 +270,22 @@ impl KernelCall {
     /// `epilogue(call, acc)` may add loads of tensors whose shape broadcasts to
     /// the kept dims; they are read once per output element.
     pub fn reduce(
+        self,
+        name: &str,
+        kind: ReduceKind,
+        value: ValueId,
+        loop_dims: &[usize],
+        out_dtype: DType,
+        epilogue: impl FnOnce(&mut KernelCall, ValueId) -> Vec<ValueId>,
+    ) -> Result<Tensor> {
+        self.reduce_with_rows(name, kind, value, loop_dims, out_dtype, epilogue, None)
+    }
+
+    /// [`KernelCall::reduce`], then (with `rows`) a row pass in the same
+    /// kernel writing `rows.out` (of `loop_dims`; the call must come from
+    /// [`KernelCall::for_rows`]): loads it adds read each element of the row.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce_with_rows(
         mut self,
         name: &str,
         kind: ReduceKind,
@@ -252,6 +293,7 @@ impl KernelCall {
         loop_dims: &[usize],
         out_dtype: DType,
         epilogue: impl FnOnce(&mut KernelCall, ValueId) -> Vec<ValueId>,
+        rows: Option<Rows>,
     ) -> Result<Tensor> {
         let acc_dtype = match kind {
             ReduceKind::ArgMax | ReduceKind::ArgMin => DType::I64,
@@ -266,6 +308,15 @@ impl KernelCall {
             .into_iter()
             .map(|r| self.b.cast(r, kernel_dtype(out_dtype)))
             .collect();
+        let (n_epi, n_epi_inputs) = (self.b.instrs.len(), self.inputs.len());
+        let row_out = match rows {
+            Some(r) => {
+                let v = (r.emit)(&mut self, &res);
+                let v = self.b.cast(v, kernel_dtype(r.out.dtype()));
+                Some((r.out, v))
+            }
+            None => None,
+        };
         let kept = &loop_dims[..loop_dims.len() - 1];
         let mut out_dims = kept.to_vec();
         if res.len() > 1 {
@@ -281,7 +332,7 @@ impl KernelCall {
         out_layout.strides.push(0);
         let mut layouts = vec![];
         for (i, t) in self.inputs.iter().enumerate() {
-            let l = if i < n_body_inputs {
+            let l = if i < n_body_inputs || i >= n_epi_inputs {
                 broadcast_to(t.layout(), loop_dims)
             } else {
                 // epilogue operands: broadcast over the kept dims, stride 0 along the reduced one
@@ -294,11 +345,22 @@ impl KernelCall {
             layouts.push(l.map_err(|e| rename(e, name))?);
         }
         let mut body = std::mem::take(&mut self.b.instrs);
+        let row_instrs = body.split_off(n_epi);
         let epi = body.split_off(n_body);
+        let mut operands = self.operands(out_dtype);
+        if let Some((t, _)) = row_out {
+            operands.insert(
+                1,
+                Operand {
+                    dtype: kernel_dtype(t.dtype()),
+                    inner: Inner::Contiguous,
+                },
+            );
+        }
         let k = Kernel {
             name: name.to_string(),
             rank: loop_dims.len(),
-            operands: self.operands(out_dtype),
+            operands,
             scalars: self.scalars.clone(),
             body,
             reduce: Some(Reduction {
@@ -309,11 +371,26 @@ impl KernelCall {
             epilogue: epi,
             out: res[0],
             extra_out: res[1..].to_vec(),
+            rows: row_out.map(|(_, v)| RowPass {
+                instrs: row_instrs,
+                out: v,
+            }),
         };
         let mut views = vec![kiln_runtime::View {
             storage: &out.storage,
             layout: &out_layout,
         }];
+        if let Some((t, _)) = row_out {
+            if t.dims() != loop_dims {
+                kiln_ir::bail!(
+                    name,
+                    "row pass output {:?} over rows {:?}",
+                    t.dims(),
+                    loop_dims
+                );
+            }
+            views.push(t.view());
+        }
         views.extend(
             self.inputs
                 .iter()

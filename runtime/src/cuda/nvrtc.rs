@@ -351,6 +351,7 @@ mod tests {
             epilogue: vec![],
             out: z,
             extra_out: vec![],
+            rows: None,
         };
         kiln_codegen::cuda::cuda_source(&k).unwrap()
     }

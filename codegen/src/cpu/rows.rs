@@ -1,0 +1,100 @@
+//! The row pass of a reduction kernel ([`crate::kernel::RowPass`]): after
+//! the epilogue, the row is walked again and one value per element is
+//! stored to operand 1. The epilogue's values are known per row (splatted
+//! once before the vector loop); loads re-read the row, which the reduction
+//! has just brought into cache. With a vector plan: an f32x4/f64x2 loop
+//! unrolled twice, then a scalar tail, as a pointwise row.
+//!
+//! ```text
+//! softmax row:   for i: out1[i] = exp((x[i] - shift) - logsum)
+//! ```
+
+use super::emit::{flags, Emitter};
+use super::loops::{for_loop, Row};
+use super::plan::row_pass_plan;
+use crate::kernel::{Instr, Kernel};
+use cranelift_codegen::ir::{types, InstBuilder, Value};
+use kiln_ir::scalar::ScalarOps;
+
+/// Emits the row pass of `k` for the row at `ptrs`; `epi[id]` holds the
+/// epilogue values (scalar) the pass uses.
+pub(crate) fn row_pass(
+    k: &Kernel,
+    em: &mut Emitter,
+    fr: &super::loops::Frame,
+    ptrs: &[Value],
+    epi: &[Option<Value>],
+) {
+    let rows = k.rows.as_ref().expect("a row pass");
+    let plan = row_pass_plan(k);
+    let row = Row {
+        k,
+        fr,
+        ptrs,
+        loaded: loaded(k),
+    };
+    let lo = em.b.ins().iconst(types::I64, 0);
+    let hi = fr.sizes[k.rank - 1];
+    let mut tail_lo = lo;
+    if plan.lanes > 1 {
+        let lanes = plan.lanes as i64;
+        let step = lanes * plan.unroll as i64;
+        let main_end = em.b.ins().band_imm_s(hi, !(step - 1));
+        let vbytes = (lanes * plan.vdt.size() as i64) as i32;
+        em.lanes = plan.lanes;
+        for_loop(
+            em,
+            lo,
+            main_end,
+            step,
+            |em| (row.preload(em), splat(k, em, epi)),
+            |em, i, (pre, known)| {
+                let at = row.addr(em, 1, i);
+                for u in 0..plan.unroll as i32 {
+                    let v = row.eval_known(em, &[rows.out], i, u * vbytes, pre, known.clone())[0];
+                    em.b.ins().store(flags(), v, at, u * vbytes);
+                }
+            },
+        );
+        tail_lo = main_end;
+    }
+    em.lanes = 1;
+    for_loop(
+        em,
+        tail_lo,
+        hi,
+        1,
+        |em| row.preload(em),
+        |em, i, pre| {
+            let v = row.eval_known(em, &[rows.out], i, 0, pre, epi.to_vec())[0];
+            let to = k.operands[1].dtype;
+            let v = em.cast(v, k.dtype_of(rows.out), to);
+            let at = row.addr(em, 1, i);
+            em.b.ins().store(flags(), v, at, 0);
+        },
+    );
+}
+
+/// `epi` splatted to vectors (the current lane count).
+fn splat(k: &Kernel, em: &mut Emitter, epi: &[Option<Value>]) -> Vec<Option<Value>> {
+    epi.iter()
+        .enumerate()
+        .map(|(id, v)| v.map(|v| em.splat_if_vector(v, k.dtype_of(id))))
+        .collect()
+}
+
+/// The operands the row pass loads.
+fn loaded(k: &Kernel) -> Vec<usize> {
+    let rows = k.rows.as_ref().expect("a row pass");
+    let mut ops: Vec<usize> = rows
+        .instrs
+        .iter()
+        .filter_map(|(ins, _)| match ins {
+            Instr::Load(op) => Some(*op),
+            _ => None,
+        })
+        .collect();
+    ops.sort_unstable();
+    ops.dedup();
+    ops
+}
