@@ -268,3 +268,51 @@ fn replayed_backward_keeps_host_work_between_launches() {
     assert_eq!(report.entries.len(), 1, "{report}");
     assert!(report.entries[0].graph_break.is_none(), "{report}");
 }
+
+/// A one-pass reduction and its reader over the same rows are one kernel,
+/// the reduction's row pass (ops/fuse/rows.rs): the replayed launch list of
+/// softmax, log_softmax and an affine layer_norm holds ONE launch, whose
+/// results equal eager's (which runs the same row pass) and the composition
+/// of the primitives it replaces.
+#[test]
+fn softmax_and_layer_norm_replay_one_launch() {
+    let _s = serial();
+    let _ng = kiln::autograd::no_grad();
+    let (w, b) = (randn(&[37], 3), randn(&[37], 4));
+    type F1 = Box<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
+    let cases: Vec<(&str, F1)> = vec![
+        ("softmax", Box::new(|x: &Tensor| x.softmax(-1))),
+        ("log_softmax", Box::new(|x: &Tensor| x.log_softmax(-1))),
+        (
+            "layer_norm",
+            Box::new(move |x: &Tensor| F::layer_norm(x, &[37], Some(&w), Some(&b), 1e-5)),
+        ),
+    ];
+    for (name, f) in cases {
+        let f = Arc::new(f);
+        let g = f.clone();
+        let fast = compile_fn(name, move |t: &[Tensor]| Ok(vec![g(&t[0])?]));
+        let x = randn(&[5, 37], 11);
+        let mut y = None;
+        for _ in 0..3 {
+            y = Some(fast.call(std::slice::from_ref(&x)).unwrap().remove(0));
+        }
+        let report = fast.explain();
+        match &report.entries[0].launch_list {
+            Some(Ok(l)) => assert_eq!(l.launches, 1, "{name}: {report}"),
+            other => panic!("{name}: no launch list: {other:?}\n{report}"),
+        }
+        assert_close(name, &y.unwrap(), &f(&x).unwrap(), 1e-6);
+    }
+    // the primitives the row passes stand for, each its own kernel
+    let x = randn(&[5, 37], 11);
+    let m = x.amax(Some(&[-1]), true).unwrap();
+    let e = x.sub(&m).unwrap().exp().unwrap();
+    let want = e.div(&e.sum(Some(&[-1]), true).unwrap()).unwrap();
+    assert_close(
+        "softmax by primitives",
+        &x.softmax(-1).unwrap(),
+        &want,
+        1e-6,
+    );
+}

@@ -5,16 +5,25 @@
 //! has just brought into cache. With a vector plan: an f32x4/f64x2 loop
 //! unrolled twice, then a scalar tail, as a pointwise row.
 //!
+//! When the stored value is a transcendental with a wide helper (softmax's
+//! exp) and the emitter may use the helpers, the loops store its argument
+//! and the helper then rewrites the output row in place (AVX2/AVX-512, the
+//! f32x4 code's bits), while the row is in L1.
+//!
 //! ```text
-//! softmax row:   for i: out1[i] = exp((x[i] - shift) - logsum)
+//! softmax row:   for i: out1[i] = (x[i] - shift) - logsum   (f32x4)
+//!                kiln_wide_unary(exp, out1, n)               (f32x8 / f32x16)
 //! ```
 
 use super::emit::{flags, Emitter};
+use super::jit::HostFn;
 use super::loops::{for_loop, Row};
-use super::plan::row_pass_plan;
-use crate::kernel::{Instr, Kernel};
+use super::plan::{row_pass_plan, Plan};
+use super::wide;
+use crate::kernel::{Instr, Kernel, ValueId};
 use cranelift_codegen::ir::{types, InstBuilder, Value};
 use kiln_ir::scalar::ScalarOps;
+use kiln_ir::{DType, UnaryOp};
 
 /// Emits the row pass of `k` for the row at `ptrs`; `epi[id]` holds the
 /// epilogue values (scalar) the pass uses.
@@ -27,6 +36,11 @@ pub(crate) fn row_pass(
 ) {
     let rows = k.rows.as_ref().expect("a row pass");
     let plan = row_pass_plan(k);
+    let wide_op = wide_root(k, em, &plan);
+    let root = match wide_op {
+        Some((_, arg)) => arg,
+        None => rows.out,
+    };
     let row = Row {
         k,
         fr,
@@ -51,7 +65,7 @@ pub(crate) fn row_pass(
             |em, i, (pre, known)| {
                 let at = row.addr(em, 1, i);
                 for u in 0..plan.unroll as i32 {
-                    let v = row.eval_known(em, &[rows.out], i, u * vbytes, pre, known.clone())[0];
+                    let v = row.eval_known(em, &[root], i, u * vbytes, pre, known.clone())[0];
                     em.b.ins().store(flags(), v, at, u * vbytes);
                 }
             },
@@ -66,13 +80,32 @@ pub(crate) fn row_pass(
         1,
         |em| row.preload(em),
         |em, i, pre| {
-            let v = row.eval_known(em, &[rows.out], i, 0, pre, epi.to_vec())[0];
+            let v = row.eval_known(em, &[root], i, 0, pre, epi.to_vec())[0];
             let to = k.operands[1].dtype;
-            let v = em.cast(v, k.dtype_of(rows.out), to);
+            let v = em.cast(v, k.dtype_of(root), to);
             let at = row.addr(em, 1, i);
             em.b.ins().store(flags(), v, at, 0);
         },
     );
+    if let Some((op, _)) = wide_op {
+        let f = em.hosts.get(em.b.func, HostFn::WideUnary);
+        let code = wide::op_code(op).expect("a wide op") as i64;
+        let code = em.b.ins().iconst(types::I64, code);
+        em.b.ins().call(f, &[code, ptrs[1], hi]);
+    }
+}
+
+/// The wide op and its argument when the row pass stores `op(arg)` with a
+/// wide helper for `op`, in f32 on vectors, and the emitter may call it.
+fn wide_root(k: &Kernel, em: &Emitter, plan: &Plan) -> Option<(UnaryOp, ValueId)> {
+    let rows = k.rows.as_ref()?;
+    let on = (em.wide || em.wide_lse) && plan.lanes == 4 && plan.vdt == DType::F32;
+    match k.instr(rows.out) {
+        (Instr::Unary(op, a), DType::F32) if on && k.dtype_of(a) == DType::F32 => {
+            wide::op_code(op).map(|_| (op, a))
+        }
+        _ => None,
+    }
 }
 
 /// `epi` splatted to vectors (the current lane count).

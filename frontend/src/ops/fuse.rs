@@ -31,6 +31,9 @@ pub struct Lazy(Rc<Node>);
 struct Node {
     meta: Meta,
     kind: Kind,
+    /// The tree reads a part of a one-pass reduction (so most expressions
+    /// skip the row-fusion walks).
+    reads_parts: bool,
 }
 
 enum Kind {
@@ -52,10 +55,22 @@ impl Lazy {
         Lazy(Rc::new(Node {
             meta: t.meta(),
             kind: Kind::Leaf(t.clone()),
+            reads_parts: false,
         }))
     }
     fn new(meta: Meta, kind: Kind) -> Lazy {
-        Lazy(Rc::new(Node { meta, kind }))
+        let reads_parts = match &kind {
+            Kind::Part(..) => true,
+            Kind::Leaf(_) | Kind::Scalar(..) => false,
+            Kind::Unary(_, _, a) | Kind::Cast(a) => a.0.reads_parts,
+            Kind::Binary(_, _, a, b) => a.0.reads_parts || b.0.reads_parts,
+            Kind::Select(_, c, a, b) => c.0.reads_parts || a.0.reads_parts || b.0.reads_parts,
+        };
+        Lazy(Rc::new(Node {
+            meta,
+            kind,
+            reads_parts,
+        }))
     }
     fn as_tensor(&self) -> Option<&Tensor> {
         match &self.0.kind {
@@ -184,6 +199,9 @@ impl Lazy {
 
     /// Runs the one-pass reductions whose parts this expression reads.
     fn force(&self) -> Result<()> {
+        if !self.0.reads_parts {
+            return Ok(());
+        }
         let mut pending = vec![];
         rows::visit(self, &mut |n| {
             if let Kind::Part(p, _) = &n.0.kind {

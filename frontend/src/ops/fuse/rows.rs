@@ -11,7 +11,8 @@
 //! materialised whose tree reads the parts of exactly one such reduction,
 //! over that reduction's input's dims, on the CPU, in f32/f64, it runs as
 //! that reduction's row pass ([`row_kernel`]); any other use runs the
-//! reduction first, alone ([`Pending::resolve`]), as before.
+//! reduction first, alone ([`Pending::resolve`]), as before, and so does
+//! every one-pass reduction with `KILN_ROW_PASS=0`.
 //!
 //! ```text
 //! softmax(x):  lse+rows  — reduce lse over the row; row: exp((x - shift) - logsum)
@@ -119,11 +120,18 @@ impl Pending {
 /// take it as a row pass: over the last dim only, of f32/f64 CPU tensors.
 pub(crate) fn defers(x: &Lazy, dims: &[i64]) -> Result<bool> {
     let m = &x.0.meta;
-    if m.dims.is_empty() || !matches!(m.dtype, DType::F32 | DType::F64) {
+    if !enabled() || m.dims.is_empty() || !matches!(m.dtype, DType::F32 | DType::F64) {
         return Ok(false);
     }
     let rd = infer::reduce_dims("row fusion", m.dims.len(), Some(dims))?;
     Ok(rd == [m.dims.len() - 1] && on_cpu(x))
+}
+
+/// Row passes are on unless `KILN_ROW_PASS=0` (for A/B timing: the
+/// reduction and its reader then run as two kernels, as before).
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_ROW_PASS").map_or(true, |v| v != "0"))
 }
 
 /// Whether every tensor `e` reads is an f32/f64 CPU tensor (the JIT's
@@ -172,7 +180,7 @@ fn unresolved(e: &Lazy) -> Vec<Rc<Pending>> {
 /// Materialises `e` as the row pass of the one reduction whose parts it
 /// reads, when it can (see the module docs): `None` otherwise.
 pub(super) fn row_kernel(e: &Lazy) -> Result<Option<Tensor>> {
-    if matches!(e.0.kind, Kind::Leaf(_) | Kind::Part(..) | Kind::Scalar(..)) {
+    if !e.0.reads_parts || matches!(e.0.kind, Kind::Part(..)) {
         return Ok(None);
     }
     let pending = unresolved(e);
