@@ -313,6 +313,17 @@ impl Module for LayerCall {
 /// backward, with no graph break): outputs, buffers after the forward, and
 /// every gradient.
 pub fn run_case(fx: &Fixtures, c: &Case, compiled: bool) -> Result<(), String> {
+    run_case_with(fx, c, compiled, |_| {})
+}
+
+/// [`run_case`] with `tamper` applied to the layer after its state is
+/// loaded (the harness's own test: a wrong layer must fail).
+pub fn run_case_with(
+    fx: &Fixtures,
+    c: &Case,
+    compiled: bool,
+    tamper: impl Fn(&dyn Module),
+) -> Result<(), String> {
     let r = raw(fx, c);
     let call = LayerCall::new(fx, c)?;
     let state: Vec<(String, Tensor)> = names(&r["state"])
@@ -328,6 +339,7 @@ pub fn run_case(fx: &Fixtures, c: &Case, compiled: bool) -> Result<(), String> {
     if r["mode"] == "eval" {
         call.eval();
     }
+    tamper(call.inner());
     let grads = names(&r["grads"]);
     let inputs: Vec<Tensor> = fx
         .inputs(c)?
