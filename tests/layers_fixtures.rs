@@ -164,3 +164,21 @@ fn layers_bad_input_is_an_error() {
     let inorm = InstanceNorm2d::new(3, InstanceNormOptions::default());
     err(inorm.forward(&z(&[2, 4, 5, 5])), "InstanceNorm2d");
 }
+
+/// An unbatched call (L, E) is the batched one with a batch of one,
+/// for attention (output and weights).
+#[test]
+fn unbatched_attention_is_a_batch_of_one() {
+    use kiln::nn::*;
+    use kiln::Tensor;
+    kiln::manual_seed(7);
+    let mha = MultiheadAttention::new(8, 2).unwrap();
+    let x = kiln::random::randn(&[5, 8], None);
+    let args = AttentionArgs::default();
+    let (y, w) = mha.forward_attn(&x, &x, &x, None, None, args).unwrap();
+    let xb = x.unsqueeze(1).unwrap();
+    let (yb, wb) = mha.forward_attn(&xb, &xb, &xb, None, None, args).unwrap();
+    let same = |a: &Tensor, b: &Tensor| fixture_support::compare(a, b, 1e-6, 1e-7).unwrap();
+    same(&y, &yb.squeeze(Some(&[1])).unwrap());
+    same(&w.unwrap(), &wb.unwrap().squeeze(Some(&[0])).unwrap());
+}

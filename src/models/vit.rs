@@ -49,6 +49,12 @@ impl VitConfig {
     }
 }
 
+/// `torchvision.models.vit_b_16()` (freshly initialised; load torchvision's
+/// weights with `load_state_dict`).
+pub fn vit_b_16() -> Result<VisionTransformer> {
+    VisionTransformer::new(&VitConfig::vit_b_16())
+}
+
 const LN_EPS: f64 = 1e-6;
 
 /// `EncoderBlock`: pre-norm self-attention and MLP, each with a residual.

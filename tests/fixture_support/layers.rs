@@ -325,6 +325,38 @@ pub fn run_case_with(
     tamper: impl Fn(&dyn Module),
 ) -> Result<(), String> {
     let r = raw(fx, c);
+    let call = loaded_call(fx, c)?;
+    tamper(call.inner());
+    let grads = names(&r["grads"]);
+    let inputs: Vec<Tensor> = fx
+        .inputs(c)?
+        .into_iter()
+        .enumerate()
+        .map(
+            |(k, t)| match grads.contains(&format!("{}/grad_in{k}", c.case)) {
+                true => t.requires_grad_(true),
+                false => t,
+            },
+        )
+        .collect();
+    let outs = forward(&call, &inputs, compiled)?;
+    check_outputs(fx, c, &call, &outs)?;
+    let gouts: Vec<Tensor> = names(&r["gouts"])
+        .iter()
+        .map(|n| fx.tensor(c, n))
+        .collect::<Result<_, _>>()?;
+    kiln::autograd::backward(
+        &outs.iter().take(gouts.len()).collect::<Vec<_>>(),
+        &gouts.iter().collect::<Vec<_>>(),
+        false,
+    )
+    .map_err(|e| format!("backward: {e}"))?;
+    check_grads(fx, c, &call, &inputs, &grads)
+}
+
+/// The case's layer with its stored state loaded, in the case's mode.
+fn loaded_call(fx: &Fixtures, c: &Case) -> Result<LayerCall, String> {
+    let r = raw(fx, c);
     let call = LayerCall::new(fx, c)?;
     let state: Vec<(String, Tensor)> = names(&r["state"])
         .into_iter()
@@ -339,47 +371,40 @@ pub fn run_case_with(
     if r["mode"] == "eval" {
         call.eval();
     }
-    tamper(call.inner());
-    let grads = names(&r["grads"]);
-    let inputs: Vec<Tensor> = fx
-        .inputs(c)?
-        .into_iter()
-        .enumerate()
-        .map(|(k, t)| {
-            let wanted = grads.contains(&format!("{}/grad_in{k}", c.case));
-            if wanted {
-                t.requires_grad_(true)
-            } else {
-                t
-            }
-        })
-        .collect();
-    let fast = compiled.then(|| kiln::compile::compile(&call));
-    let outs = match &fast {
-        Some(f) => {
-            let outs = f
-                .call(&inputs)
-                .map_err(|e| format!("kiln compile error: {e}"))?;
-            if let Some(b) = f
-                .explain()
-                .entries
-                .iter()
-                .find_map(|e| e.graph_break.clone())
-            {
-                return Err(format!("graph break: {b}"));
-            }
-            let node = outs[0].grad_fn().map(|n| n.name().to_string());
-            if node.as_deref() != Some("CompiledBackward") {
-                return Err(format!(
-                    "compiled output's grad_fn is {node:?}, not CompiledBackward"
-                ));
-            }
-            outs
-        }
-        None => call
+    Ok(call)
+}
+
+/// The call, eager or compiled (then without a graph break, and with the
+/// compiled backward on the output).
+fn forward(call: &LayerCall, inputs: &[Tensor], compiled: bool) -> Result<Vec<Tensor>, String> {
+    if !compiled {
+        return call
             .forward_many(&inputs.iter().map(Some).collect::<Vec<_>>())
-            .map_err(|e| format!("kiln error: {e}"))?,
-    };
+            .map_err(|e| format!("kiln error: {e}"));
+    }
+    let f = kiln::compile::compile(call);
+    let outs = f
+        .call(inputs)
+        .map_err(|e| format!("kiln compile error: {e}"))?;
+    if let Some(b) = f
+        .explain()
+        .entries
+        .iter()
+        .find_map(|e| e.graph_break.clone())
+    {
+        return Err(format!("graph break: {b}"));
+    }
+    let node = outs[0].grad_fn().map(|n| n.name().to_string());
+    if node.as_deref() != Some("CompiledBackward") {
+        return Err(format!(
+            "compiled output's grad_fn is {node:?}, not CompiledBackward"
+        ));
+    }
+    Ok(outs)
+}
+
+/// The outputs and, where stored, the buffers after the forward.
+fn check_outputs(fx: &Fixtures, c: &Case, call: &LayerCall, outs: &[Tensor]) -> Result<(), String> {
     let (rtol, atol) = (c.rtol, c.atol);
     if outs.len() != c.outputs.len() {
         return Err(format!(
@@ -391,7 +416,7 @@ pub fn run_case_with(
     for (k, (got, name)) in outs.iter().zip(&c.outputs).enumerate() {
         compare(got, &fx.tensor(c, name)?, rtol, atol).map_err(|e| format!("out{k}: {e}"))?;
     }
-    for name in names(&r["groups"]["buffers_after_forward"]) {
+    for name in names(&raw(fx, c)["groups"]["buffers_after_forward"]) {
         let key = name.split_once("/buffers_after_forward/").unwrap().1;
         let own = call
             .inner()
@@ -402,22 +427,25 @@ pub fn run_case_with(
         compare(&own.1, &fx.tensor(c, &name)?, rtol, atol)
             .map_err(|e| format!("buffer {key}: {e}"))?;
     }
-    let gouts: Vec<Tensor> = names(&r["gouts"])
-        .iter()
-        .map(|n| fx.tensor(c, n))
-        .collect::<Result<_, _>>()?;
-    kiln::autograd::backward(
-        &outs.iter().take(gouts.len()).collect::<Vec<_>>(),
-        &gouts.iter().collect::<Vec<_>>(),
-        false,
-    )
-    .map_err(|e| format!("backward: {e}"))?;
+    Ok(())
+}
+
+/// Every stored gradient (`grad/PARAM`, `grad_inK`), and no parameter
+/// without one.
+fn check_grads(
+    fx: &Fixtures,
+    c: &Case,
+    call: &LayerCall,
+    inputs: &[Tensor],
+    grads: &[String],
+) -> Result<(), String> {
+    let r = raw(fx, c);
     let (grtol, gatol) = (
-        r["grad_rtol"].as_f64().unwrap_or(rtol),
-        r["grad_atol"].as_f64().unwrap_or(atol),
+        r["grad_rtol"].as_f64().unwrap_or(c.rtol),
+        r["grad_atol"].as_f64().unwrap_or(c.atol),
     );
     let params = call.inner().named_parameters();
-    for name in &grads {
+    for name in grads {
         let rest = name.split_once('/').unwrap().1;
         let got = match rest.strip_prefix("grad/") {
             Some(p) => params
@@ -432,14 +460,15 @@ pub fn run_case_with(
             }
         };
         let want = fx.tensor(c, name)?;
+        // an input the output does not reach gets zeros in PyTorch, None here
         let got = got.unwrap_or_else(|| Tensor::zeros(want.dims(), want.dtype()));
         compare(&got, &want, grtol, gatol).map_err(|e| format!("{rest}: {e}"))?;
     }
-    if params.len() != grads.iter().filter(|g| g.contains("/grad/")).count() {
+    let stored = grads.iter().filter(|g| g.contains("/grad/")).count();
+    if params.len() != stored {
         return Err(format!(
-            "{} parameters, the fixture has gradients for {}",
-            params.len(),
-            grads.iter().filter(|g| g.contains("/grad/")).count()
+            "{} parameters, the fixture has gradients for {stored}",
+            params.len()
         ));
     }
     Ok(())
