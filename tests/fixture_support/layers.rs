@@ -47,9 +47,9 @@ fn names(v: &Value) -> Vec<String> {
 }
 
 enum Layer {
-    Mha(MultiheadAttention),
-    Encoder(TransformerEncoderLayer),
-    Decoder(TransformerDecoderLayer),
+    Mha(Box<MultiheadAttention>),
+    Encoder(Box<TransformerEncoderLayer>),
+    Decoder(Box<TransformerDecoderLayer>),
     Bag(EmbeddingBag),
     /// One tensor in, one out.
     Plain(Box<dyn Module>),
@@ -151,7 +151,7 @@ fn build(c: &Case) -> Result<Layer, String> {
             };
             e(
                 MultiheadAttention::with(uint(a, "embed_dim")?, uint(a, "num_heads")?, o)
-                    .map(Layer::Mha),
+                    .map(|m| Layer::Mha(Box::new(m))),
             )
         }
         "torch.nn.TransformerEncoderLayer" => e(TransformerEncoderLayer::new(
@@ -159,13 +159,13 @@ fn build(c: &Case) -> Result<Layer, String> {
             uint(a, "nhead")?,
             transformer_options(a)?,
         )
-        .map(Layer::Encoder)),
+        .map(|m| Layer::Encoder(Box::new(m)))),
         "torch.nn.TransformerDecoderLayer" => e(TransformerDecoderLayer::new(
             uint(a, "d_model")?,
             uint(a, "nhead")?,
             transformer_options(a)?,
         )
-        .map(Layer::Decoder)),
+        .map(|m| Layer::Decoder(Box::new(m)))),
         "torch.nn.EmbeddingBag" => {
             if !a["max_norm"].is_null()
                 || flag(a, "scale_grad_by_freq", false)
@@ -220,9 +220,9 @@ impl LayerCall {
 
     pub fn inner(&self) -> &dyn Module {
         match &self.layer {
-            Layer::Mha(m) => m,
-            Layer::Encoder(m) => m,
-            Layer::Decoder(m) => m,
+            Layer::Mha(m) => m.as_ref(),
+            Layer::Encoder(m) => m.as_ref(),
+            Layer::Decoder(m) => m.as_ref(),
             Layer::Bag(m) => m,
             Layer::Plain(m) => m.as_ref(),
         }
@@ -230,9 +230,9 @@ impl LayerCall {
 
     fn inner_mut(&mut self) -> &mut dyn Module {
         match &mut self.layer {
-            Layer::Mha(m) => m,
-            Layer::Encoder(m) => m,
-            Layer::Decoder(m) => m,
+            Layer::Mha(m) => m.as_mut(),
+            Layer::Encoder(m) => m.as_mut(),
+            Layer::Decoder(m) => m.as_mut(),
             Layer::Bag(m) => m,
             Layer::Plain(m) => m.as_mut(),
         }

@@ -83,7 +83,11 @@ fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), Stri
         .iter()
         .zip(&w)
         .enumerate()
-        .filter(|(_, (a, b))| !((*a - *b).abs() <= atol + rtol * b.abs()))
+        .filter(|(_, (a, b))| {
+            // NaN is never close
+            let close = (*a - *b).abs() <= atol + rtol * b.abs();
+            !close
+        })
         .map(|(i, (a, b))| (i, *a, *b))
         .collect();
     match bad.first() {

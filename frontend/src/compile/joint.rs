@@ -51,7 +51,9 @@ pub(crate) fn trace_joint(
             false => a.clone(),
         })
         .collect();
-    let seen: RefCell<Option<(usize, Vec<usize>, Vec<Arc<AutogradMeta>>)>> = RefCell::new(None);
+    // (result count, the differentiable results, whose gradients the extra outputs are)
+    type Seen = (usize, Vec<usize>, Vec<Arc<AutogradMeta>>);
+    let seen: RefCell<Option<Seen>> = RefCell::new(None);
     let traced = {
         let _g = autograd::set_grad_enabled(true);
         trace::trace(name, &leaves, names, |xs| {

@@ -96,7 +96,7 @@ impl Upsample {
             }
             (None, Some(f)) if f.len() == 1 || f.len() == spatial => {
                 let f = pick(f);
-                if !(f > 0.0) {
+                if f.is_nan() || f <= 0.0 {
                     bail!("Upsample", "scale_factor must be positive, got {f}");
                 }
                 let out = (n_in as f64 * f).floor() as usize;
@@ -176,10 +176,7 @@ impl Module for Upsample {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         super::hooks::run(self, x, |x| {
             let spatial = x.rank().saturating_sub(2);
-            if !(1..=3).contains(&spatial)
-                || !x.dtype().is_float()
-                || x.dims().iter().any(|&d| d == 0)
-            {
+            if !(1..=3).contains(&spatial) || !x.dtype().is_float() || x.dims().contains(&0) {
                 bail!(
                     "Upsample",
                     "expected a non-empty floating-point (N, C, *spatial) input with 1 to 3 spatial dims, got {} {}",
