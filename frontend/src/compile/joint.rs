@@ -24,8 +24,9 @@ use std::sync::Arc;
 pub(crate) struct Joint {
     pub trace: Trace,
     pub n_outs: usize,
-    /// The one result that requires grad (the backward node hangs on it).
-    pub diff_out: usize,
+    /// The results that require grad (a backward node hangs on each; the
+    /// `j`-th one's gradient is the joint graph's `tangent{j}`).
+    pub diff_outs: Vec<usize>,
     /// Per gradient output: the graph input it is the gradient of.
     pub grad_of: Vec<usize>,
 }
@@ -50,7 +51,9 @@ pub(crate) fn trace_joint(
             false => a.clone(),
         })
         .collect();
-    let seen: RefCell<Option<(usize, usize, Vec<Arc<AutogradMeta>>)>> = RefCell::new(None);
+    // (result count, the differentiable results, whose gradients the extra outputs are)
+    type Seen = (usize, Vec<usize>, Vec<Arc<AutogradMeta>>);
+    let seen: RefCell<Option<Seen>> = RefCell::new(None);
     let traced = {
         let _g = autograd::set_grad_enabled(true);
         trace::trace(name, &leaves, names, |xs| {
@@ -58,24 +61,27 @@ pub(crate) fn trace_joint(
             let diff: Vec<usize> = (0..outs.len())
                 .filter(|&i| outs[i].requires_grad())
                 .collect();
-            let &[d] = diff.as_slice() else {
-                trace::unsupported(
-                    "backward",
-                    &format!(
-                        "compiled backward supports one result that requires grad; this function returns {}",
-                        diff.len()
-                    ),
-                )?;
-                unreachable!("unsupported() stops the trace");
-            };
-            let out = &outs[d];
-            let seed = Tensor::ones(out.dims(), out.dtype());
-            trace::tangent_input(&seed, 0);
-            let grads = autograd::leaf_grads(&[out], &[&seed])?;
+            if diff.is_empty() {
+                trace::unsupported("backward", "no result of this function requires grad")?;
+            }
+            // one tangent per differentiable result; the gradients are of
+            // sum_j <result_j, tangent_j>, so each result's backward node can
+            // run the graph with its own gradient and zeros for the others
+            let seeds: Vec<Tensor> = diff
+                .iter()
+                .enumerate()
+                .map(|(j, &d)| {
+                    let seed = Tensor::ones(outs[d].dims(), outs[d].dtype());
+                    trace::tangent_input(&seed, j);
+                    seed
+                })
+                .collect();
+            let roots: Vec<&Tensor> = diff.iter().map(|&d| &outs[d]).collect();
+            let grads = autograd::leaf_grads(&roots, &seeds.iter().collect::<Vec<_>>())?;
             let n = outs.len();
             let metas = grads.iter().map(|(m, _)| m.clone()).collect();
             outs.extend(grads.into_iter().map(|(_, g)| g));
-            *seen.borrow_mut() = Some((n, d, metas));
+            *seen.borrow_mut() = Some((n, diff, metas));
             Ok(outs)
         })?
     };
@@ -83,7 +89,7 @@ pub(crate) fn trace_joint(
         Ok(x) => x,
         Err(b) => return Ok(Err(b)),
     };
-    let (n_outs, diff_out, metas) = seen.into_inner().expect("traced");
+    let (n_outs, diff_outs, metas) = seen.into_inner().expect("traced");
     // which graph input each gradient belongs to
     let meta_of = |b: &Binding| match b {
         Binding::Arg(i) => leaves[*i].autograd.clone(),
@@ -122,7 +128,7 @@ pub(crate) fn trace_joint(
         Joint {
             trace: tr,
             n_outs,
-            diff_out,
+            diff_outs,
             grad_of,
         },
         outs,
@@ -134,7 +140,9 @@ pub(crate) struct TrainPlan {
     pub partition: Partition,
     backward: Arc<Executable>,
     n_outs: usize,
-    diff_out: usize,
+    diff_outs: Vec<usize>,
+    /// Per backward input: which tangent it is (None: a saved or primal value).
+    tangent_of: Vec<Option<usize>>,
     grad_of: Vec<usize>,
     /// Positions of the graph inputs the forward writes back (BatchNorm's running stats).
     mutated: Vec<usize>,
@@ -153,7 +161,18 @@ impl TrainPlan {
         let plan = TrainPlan {
             backward,
             n_outs: joint.n_outs,
-            diff_out: joint.diff_out,
+            diff_outs: joint.diff_outs.clone(),
+            tangent_of: partition
+                .backward_inputs
+                .iter()
+                .map(|b| match b {
+                    BackwardInput::Tangent(k) => match joint.trace.bindings[*k] {
+                        Binding::Tangent(j) => Some(j),
+                        _ => unreachable!("tangent inputs are bound to tangents"),
+                    },
+                    _ => None,
+                })
+                .collect(),
             grad_of: joint.grad_of.clone(),
             mutated: joint
                 .trace
@@ -178,7 +197,7 @@ impl TrainPlan {
 
     /// Runs the compiled forward on `inputs` (one per joint-graph input,
     /// `None` for the tangent) and hangs the compiled backward on the result
-    /// that requires grad.
+    /// that requires grad (one node per such result).
     pub fn run(
         &self,
         forward: &Executable,
@@ -228,19 +247,32 @@ impl TrainPlan {
             .iter()
             .map(|&k| inputs[k].as_ref().expect("gradients are of primal inputs"))
             .collect();
-        let backward = self.backward.clone();
-        let out = outs[self.diff_out].clone();
-        outs[self.diff_out] = autograd::record("compiled", out, &wrt, move |g| {
-            let ins: Vec<Tensor> = bwd_ins
-                .iter()
-                .map(|s| match s {
-                    Some(s) => s.get(),
-                    None => Ok(g.clone()),
-                })
-                .collect::<Result<_>>()?;
-            let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
-            Ok(grads.into_iter().map(Some).collect())
-        })?;
+        let metas: Vec<(kiln_ir::shape::Dims, kiln_ir::DType)> = self
+            .diff_outs
+            .iter()
+            .map(|&d| (outs[d].dims_vec(), outs[d].dtype()))
+            .collect();
+        for (j, &d) in self.diff_outs.iter().enumerate() {
+            let backward = self.backward.clone();
+            let (bwd_ins, tangent_of, metas) =
+                (bwd_ins.clone(), self.tangent_of.clone(), metas.clone());
+            let out = outs[d].clone();
+            outs[d] = autograd::record("compiled", out, &wrt, move |g| {
+                let ins: Vec<Tensor> = bwd_ins
+                    .iter()
+                    .zip(&tangent_of)
+                    .map(|(s, t)| match (s, t) {
+                        (Some(s), _) => s.get(),
+                        (None, Some(k)) if *k != j => {
+                            Tensor::zeros_for("compiled", &metas[*k].0, metas[*k].1, g.device())
+                        }
+                        (None, _) => Ok(g.clone()),
+                    })
+                    .collect::<Result<_>>()?;
+                let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
+                Ok(grads.into_iter().map(Some).collect())
+            })?;
+        }
         Ok(outs)
     }
 }

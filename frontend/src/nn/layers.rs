@@ -1,11 +1,12 @@
-//! Layers with weights: Linear, Conv1d/Conv2d, ConvTranspose2d, Embedding.
+//! Layers with weights: Linear, Conv1d/Conv2d/Conv3d, ConvTranspose2d, Embedding.
 
 use super::init::default_layer_init;
+use super::padding_mode::PaddingMode;
 use super::{Entry, EntryMut, Module};
 use crate::functional as F;
 use crate::Tensor;
 use kiln_ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
-use kiln_ir::{DType, Result};
+use kiln_ir::{bail, DType, Result};
 
 /// A fresh parameter: f32 zeros that require grad, initialised by the caller.
 pub(crate) fn param(dims: &[usize]) -> Tensor {
@@ -72,11 +73,13 @@ pub(crate) fn py_bool(b: bool) -> &'static str {
     }
 }
 
-/// `nn.Conv2d` / `nn.Conv1d` (by the weight's rank).
+/// `nn.Conv1d` / `nn.Conv2d` / `nn.Conv3d` (by the weight's rank).
 pub struct Conv {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub params: ConvParams,
+    /// How the border is padded (`padding_mode`; zeros unless set).
+    pub padding_mode: PaddingMode,
 }
 
 /// Construction arguments of a convolution (PyTorch's defaults via `Default`).
@@ -87,6 +90,7 @@ pub struct ConvOptions {
     pub dilation: usize,
     pub groups: usize,
     pub bias: bool,
+    pub padding_mode: PaddingMode,
 }
 
 impl Default for ConvOptions {
@@ -97,6 +101,7 @@ impl Default for ConvOptions {
             dilation: 1,
             groups: 1,
             bias: true,
+            padding_mode: PaddingMode::Zeros,
         }
     }
 }
@@ -110,7 +115,27 @@ impl Conv {
     pub fn conv1d(c_in: usize, c_out: usize, kernel: usize, o: ConvOptions) -> Result<Conv> {
         Conv::new(c_in, c_out, &[kernel], o)
     }
+    /// `nn.Conv3d(in, out, kernel_size, ...)` (one stride, padding and
+    /// dilation for all three dims; explicit padding only).
+    pub fn conv3d(c_in: usize, c_out: usize, kernel: usize, o: ConvOptions) -> Result<Conv> {
+        if !matches!(o.padding, Padding::Explicit(ref p) if p.len() == 1) {
+            bail!(
+                "Conv3d",
+                "padding must be one explicit value for all three dims, got {:?}",
+                o.padding
+            );
+        }
+        Conv::new(c_in, c_out, &[kernel, kernel, kernel], o)
+    }
     fn new(c_in: usize, c_out: usize, kernel: &[usize], o: ConvOptions) -> Result<Conv> {
+        if o.padding_mode != PaddingMode::Zeros && !matches!(o.padding, Padding::Explicit(_)) {
+            bail!(
+                "Conv",
+                "padding_mode '{}' needs explicit padding, got {:?}",
+                o.padding_mode.name(),
+                o.padding
+            );
+        }
         let mut wd = vec![c_out, c_in / o.groups.max(1)];
         wd.extend_from_slice(kernel);
         let c = Conv {
@@ -122,19 +147,56 @@ impl Conv {
                 dilation: vec![o.dilation],
                 groups: o.groups,
             },
+            padding_mode: o.padding_mode,
         };
         default_layer_init(&c.weight, c.bias.as_ref())?;
         Ok(c)
     }
 }
 
+impl Conv {
+    /// The input padded by `padding_mode` (and the params left to pad
+    /// nothing), or both as they are for zeros padding.
+    fn padded(&self, x: &Tensor) -> Result<(Tensor, ConvParams)> {
+        let p = match (&self.params.padding, self.padding_mode) {
+            (_, PaddingMode::Zeros) | (Padding::Valid, _) => {
+                return Ok((x.clone(), self.params.clone()))
+            }
+            (Padding::Explicit(p), mode) => {
+                let spatial = self.weight.rank() - 2;
+                let pads: Vec<usize> = (0..spatial).map(|i| p[i.min(p.len() - 1)]).collect();
+                super::padding_mode::pad_symmetric(x, &pads, mode)?
+            }
+            (Padding::Same, mode) => bail!(
+                "Conv",
+                "padding='same' with padding_mode '{}' is not supported",
+                mode.name()
+            ),
+        };
+        let params = ConvParams {
+            padding: Padding::Explicit(vec![0]),
+            ..self.params.clone()
+        };
+        Ok((p, params))
+    }
+}
+
 impl Module for Conv {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         super::hooks::run(self, x, |x| {
-            if self.weight.rank() == 3 {
-                F::conv1d(x, &self.weight, self.bias.as_ref(), &self.params)
-            } else {
-                F::conv2d(x, &self.weight, self.bias.as_ref(), &self.params)
+            let (x, params) = self.padded(x)?;
+            let b = self.bias.as_ref();
+            match self.weight.rank() {
+                3 => F::conv1d(&x, &self.weight, b, &params),
+                5 => {
+                    let p = match &params.padding {
+                        Padding::Explicit(p) => p[0],
+                        other => bail!("Conv3d", "padding must be explicit, got {other:?}"),
+                    };
+                    let (s, d) = (params.stride[0], params.dilation[0]);
+                    super::conv3d::conv3d(&x, &self.weight, b, s, p, d, params.groups)
+                }
+                _ => F::conv2d(&x, &self.weight, b, &params),
             }
         })
     }
@@ -180,6 +242,9 @@ impl Module for Conv {
         }
         if self.bias.is_none() {
             s += ", bias=False";
+        }
+        if self.padding_mode != PaddingMode::Zeros {
+            s += &format!(", padding_mode={}", self.padding_mode.name());
         }
         s + ")"
     }

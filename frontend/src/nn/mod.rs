@@ -10,18 +10,30 @@
 //! assert_eq!(names, ["0.weight", "0.bias", "2.weight", "2.bias"]);
 //! ```
 
+mod attention;
 mod container;
+mod conv3d;
+mod embedding_bag;
 mod fields;
 pub mod hooks;
 pub mod init;
+mod instance_norm;
 mod layers;
 mod loss;
 mod module;
 mod norm;
+mod padding_mode;
+mod pixel_shuffle;
+mod prelu;
 mod simple;
+mod transformer;
+mod upsample;
 
+pub use attention::{AttentionArgs, MultiheadAttention, MultiheadAttentionOptions};
 pub use container::{ModuleDict, ModuleList, Sequential};
+pub use embedding_bag::{BagMode, EmbeddingBag};
 pub use fields::{ModuleField, Training};
+pub use instance_norm::{InstanceNorm2d, InstanceNormOptions};
 /// `#[derive(Module)]`: `visit`, `visit_mut`, `describe` and the training
 /// flag generated from the struct's fields (see the `kiln-derive` crate).
 pub use kiln_derive::Module;
@@ -33,4 +45,11 @@ pub use loss::{
 };
 pub use module::{Entry, EntryMut, LoadReport, Module, ModuleExt};
 pub use norm::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm};
+pub use padding_mode::{pad_symmetric, PaddingMode};
+pub use pixel_shuffle::PixelShuffle;
+pub use prelu::PReLU;
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};
+pub use transformer::{
+    DecoderMasks, TransformerDecoderLayer, TransformerEncoderLayer, TransformerLayerOptions,
+};
+pub use upsample::{Upsample, UpsampleMode};
