@@ -15,6 +15,7 @@ pub mod deploy;
 pub mod doctor;
 /// `torch.export` for kiln: a model as one self-contained `.kiln` file.
 pub mod export;
+pub mod models;
 /// NumPy `.npy` files.
 pub mod npy;
 /// ONNX export and import (`kiln::onnx::export`, `kiln::onnx::load`).

@@ -2,6 +2,7 @@
 //! expressions, and NaN-aware comparison.
 
 pub mod backward;
+pub mod layers_recurrent;
 pub mod modules;
 pub mod ops;
 pub mod ops_more;

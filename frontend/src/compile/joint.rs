@@ -24,8 +24,13 @@ use std::sync::Arc;
 pub(crate) struct Joint {
     pub trace: Trace,
     pub n_outs: usize,
-    /// The one result that requires grad (the backward node hangs on it).
+    /// The one result that requires grad (the backward node hangs on it):
+    /// the function's only differentiable result, or the flat extra result
+    /// (the last) packing several.
     pub diff_out: usize,
+    /// The differentiable results packed into `diff_out`, in order; empty
+    /// when there is only one.
+    pub packed: Vec<usize>,
     /// Per gradient output: the graph input it is the gradient of.
     pub grad_of: Vec<usize>,
 }
@@ -50,7 +55,8 @@ pub(crate) fn trace_joint(
             false => a.clone(),
         })
         .collect();
-    let seen: RefCell<Option<(usize, usize, Vec<Arc<AutogradMeta>>)>> = RefCell::new(None);
+    type Seen = (usize, usize, Vec<usize>, Vec<Arc<AutogradMeta>>);
+    let seen: RefCell<Option<Seen>> = RefCell::new(None);
     let traced = {
         let _g = autograd::set_grad_enabled(true);
         trace::trace(name, &leaves, names, |xs| {
@@ -58,24 +64,44 @@ pub(crate) fn trace_joint(
             let diff: Vec<usize> = (0..outs.len())
                 .filter(|&i| outs[i].requires_grad())
                 .collect();
-            let &[d] = diff.as_slice() else {
-                trace::unsupported(
-                    "backward",
-                    &format!(
-                        "compiled backward supports one result that requires grad; this function returns {}",
-                        diff.len()
-                    ),
-                )?;
-                unreachable!("unsupported() stops the trace");
+            let (root, packed) = match diff.as_slice() {
+                [] => {
+                    trace::unsupported(
+                        "backward",
+                        "compiled backward needs a result that requires grad; this function returns none",
+                    )?;
+                    unreachable!("unsupported() stops the trace");
+                }
+                &[d] => (d, vec![]),
+                _ => {
+                    // several differentiable results (an LSTM's output, h_n
+                    // and c_n): one flat extra result holds them all, the
+                    // backward node hangs on it, and the results are handed
+                    // out as views of it, so autograd's single-output nodes
+                    // gather every result's gradient into one tangent
+                    let dtype = outs[diff[0]].dtype();
+                    if diff.iter().any(|&i| outs[i].dtype() != dtype) {
+                        trace::unsupported(
+                            "backward",
+                            "compiled backward of several results needs them in one dtype",
+                        )?;
+                    }
+                    let flat = diff
+                        .iter()
+                        .map(|&i| outs[i].reshape(&[-1]))
+                        .collect::<Result<Vec<_>>>()?;
+                    outs.push(Tensor::cat(&flat.iter().collect::<Vec<_>>(), 0)?);
+                    (outs.len() - 1, diff.clone())
+                }
             };
-            let out = &outs[d];
+            let out = &outs[root];
             let seed = Tensor::ones(out.dims(), out.dtype());
             trace::tangent_input(&seed, 0);
             let grads = autograd::leaf_grads(&[out], &[&seed])?;
             let n = outs.len();
             let metas = grads.iter().map(|(m, _)| m.clone()).collect();
             outs.extend(grads.into_iter().map(|(_, g)| g));
-            *seen.borrow_mut() = Some((n, d, metas));
+            *seen.borrow_mut() = Some((n, root, packed, metas));
             Ok(outs)
         })?
     };
@@ -83,7 +109,7 @@ pub(crate) fn trace_joint(
         Ok(x) => x,
         Err(b) => return Ok(Err(b)),
     };
-    let (n_outs, diff_out, metas) = seen.into_inner().expect("traced");
+    let (n_outs, diff_out, packed, metas) = seen.into_inner().expect("traced");
     // which graph input each gradient belongs to
     let meta_of = |b: &Binding| match b {
         Binding::Arg(i) => leaves[*i].autograd.clone(),
@@ -123,6 +149,7 @@ pub(crate) fn trace_joint(
             trace: tr,
             n_outs,
             diff_out,
+            packed,
             grad_of,
         },
         outs,
@@ -135,6 +162,7 @@ pub(crate) struct TrainPlan {
     backward: Arc<Executable>,
     n_outs: usize,
     diff_out: usize,
+    packed: Vec<usize>,
     grad_of: Vec<usize>,
     /// Positions of the graph inputs the forward writes back (BatchNorm's running stats).
     mutated: Vec<usize>,
@@ -154,6 +182,7 @@ impl TrainPlan {
             backward,
             n_outs: joint.n_outs,
             diff_out: joint.diff_out,
+            packed: joint.packed.clone(),
             grad_of: joint.grad_of.clone(),
             mutated: joint
                 .trace
@@ -241,6 +270,18 @@ impl TrainPlan {
             let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
             Ok(grads.into_iter().map(Some).collect())
         })?;
+        if !self.packed.is_empty() {
+            // the packed results become views of the flat one (recorded by
+            // autograd, so their gradients flow into its node), which goes
+            let flat = outs.pop().expect("the packed result is last");
+            let mut at = 0;
+            for &i in &self.packed {
+                let n = outs[i].numel();
+                let dims: Vec<i64> = outs[i].dims().iter().map(|&d| d as i64).collect();
+                outs[i] = flat.narrow(0, at as i64, n)?.reshape(&dims)?;
+                at += n;
+            }
+        }
         Ok(outs)
     }
 }

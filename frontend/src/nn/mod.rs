@@ -18,6 +18,7 @@ mod layers;
 mod loss;
 mod module;
 mod norm;
+mod recurrent;
 mod simple;
 
 pub use container::{ModuleDict, ModuleList, Sequential};
@@ -33,4 +34,7 @@ pub use loss::{
 };
 pub use module::{Entry, EntryMut, LoadReport, Module, ModuleExt};
 pub use norm::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm};
+pub use recurrent::{
+    CellKind, CellWeights, GRUCell, LSTMCell, RNNCell, RnnOptions, GRU, LSTM, RNN,
+};
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};
