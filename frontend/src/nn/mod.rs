@@ -18,7 +18,7 @@ mod layers;
 mod loss;
 mod module;
 mod norm;
-mod recurrent;
+pub(crate) mod recurrent;
 mod simple;
 
 pub use container::{ModuleDict, ModuleList, Sequential};

@@ -105,7 +105,8 @@ impl Cell {
             h: state[0].clone(),
             c: state.get(1).cloned(),
         };
-        let next = step(self.kind, &self.w, &input_projection(&self.w, &x)?, &s)?;
+        let cells = std::slice::from_ref(&self.w);
+        let next = step(self.kind, cells, 0, &input_projection(&self.w, &x)?, &s)?;
         let mut out = vec![next.h];
         out.extend(next.c);
         if unbatched {

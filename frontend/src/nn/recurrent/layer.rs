@@ -7,7 +7,7 @@
 //! plain Rust over kiln ops, so `compile` unrolls it into one graph (the
 //! sequence length is part of the input shape guard).
 
-use super::step::{input_projection, step, State};
+use super::step::{step, Projections, State};
 use super::weights::{CellKind, CellWeights};
 use super::{check_state, py_bool_arg};
 use crate::nn::{Dropout, Entry, EntryMut, Module, Training};
@@ -119,6 +119,15 @@ impl Stack {
         })
     }
 
+    /// Whether the layer projects `h` (`proj_size > 0`).
+    pub(crate) fn proj_size(&self) -> usize {
+        self.opts.proj_size
+    }
+
+    pub(crate) fn describe_layer(&self) -> String {
+        self.describe()
+    }
+
     fn dirs(&self) -> usize {
         if self.opts.bidirectional {
             2
@@ -133,6 +142,16 @@ impl Stack {
 
     /// `layer(input, hx)` -> `[output, h_n]` (and `c_n` for an LSTM).
     fn run(&self, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
+        self.run_with(inputs, self.cells.as_slice())
+    }
+
+    /// [`Stack::run`] with the products computed by `proj` (the quantized
+    /// LSTM's int8 kernels) instead of this stack's float weights.
+    pub(crate) fn run_with(
+        &self,
+        inputs: &[Option<&Tensor>],
+        proj: &(impl Projections + ?Sized),
+    ) -> Result<Vec<Tensor>> {
         let op = name(self.kind);
         let lstm = self.kind == CellKind::Lstm;
         let n_state = if lstm { 2 } else { 1 };
@@ -186,7 +205,7 @@ impl Stack {
             let mut outs = vec![];
             for dir in 0..self.dirs() {
                 let idx = layer * self.dirs() + dir;
-                let (out, last) = self.direction(idx, &layer_in, &initial[idx], dir == 1)?;
+                let (out, last) = self.direction(proj, idx, &layer_in, &initial[idx], dir == 1)?;
                 outs.push(out);
                 h_n.push(last.h);
                 c_n.extend(last.c);
@@ -272,19 +291,19 @@ impl Stack {
     /// the outputs (T, B, H_out) in time order and the last state.
     fn direction(
         &self,
+        p: &(impl Projections + ?Sized),
         idx: usize,
         seq: &Tensor,
         init: &State,
         reverse: bool,
     ) -> Result<(Tensor, State)> {
-        let w = &self.cells[idx];
-        let proj = input_projection(w, seq)?;
+        let proj = p.input(idx, seq)?;
         let steps = seq.dims()[0];
         let mut state = init.clone();
         let mut outs: Vec<Option<Tensor>> = vec![None; steps];
         for k in 0..steps {
             let t = if reverse { steps - 1 - k } else { k };
-            state = step(self.kind, w, &proj.select(0, t as i64)?, &state)?;
+            state = step(self.kind, p, idx, &proj.select(0, t as i64)?, &state)?;
             outs[t] = Some(state.h.clone());
         }
         let outs: Vec<Tensor> = outs.into_iter().flatten().collect();
@@ -359,6 +378,9 @@ macro_rules! stack_module {
             }
             fn describe(&self) -> String {
                 self.0.describe()
+            }
+            fn as_lstm(&self) -> Option<&LSTM> {
+                (self as &dyn std::any::Any).downcast_ref::<LSTM>()
             }
         }
     };

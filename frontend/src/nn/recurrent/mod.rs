@@ -14,8 +14,8 @@
 //! ```
 
 mod cell;
-mod layer;
-mod step;
+pub(crate) mod layer;
+pub(crate) mod step;
 mod weights;
 
 pub use cell::{GRUCell, LSTMCell, RNNCell};

@@ -22,10 +22,44 @@ pub fn input_projection(w: &CellWeights, x: &Tensor) -> Result<Tensor> {
     F::linear(x, &w.weight_ih, w.bias_ih.as_ref())
 }
 
-/// The next state from `x_proj` (`W_ih x_t + b_ih`, shape (B, gates*H))
-/// and the current one.
-pub fn step(kind: CellKind, w: &CellWeights, x_proj: &Tensor, s: &State) -> Result<State> {
-    let hh = F::linear(&s.h, &w.weight_hh, w.bias_hh.as_ref())?;
+/// How a recurrence computes its two products: float `F::linear` with a
+/// [`CellWeights`], or the int8 kernels of a dynamically quantized LSTM
+/// (`kiln::quantization`). `idx` is the layer-and-direction index.
+pub trait Projections {
+    /// `W_ih x + b_ih` for `x` of any leading dims (one GEMM per sequence).
+    fn input(&self, idx: usize, x: &Tensor) -> Result<Tensor>;
+    /// `W_hh h + b_hh`.
+    fn hidden(&self, idx: usize, h: &Tensor) -> Result<Tensor>;
+    /// `W_hr h` for an LSTM with `proj_size`, else `h`.
+    fn project(&self, idx: usize, h: Tensor) -> Result<Tensor>;
+}
+
+impl Projections for [CellWeights] {
+    fn input(&self, idx: usize, x: &Tensor) -> Result<Tensor> {
+        input_projection(&self[idx], x)
+    }
+    fn hidden(&self, idx: usize, h: &Tensor) -> Result<Tensor> {
+        let w = &self[idx];
+        F::linear(h, &w.weight_hh, w.bias_hh.as_ref())
+    }
+    fn project(&self, idx: usize, h: Tensor) -> Result<Tensor> {
+        match &self[idx].weight_hr {
+            Some(w_hr) => F::linear(&h, w_hr, None),
+            None => Ok(h),
+        }
+    }
+}
+
+/// The next state of cell `idx` of `p` from `x_proj` (`W_ih x_t + b_ih`,
+/// shape (B, gates*H)) and the current one.
+pub fn step(
+    kind: CellKind,
+    p: &(impl Projections + ?Sized),
+    idx: usize,
+    x_proj: &Tensor,
+    s: &State,
+) -> Result<State> {
+    let hh = p.hidden(idx, &s.h)?;
     match kind {
         CellKind::Lstm => {
             let gates = x_proj.add(&hh)?;
@@ -40,11 +74,7 @@ pub fn step(kind: CellKind, w: &CellWeights, x_proj: &Tensor, s: &State) -> Resu
                 kiln_ir::Error::op("LSTM", "an LSTM step needs the cell state c".to_string())
             })?;
             let c = f.mul(c_prev)?.add(&i.mul(&cand)?)?;
-            let h = o.mul(&c.tanh()?)?;
-            let h = match &w.weight_hr {
-                Some(w_hr) => F::linear(&h, w_hr, None)?,
-                None => h,
-            };
+            let h = p.project(idx, o.mul(&c.tanh()?)?)?;
             Ok(State { h, c: Some(c) })
         }
         CellKind::Gru => {

@@ -138,6 +138,11 @@ impl CellWeights {
         self.weight_hh.dims()[1]
     }
 
+    /// The name suffix: `_l0`, `_l1_reverse`, ... (empty in a cell).
+    pub fn suffix(&self) -> &str {
+        &self.names[0]["weight_ih".len()..]
+    }
+
     pub fn input_size(&self) -> usize {
         self.weight_ih.dims()[1]
     }
