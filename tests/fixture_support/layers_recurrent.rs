@@ -7,6 +7,9 @@
 //! compare every output, then backpropagate `loss = sum_k sum(outK * goutK)`
 //! and compare the gradient of every parameter and every input.
 
+// used by tests/layers_recurrent.rs only; other fixture tests include this module too
+#![allow(dead_code)]
+
 use super::{check_outputs, compare, load_suite, Case, Fixtures};
 use kiln::nn::{GRUCell, LSTMCell, Module, ModuleExt, RNNCell, RnnOptions, GRU, LSTM, RNN};
 use kiln::Tensor;

@@ -145,25 +145,15 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             wb: bias.as_ref().map(|b| b[0].clone()),
             rb: bias.as_ref().map(|b| b[1].clone()),
         };
-        let zeros = || Tensor::zeros(&[batch, hidden], x.dtype());
-        let mut h = match &h0 {
-            Some(h) => h.select(0, d as i64)?,
-            None => zeros(),
+        let init = |t: &Option<Tensor>| -> Result<Tensor> {
+            match t {
+                Some(t) => t.select(0, d as i64),
+                None => Ok(Tensor::zeros(&[batch, hidden], x.dtype())),
+            }
         };
-        let mut c = match &c0 {
-            Some(c) => c.select(0, d as i64)?,
-            None => zeros(),
-        };
-        let proj = F::linear(&x, &dir.w, dir.wb.as_ref())?;
         let reverse = d == 1 || direction == "reverse";
-        let mut outs: Vec<Option<Tensor>> = vec![None; steps];
-        for k in 0..steps {
-            let t = if reverse { steps - 1 - k } else { k };
-            (h, c) = step(kind, &dir, hidden, &proj.select(0, t as i64)?, &h, &c)?;
-            outs[t] = Some(h.clone());
-        }
-        let outs: Vec<Tensor> = outs.into_iter().flatten().collect();
-        ys.push(Tensor::stack(&outs.iter().collect::<Vec<_>>(), 0)?);
+        let (y, h, c) = run_direction(kind, &dir, hidden, &x, init(&h0)?, init(&c0)?, reverse)?;
+        ys.push(y);
         hs.push(h);
         cs.push(c);
     }
@@ -188,6 +178,29 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     }
     outs.truncate(n.proto.output.len().max(1));
     Ok(outs)
+}
+
+/// One direction over the whole time-major sequence `x` (T, B, F): the
+/// outputs stacked over time (T, B, H) and the last `(h, c)`.
+fn run_direction(
+    kind: Kind,
+    dir: &Dir,
+    hidden: usize,
+    x: &Tensor,
+    mut h: Tensor,
+    mut c: Tensor,
+    reverse: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let steps = x.dims()[0];
+    let proj = F::linear(x, &dir.w, dir.wb.as_ref())?;
+    let mut outs: Vec<Option<Tensor>> = vec![None; steps];
+    for k in 0..steps {
+        let t = if reverse { steps - 1 - k } else { k };
+        (h, c) = step(kind, dir, hidden, &proj.select(0, t as i64)?, &h, &c)?;
+        outs[t] = Some(h.clone());
+    }
+    let outs: Vec<Tensor> = outs.into_iter().flatten().collect();
+    Ok((Tensor::stack(&outs.iter().collect::<Vec<_>>(), 0)?, h, c))
 }
 
 /// One step: the next `(h, c)` (`c` passes through for GRU and RNN).
