@@ -4,8 +4,8 @@
 //! (`act_scale * w_scale` of the last layer). Prints `quant: P/T`, and the
 //! same cases through `compile()` as `quant compiled: P/T`.
 
-use kiln::nn::{Activation, Entry, Linear, Module, ModuleExt, Sequential};
-use kiln::quantization::{quantize_dynamic, QScheme, QuantType};
+use kiln::nn::{Activation, Entry, Linear, Module, ModuleExt, RnnOptions, Sequential, LSTM};
+use kiln::quantization::{quantize_dynamic, QScheme, QuantType, QuantizedLinear};
 use kiln::runtime::externs::qgemm;
 use kiln::{serialize, Tensor};
 use std::collections::BTreeMap;
@@ -153,7 +153,7 @@ fn quantize_dynamic_matches_pytorch() {
     )
     .unwrap();
     let cases = manifest.as_object().unwrap();
-    let (mut pass, mut fails, mut skipped) = (0, vec![], vec![]);
+    let (mut pass, mut fails, skipped) = (0, vec![], Vec::<String>::new());
     for (name, case) in cases {
         let types: Vec<&str> = case["quantized_types"]
             .as_array()
@@ -161,21 +161,12 @@ fn quantize_dynamic_matches_pytorch() {
             .iter()
             .map(|v| v.as_str().unwrap())
             .collect();
-        if types.contains(&"LSTM") {
-            // kiln has no LSTM layer yet: quantize_dynamic refuses it, say so
-            let m = Sequential::new();
-            let e = quantize_dynamic(
-                &m,
-                &[QuantType::Linear, QuantType::Lstm],
-                QScheme::PerTensor,
-            )
-            .err()
-            .unwrap();
-            eprintln!("quant {name}: SKIPPED, not passing ({e})");
-            skipped.push(name.clone());
-            continue;
-        }
-        match run_case(name, case, &t) {
+        let result = if types.contains(&"LSTM") {
+            run_lstm_head(name, &t)
+        } else {
+            run_case(name, case, &t)
+        };
+        match result {
             Ok(r) => {
                 eprintln!("quant {name}: ok ({r})");
                 pass += 1;
@@ -195,4 +186,83 @@ fn quantize_dynamic_matches_pytorch() {
     eprintln!("quant: {pass}/{}{skip_note}", cases.len());
     assert!(fails.is_empty(), "{fails:#?}");
     assert_eq!(pass + skipped.len(), cases.len());
+}
+
+/// `lstm_head` (gen_quant.py's LSTMHead: `nn.LSTM(8, 16, batch_first=True)`
+/// then `fc = nn.Linear(16, 4)` on the last step, both quantized): the LSTM
+/// through `quantize_dynamic(.., [Lstm])`, the head as a QuantizedLinear
+/// whose int8 weight and scale must equal PyTorch's; the output within one
+/// quantum of the head (its input's activation scale * weight scale).
+fn run_lstm_head(name: &str, t: &BTreeMap<String, Tensor>) -> Result<String, String> {
+    let opts = RnnOptions {
+        batch_first: true,
+        ..RnnOptions::default()
+    };
+    let lstm = LSTM::new(8, 16, opts).map_err(|e| e.to_string())?;
+    let fc = Linear::new(16, 4, true).map_err(|e| e.to_string())?;
+    let state = |prefix: &str| -> Vec<(String, Tensor)> {
+        let p = format!("{name}/state/{prefix}.");
+        t.iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(&p)?.to_string(), v.clone())))
+            .collect()
+    };
+    lstm.load_state_dict(&state("lstm"), true)
+        .map_err(|e| e.to_string())?;
+    fc.load_state_dict(&state("fc"), true)
+        .map_err(|e| e.to_string())?;
+    let q = quantize_dynamic(
+        &lstm,
+        &[QuantType::Linear, QuantType::Lstm],
+        QScheme::PerTensor,
+    )
+    .map_err(|e| e.to_string())?;
+    if q.quantized_layers() != 1 || !q.describe().starts_with("DynamicQuantizedLSTM(8, 16") {
+        return Err(format!("not one quantized LSTM: {}", q.describe()));
+    }
+    let head = QuantizedLinear::from_float(&fc.weight, fc.bias.as_ref(), QScheme::PerTensor)
+        .map_err(|e| e.to_string())?;
+    if head.weight.to_f64_vec() != t[&format!("{name}/qweight/fc")].to_f64_vec() {
+        return Err("fc: int8 weights differ".into());
+    }
+    let ws = head.weight_scale.to_f64_vec()[0];
+    if (ws as f32) != t[&format!("{name}/wscale/fc")].to_f64_vec()[0] as f32 {
+        return Err("fc: weight scale differs".into());
+    }
+    let x = &t[&format!("{name}/input")];
+    let _ng = kiln::autograd::no_grad();
+    let out = q.forward(x).map_err(|e| e.to_string())?;
+    let last = out
+        .select(1, x.dims()[1] as i64 - 1)
+        .map_err(|e| e.to_string())?;
+    let y = head.forward(&last).map_err(|e| e.to_string())?;
+    let (lo, hi) = qgemm::find_min_max(&last.to_vec::<f32>().unwrap());
+    let quantum = (qgemm::choose_activation_qparams(lo, hi, true).scale as f64) * ws;
+    let (got, want) = (y.to_f64_vec(), t[&format!("{name}/q_out")].to_f64_vec());
+    let float = t[&format!("{name}/float_out")].to_f64_vec();
+    let (mut exact, mut max_q) = (0, 0.0f64);
+    for (g, w) in got.iter().zip(&want) {
+        exact += (g == w) as usize;
+        max_q = max_q.max((g - w).abs() / quantum);
+    }
+    let float_q = float
+        .iter()
+        .zip(&want)
+        .map(|(f, w)| (f - w).abs() / quantum)
+        .fold(0.0, f64::max);
+    if got.len() != want.len() || max_q > 1.0 {
+        return Err(format!(
+            "outputs differ by up to {max_q:.3} quanta ({exact}/{} exact; the float model is {float_q:.1} quanta off)",
+            want.len()
+        ));
+    }
+    // compiled: the same numbers
+    let compiled = kiln::compile::compile(&q);
+    let c1 = compiled.forward(x).map_err(|e| format!("compile: {e}"))?;
+    if c1.to_f64_vec() != out.to_f64_vec() {
+        return Err("compile(quantized LSTM) differs from eager".into());
+    }
+    Ok(format!(
+        "{exact}/{} outputs bit-exact, max {max_q:.3} quanta (float model: {float_q:.1})",
+        want.len()
+    ))
 }

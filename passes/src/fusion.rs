@@ -10,6 +10,7 @@
 //! | reduction | pointwise             | stored; the consumer reads it (epilogue)   | a reduced value is small |
 //! | pointwise | view / extern / output| stored                                     | views and extern kernels index memory |
 //! | pointwise | > `MAX_RECOMPUTE` uses| stored                                     | recomputing for many readers costs more than one store |
+//! | pointwise | > 1 use, chain > `MAX_INLINED_CHAIN` | stored                      | a long chain recomputed per reader grows without bound |
 //! | extern    | one pointwise chain   | the chain is the extern's epilogue         | applied per output tile while it is in cache |
 //! | lse_parts / moments | the one pointwise kernel reading its parts | the reader may run it as its row pass | the row is re-read from cache, not memory |
 //!
@@ -22,6 +23,12 @@ use std::fmt::Write;
 
 /// A pointwise value read by more kernels than this is stored, not recomputed.
 pub const MAX_RECOMPUTE: usize = 3;
+
+/// A pointwise value read more than once whose inlined chain is longer than
+/// this is stored: an LSTM's cell state `c_t = f * c_{t-1} + i * g` is
+/// pointwise across all steps, and each step's `h_t` kernel would otherwise
+/// recompute the whole chain back to `c_0` (quadratic in the sequence length).
+pub const MAX_INLINED_CHAIN: usize = 48;
 
 /// How a node executes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,13 +164,27 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
         needs_memory[o.index()] = true;
     }
     let splat_const = |i: usize| matches!(&g.nodes()[i].op, NodeOp::Const(c) if c.is_splat());
-    let stored: Vec<bool> = (0..n)
-        .map(|i| match kinds[i] {
+    // nodes come in topological order, so operands are decided first
+    let mut stored = vec![false; n];
+    let mut inlined = vec![0usize; n];
+    for (i, node) in g.nodes().iter().enumerate() {
+        stored[i] = match kinds[i] {
             NodeKind::Pointwise => needs_memory[i] || uses[i] > MAX_RECOMPUTE,
             NodeKind::Leaf => !splat_const(i) || needs_memory[i],
             _ => true,
-        })
-        .collect();
+        };
+        if kinds[i] == NodeKind::Pointwise {
+            let body = node
+                .operands
+                .iter()
+                .filter(|o| kinds[o.index()] == NodeKind::Pointwise && !stored[o.index()])
+                .fold(1usize, |a, o| a.saturating_add(inlined[o.index()]));
+            if uses[i] > 1 && body > MAX_INLINED_CHAIN {
+                stored[i] = true;
+            }
+            inlined[i] = body;
+        }
+    }
 
     // extern + pointwise epilogue: the extern's only reader is inside one stored
     // pointwise root of the same type that no view or other kernel reads first

@@ -203,6 +203,25 @@ impl Executable {
                 }
             }
         }
+        // a tiled kernel runs at its epilogue's root: when that root is not
+        // hoisted, every hoisted value the kernel reads (a transposed weight
+        // an RNN multiplies a zero initial state by) is read from outside
+        // the hoisted part, so it is cached too
+        for kernel in &plan.kernels {
+            let Some(r) = (match kernel.kind {
+                KernelKind::Extern { epilogue: Some(r) } => Some(r),
+                _ => None,
+            }) else {
+                continue;
+            };
+            if tiled_root[r.index()].is_some() && !hoisted[r.index()] {
+                for read in &kernel.reads {
+                    if hoisted[read.index()] {
+                        frontier[read.index()] = true;
+                    }
+                }
+            }
+        }
         // an input is cheap to rebind; only computed values are worth caching
         for (i, f) in frontier.iter_mut().enumerate() {
             if input_index[i].is_some() || matches!(graph.nodes()[i].op, NodeOp::Const(_)) {
@@ -417,14 +436,17 @@ impl Executable {
         for (id, node) in self.graph.iter() {
             let i = id.index();
             let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
-            let from_cache = valid
-                && self.hoisted[i]
-                && cached
-                && !self.deferred[i]
-                && self.tiled_root[i].is_none();
-            if let (Some(r), Some(k), false) =
-                (rec.as_deref_mut(), self.tiled_root[i], self.deferred[i])
-            {
+            // a hoisted epilogue root (a matmul of parameters and constants
+            // with its bias: an RNN's hidden product from a zero initial
+            // state) is cached like any hoisted value; its operands are not
+            // computed on such a call
+            let from_cache = valid && self.hoisted[i] && cached && !self.deferred[i];
+            if let (Some(r), Some(k), false, false) = (
+                rec.as_deref_mut(),
+                self.tiled_root[i],
+                self.deferred[i],
+                from_cache,
+            ) {
                 let t = self.record_tiled(id, k, &vals, r)?;
                 vals[i] = Some(Val::One(Lazy::tensor(&t)));
                 for o in &node.operands {
@@ -492,6 +514,9 @@ impl Executable {
         let cached = !matches!(node.op, NodeOp::Const(_)) && self.input_index[i].is_none();
         if self.deferred[i] {
             return Ok(None);
+        }
+        if valid && self.hoisted[i] && cached && self.tiled_root[i].is_some() {
+            return Ok(cache.values.get(&i).map(|t| Val::One(Lazy::tensor(t))));
         }
         if let Some(k) = self.tiled_root[i] {
             let t = match debug {

@@ -69,17 +69,18 @@ struct State {
 
 /// Compiles a module's `forward` (see the module docs); any `&dyn Module`
 /// will do, a `Box<dyn Module>` too (`compile(boxed.as_ref())`).
-/// [`Compiled::forward`] runs `Module::forward`; [`Compiled::call`] with
-/// several inputs runs `Module::forward_many`.
+/// [`Compiled::call`] runs `Module::forward_many` (whose default, for one
+/// input, is `Module::forward`); [`Compiled::forward`] returns its first
+/// output.
 pub fn compile(m: &dyn Module) -> Compiled<'_> {
     let mut names = m.named_parameters();
     names.extend(m.named_buffers());
     Compiled {
         name: "forward".into(),
-        f: Box::new(move |xs: &[Tensor]| match xs {
-            [x] => Ok(vec![m.forward(x)?]),
-            _ => m.forward_many(&xs.iter().map(Some).collect::<Vec<_>>()),
-        }),
+        // forward_many even for one input: its default is `forward`, and a
+        // module with several outputs (an LSTM's output, h_n, c_n) returns
+        // them all; `Compiled::forward` keeps the first
+        f: Box::new(move |xs: &[Tensor]| m.forward_many(&xs.iter().map(Some).collect::<Vec<_>>())),
         names,
         training: Box::new(move || tree_training(m)),
         options: CompileOptions::default(),

@@ -25,6 +25,7 @@ mod norm;
 mod padding_mode;
 mod pixel_shuffle;
 mod prelu;
+pub(crate) mod recurrent;
 mod simple;
 mod transformer;
 mod upsample;
@@ -48,6 +49,9 @@ pub use norm::{BatchNorm, BatchNormOptions, GroupNorm, LayerNorm};
 pub use padding_mode::{pad_symmetric, PaddingMode};
 pub use pixel_shuffle::PixelShuffle;
 pub use prelu::PReLU;
+pub use recurrent::{
+    CellKind, CellWeights, GRUCell, LSTMCell, RNNCell, RnnOptions, GRU, LSTM, RNN,
+};
 pub use simple::{Activation, Dropout, Flatten, Identity, Pool2d};
 pub use transformer::{
     DecoderMasks, TransformerDecoderLayer, TransformerEncoderLayer, TransformerLayerOptions,

@@ -102,6 +102,12 @@ pub trait Module: Send + Sync {
     fn as_batch_norm(&self) -> Option<&super::BatchNorm> {
         None
     }
+
+    /// This module as an LSTM layer, if it is one (what
+    /// `quantization::quantize_dynamic` swaps for `QuantType::Lstm`).
+    fn as_lstm(&self) -> Option<&super::LSTM> {
+        None
+    }
 }
 
 /// What `load_state_dict` found besides matching keys.

@@ -28,11 +28,13 @@
 //! ```
 
 mod linear;
+mod lstm;
 #[cfg(test)]
 mod tests;
 
 pub use kiln_runtime::externs::qgemm::Isa;
 pub use linear::QuantizedLinear;
+pub use lstm::QuantizedLstm;
 
 use crate::nn::{Entry, Module};
 use crate::Tensor;
@@ -51,7 +53,7 @@ pub enum QScheme {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantType {
     Linear,
-    /// `nn.LSTM`: kiln has no LSTM layer yet, so asking for it is an error.
+    /// `nn.LSTM`, swapped for a [`QuantizedLstm`].
     Lstm,
 }
 
@@ -71,17 +73,14 @@ pub fn quantize_dynamic<'m>(
     types: &[QuantType],
     scheme: QScheme,
 ) -> Result<QuantizedModel<'m>> {
-    if types.contains(&QuantType::Lstm) {
-        bail!("quantize_dynamic", "LSTM: kiln has no LSTM layer yet, so there is none to quantize (ask for QuantType::Linear)");
-    }
-    if !types.contains(&QuantType::Linear) {
+    if types.is_empty() {
         bail!(
             "quantize_dynamic",
-            "no layer type to quantize was given (QuantType::Linear is the one supported)"
+            "no layer type to quantize was given (QuantType::Linear, QuantType::Lstm)"
         );
     }
     Ok(QuantizedModel {
-        root: rebuild(model, "", scheme)?,
+        root: rebuild(model, "", scheme, types)?,
     })
 }
 
@@ -96,7 +95,9 @@ impl<'m> QuantizedModel<'m> {
 
 fn count(m: &dyn Module, n: &mut usize) {
     if m.describe().starts_with("DynamicQuantized") {
+        // a quantized LSTM's children are its own int8 products
         *n += 1;
+        return;
     }
     m.visit(&mut |e| {
         if let Entry::Child(_, c) = e {
@@ -119,6 +120,16 @@ fn linear_parts(m: &dyn Module) -> Option<(Tensor, Option<Tensor>)> {
     Some((w?, b))
 }
 
+fn has_lstm(m: &dyn Module) -> bool {
+    let mut found = m.as_lstm().is_some();
+    m.visit(&mut |e| {
+        if let Entry::Child(_, c) = e {
+            found |= has_lstm(c);
+        }
+    });
+    found
+}
+
 fn has_linear(m: &dyn Module) -> bool {
     let mut found = linear_parts(m).is_some();
     m.visit(&mut |e| {
@@ -129,8 +140,20 @@ fn has_linear(m: &dyn Module) -> bool {
     found
 }
 
-fn rebuild<'m>(m: &'m dyn Module, path: &str, scheme: QScheme) -> Result<Box<dyn Module + 'm>> {
-    if let Some((w, b)) = linear_parts(m) {
+fn rebuild<'m>(
+    m: &'m dyn Module,
+    path: &str,
+    scheme: QScheme,
+    types: &[QuantType],
+) -> Result<Box<dyn Module + 'm>> {
+    let linear = types.contains(&QuantType::Linear);
+    if let (Some(lstm), true) = (m.as_lstm(), types.contains(&QuantType::Lstm)) {
+        return Ok(Box::new(QuantizedLstm::from_float(lstm, scheme)?));
+    }
+    if !linear && !has_lstm(m) {
+        return Ok(Box::new(Borrowed(m)));
+    }
+    if let (Some((w, b)), true) = (linear_parts(m), linear) {
         return Ok(Box::new(QuantizedLinear::from_float(
             &w,
             b.as_ref(),
@@ -156,7 +179,7 @@ fn rebuild<'m>(m: &'m dyn Module, path: &str, scheme: QScheme) -> Result<Box<dyn
             let next_is_relu = children
                 .get(i + 1)
                 .is_some_and(|(_, n)| n.describe() == "ReLU()");
-            match linear_parts(c) {
+            match linear_parts(c).filter(|_| linear) {
                 Some((w, b)) if next_is_relu => {
                     // Linear + ReLU: the ReLU runs in the GEMM epilogue.
                     let mut q = QuantizedLinear::from_float(&w, b.as_ref(), scheme)?;
@@ -170,17 +193,17 @@ fn rebuild<'m>(m: &'m dyn Module, path: &str, scheme: QScheme) -> Result<Box<dyn
                     i += 2;
                 }
                 _ => {
-                    out.push((name.to_string(), rebuild(c, &child_path, scheme)?));
+                    out.push((name.to_string(), rebuild(c, &child_path, scheme, types)?));
                     i += 1;
                 }
             }
         }
         return Ok(Box::new(QuantizedSequential { children: out }));
     }
-    if has_linear(m) {
+    if (linear && has_linear(m)) || (types.contains(&QuantType::Lstm) && has_lstm(m)) {
         bail!(
             "quantize_dynamic",
-            "`{}` ({}) holds a Linear but is not a Sequential: its forward cannot be rebuilt around a swapped layer",
+            "`{}` ({}) holds a layer to quantize but is not a Sequential: its forward cannot be rebuilt around a swapped layer (quantize that layer itself, e.g. QuantizedLstm::from_float)",
             if path.is_empty() { "<root>" } else { path },
             m.describe()
         );

@@ -128,13 +128,51 @@ fn bad_input_is_an_error_naming_the_op() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("f32"), "{e}");
-    let e = quantize_dynamic(
-        &m,
-        &[QuantType::Linear, QuantType::Lstm],
-        QScheme::PerTensor,
-    )
-    .err()
-    .unwrap()
-    .to_string();
-    assert!(e.contains("LSTM"), "{e}");
+    let e = quantize_dynamic(&m, &[], QScheme::PerTensor)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("no layer type"), "{e}");
+    // an LSTM with proj_size has no dynamically quantized form
+    let opts = crate::nn::RnnOptions {
+        proj_size: 2,
+        ..Default::default()
+    };
+    let proj = crate::nn::LSTM::new(3, 4, opts).unwrap();
+    let e = quantize_dynamic(&proj, &[QuantType::Lstm], QScheme::PerTensor)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("LSTM(3, 4, proj_size=2)"), "{e}");
+}
+
+#[test]
+fn quantized_lstm_is_close_to_float_and_keeps_linears_float_when_asked() {
+    crate::random::manual_seed(5);
+    let opts = crate::nn::RnnOptions {
+        num_layers: 2,
+        bidirectional: true,
+        ..Default::default()
+    };
+    let lstm = crate::nn::LSTM::new(6, 8, opts).unwrap();
+    let seq = Sequential::new()
+        .add(Linear::new(6, 6, true).unwrap())
+        .add(lstm);
+    let q = quantize_dynamic(&seq, &[QuantType::Lstm], QScheme::PerChannel).unwrap();
+    assert_eq!(q.quantized_layers(), 1, "the LSTM only");
+    let x = crate::random::normal(&[5, 2, 6], 0.0, 1.0, DType::F32, None).unwrap();
+    let want = seq.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    let got = q.forward(&x).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(got.len(), 5 * 2 * 16);
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst > 0.0 && worst < 0.05, "int8 LSTM off by {worst}");
+    let keys: Vec<String> = q.state_dict().into_iter().map(|(k, _)| k).collect();
+    assert!(
+        keys.contains(&"1.ih_l1_reverse.weight_scale".to_string()),
+        "{keys:?}"
+    );
 }

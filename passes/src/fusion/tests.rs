@@ -122,3 +122,30 @@ fn fused_dump_names_kernels_reads_and_types() {
         "kernel 0 extern: %4 = conv2d+epilogue[add+relu] (%0, %1, %2, %3) fuses [%5, %6] : f32[2,4,6,6]\n"
     );
 }
+
+#[test]
+fn long_chains_read_twice_are_stored_not_recomputed_per_reader() {
+    // c_t = c_{t-1} * a, h_t = exp(c_t): an RNN-like recurrence whose state is
+    // pointwise across steps; each h_t would otherwise inline the whole chain
+    let steps = 3 * MAX_INLINED_CHAIN;
+    let mut t = String::from("graph r(%0 x: f32[8], %1 a: f32[8]) {\n");
+    let (mut prev, mut id, mut outs) = (0, 2, vec![]);
+    for _ in 0..steps {
+        t += &format!("  %{id} = mul(%{prev}, %1) : f32[8]\n");
+        t += &format!("  %{} = exp(%{id}) : f32[8]\n", id + 1);
+        outs.push(format!("%{}", id + 1));
+        prev = id;
+        id += 2;
+    }
+    t += &format!("  return {}\n}}\n", outs.join(", "));
+    let (g, p) = plan(&t);
+    let biggest = p.kernels.iter().map(|k| k.fused.len()).max().unwrap();
+    assert!(
+        biggest <= MAX_INLINED_CHAIN + 2,
+        "a kernel inlines {biggest} nodes"
+    );
+    let chain_stored = (0..steps).filter(|s| p.stored[2 + 2 * s]).count();
+    assert!(chain_stored >= 2, "{}", dump(&g, &p));
+    // a short chain is still recomputed
+    assert!(!p.stored[2]);
+}

@@ -114,6 +114,17 @@ impl<'a> Node<'a> {
             .map(|a| String::from_utf8_lossy(&a.s).into_owned()))
     }
 
+    pub fn string_list(&self, name: &str) -> Result<Option<Vec<String>>> {
+        Ok(self
+            .typed(name, at::STRINGS, "a list of strings")?
+            .map(|a| {
+                a.strings
+                    .iter()
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect()
+            }))
+    }
+
     pub fn tensor(&self, name: &str) -> Result<Option<&'a crate::onnx::proto::TensorProto>> {
         Ok(self
             .typed(name, at::TENSOR, "a tensor")?

@@ -21,6 +21,7 @@ mod attrs;
 mod host;
 mod ops;
 mod ops_nn;
+mod ops_rnn;
 mod ops_shape;
 
 use super::proto::{self, ModelProto, NodeProto};

@@ -4,7 +4,7 @@
 
 use super::attrs::Node;
 use super::host::{Host, Value};
-use super::{ops_nn, ops_shape};
+use super::{ops_nn, ops_rnn, ops_shape};
 use crate::ir::BinaryOp;
 use crate::{DType, Result, Tensor};
 
@@ -86,6 +86,10 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "GlobalAveragePool",
     "GlobalMaxPool",
     "Pad",
+    // recurrent layers
+    "LSTM",
+    "GRU",
+    "RNN",
     // shapes and data movement
     "Shape",
     "Size",
@@ -262,6 +266,7 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         | "GlobalAveragePool"
         | "GlobalMaxPool"
         | "Pad" => ops_nn::run(n, ins),
+        "LSTM" | "GRU" | "RNN" => ops_rnn::run(n, ins),
         _ => ops_shape::run(n, ins),
     }
 }
