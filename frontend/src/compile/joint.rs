@@ -24,8 +24,9 @@ use std::sync::Arc;
 pub(crate) struct Joint {
     pub trace: Trace,
     pub n_outs: usize,
-    /// The one result that requires grad (the backward node hangs on it).
-    pub diff_out: usize,
+    /// The results that require grad, in order: the `k`-th is the one
+    /// `tangent{k}` is the gradient of (the backward hangs on them).
+    pub diff_outs: Vec<usize>,
     /// Per gradient output: the graph input it is the gradient of.
     pub grad_of: Vec<usize>,
 }
@@ -50,32 +51,33 @@ pub(crate) fn trace_joint(
             false => a.clone(),
         })
         .collect();
-    let seen: RefCell<Option<(usize, usize, Vec<Arc<AutogradMeta>>)>> = RefCell::new(None);
+    type Seen = (usize, Vec<usize>, Vec<Arc<AutogradMeta>>);
+    let seen: RefCell<Option<Seen>> = RefCell::new(None);
     let traced = {
         let _g = autograd::set_grad_enabled(true);
         trace::trace(name, &leaves, names, |xs| {
             let mut outs = f(xs)?;
+            // one tangent per result that requires grad (logits and
+            // attention probabilities both reach the loss)
             let diff: Vec<usize> = (0..outs.len())
                 .filter(|&i| outs[i].requires_grad())
                 .collect();
-            let &[d] = diff.as_slice() else {
-                trace::unsupported(
-                    "backward",
-                    &format!(
-                        "compiled backward supports one result that requires grad; this function returns {}",
-                        diff.len()
-                    ),
-                )?;
-                unreachable!("unsupported() stops the trace");
+            let roots: Vec<&Tensor> = diff.iter().map(|&d| &outs[d]).collect();
+            let seeds: Vec<Tensor> = roots
+                .iter()
+                .map(|o| Tensor::ones(o.dims(), o.dtype()))
+                .collect();
+            for (k, seed) in seeds.iter().enumerate() {
+                trace::tangent_input(seed, k);
+            }
+            let grads = match roots.is_empty() {
+                true => vec![],
+                false => autograd::leaf_grads(&roots, &seeds.iter().collect::<Vec<_>>())?,
             };
-            let out = &outs[d];
-            let seed = Tensor::ones(out.dims(), out.dtype());
-            trace::tangent_input(&seed, 0);
-            let grads = autograd::leaf_grads(&[out], &[&seed])?;
             let n = outs.len();
             let metas = grads.iter().map(|(m, _)| m.clone()).collect();
             outs.extend(grads.into_iter().map(|(_, g)| g));
-            *seen.borrow_mut() = Some((n, d, metas));
+            *seen.borrow_mut() = Some((n, diff, metas));
             Ok(outs)
         })?
     };
@@ -83,7 +85,7 @@ pub(crate) fn trace_joint(
         Ok(x) => x,
         Err(b) => return Ok(Err(b)),
     };
-    let (n_outs, diff_out, metas) = seen.into_inner().expect("traced");
+    let (n_outs, diff_outs, metas) = seen.into_inner().expect("traced");
     // which graph input each gradient belongs to
     let meta_of = |b: &Binding| match b {
         Binding::Arg(i) => leaves[*i].autograd.clone(),
@@ -122,7 +124,7 @@ pub(crate) fn trace_joint(
         Joint {
             trace: tr,
             n_outs,
-            diff_out,
+            diff_outs,
             grad_of,
         },
         outs,
@@ -134,7 +136,9 @@ pub(crate) struct TrainPlan {
     pub partition: Partition,
     backward: Arc<Executable>,
     n_outs: usize,
-    diff_out: usize,
+    diff_outs: Vec<usize>,
+    /// Per joint-graph input: the differentiable result it is the tangent of.
+    tangent_of: Vec<Option<usize>>,
     grad_of: Vec<usize>,
     /// Positions of the graph inputs the forward writes back (BatchNorm's running stats).
     mutated: Vec<usize>,
@@ -153,7 +157,16 @@ impl TrainPlan {
         let plan = TrainPlan {
             backward,
             n_outs: joint.n_outs,
-            diff_out: joint.diff_out,
+            diff_outs: joint.diff_outs.clone(),
+            tangent_of: joint
+                .trace
+                .bindings
+                .iter()
+                .map(|b| match b {
+                    Binding::Tangent(k) => Some(*k),
+                    _ => None,
+                })
+                .collect(),
             grad_of: joint.grad_of.clone(),
             mutated: joint
                 .trace
@@ -213,14 +226,19 @@ impl TrainPlan {
                 *o = o.contiguous()?;
             }
         }
-        let bwd_ins: Vec<Option<Saved>> = self
+        let bwd_ins: Vec<BackwardValue> = self
             .partition
             .backward_inputs
             .iter()
             .map(|b| match b {
-                BackwardInput::Saved(k) => Some(Saved::new("compiled", &saved[*k])),
-                BackwardInput::Primal(i) => inputs[*i].as_ref().map(|t| Saved::new("compiled", t)),
-                BackwardInput::Tangent(_) => None,
+                BackwardInput::Saved(k) => BackwardValue::Saved(Saved::new("compiled", &saved[*k])),
+                BackwardInput::Primal(i) => match &inputs[*i] {
+                    Some(t) => BackwardValue::Saved(Saved::new("compiled", t)),
+                    None => BackwardValue::Tangent(0),
+                },
+                BackwardInput::Tangent(i) => {
+                    BackwardValue::Tangent(self.tangent_of[*i].expect("a tangent input"))
+                }
             })
             .collect();
         let wrt: Vec<&Tensor> = self
@@ -229,18 +247,34 @@ impl TrainPlan {
             .map(|&k| inputs[k].as_ref().expect("gradients are of primal inputs"))
             .collect();
         let backward = self.backward.clone();
-        let out = outs[self.diff_out].clone();
-        outs[self.diff_out] = autograd::record("compiled", out, &wrt, move |g| {
+        let run_backward = move |tangents: &[Tensor]| -> Result<Vec<Option<Tensor>>> {
             let ins: Vec<Tensor> = bwd_ins
                 .iter()
                 .map(|s| match s {
-                    Some(s) => s.get(),
-                    None => Ok(g.clone()),
+                    BackwardValue::Saved(s) => s.get(),
+                    BackwardValue::Tangent(k) => Ok(tangents[*k].clone()),
                 })
                 .collect::<Result<_>>()?;
             let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
             Ok(grads.into_iter().map(Some).collect())
-        })?;
+        };
+        match self.diff_outs.as_slice() {
+            [] => {}
+            [d] => {
+                let out = outs[*d].clone();
+                outs[*d] = autograd::record("compiled", out, &wrt, move |g| {
+                    run_backward(std::slice::from_ref(g))
+                })?;
+            }
+            _ => super::multi_backward::attach(&mut outs, &self.diff_outs, &wrt, run_backward)?,
+        }
         Ok(outs)
     }
+}
+
+/// What one input of the compiled backward is bound to when it runs.
+enum BackwardValue {
+    Saved(Saved),
+    /// The gradient of the `k`-th differentiable result.
+    Tangent(usize),
 }
