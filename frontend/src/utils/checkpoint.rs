@@ -12,6 +12,9 @@
 //! the gradients of inputs and parameters from that small graph
 //! (`autograd::leaf_grads`), handing them on through its edges — into
 //! `.grad`, or into the compiler's trace when this runs inside `compile()`.
+//! There both runs of the segment are tagged as a checkpoint region
+//! (`compile::trace::checkpoint_region`), so the compiled backward saves
+//! only the segment's inputs and output and rebuilds the rest.
 //!
 //! ```
 //! use kiln_frontend::nn::{Activation, Linear, Module, ModuleExt, Sequential};
@@ -119,48 +122,46 @@ fn recompute(
     metas: &[Arc<autograd::AutogradMeta>],
     g: &Tensor,
 ) -> Result<Vec<Option<Tensor>>> {
-    {
-        let xs: Vec<Tensor> = saved
-            .iter()
-            .zip(wanted)
-            .map(|(s, &w)| Ok(s.get()?.requires_grad_(w)))
-            .collect::<Result<_>>()?;
-        // Recompute with the forward's random numbers, then put the
-        // generator back where the rest of the backward expects it.
-        let now = random::get_rng_state();
-        random::set_rng_state(rng);
-        let out = {
-            let _g = autograd::set_grad_enabled(true);
-            f(&xs)
-        };
-        random::set_rng_state(&now);
-        let out = out?;
-        if !out.requires_grad() {
-            bail!(
-                "CheckpointBackward",
-                "the recomputed segment does not require grad (shape {:?}); it must use its inputs or parameters",
-                out.dims()
-            );
-        }
-        let grads = autograd::leaf_grads(&[&out], &[g])?;
-        let find = |m: &Arc<autograd::AutogradMeta>| {
-            grads
-                .iter()
-                .find(|(k, _)| Arc::ptr_eq(k, m))
-                .map(|(_, g)| g.clone())
-        };
-        let mut res: Vec<Option<Tensor>> = xs
-            .iter()
-            .map(|x| {
-                x.autograd
-                    .as_ref()
-                    .filter(|_| x.requires_grad())
-                    .and_then(find)
-            })
-            .collect();
-        res.extend(metas.iter().map(find));
-        Ok(res)
+    let xs: Vec<Tensor> = saved
+        .iter()
+        .zip(wanted)
+        .map(|(s, &w)| Ok(s.get()?.requires_grad_(w)))
+        .collect::<Result<_>>()?;
+    // Recompute with the forward's random numbers, then put the
+    // generator back where the rest of the backward expects it.
+    let now = random::get_rng_state();
+    random::set_rng_state(rng);
+    let out = {
+        let _g = autograd::set_grad_enabled(true);
+        f(&xs)
+    };
+    random::set_rng_state(&now);
+    let out = out?;
+    if !out.requires_grad() {
+        bail!(
+            "CheckpointBackward",
+            "the recomputed segment does not require grad (shape {:?}); it must use its inputs or parameters",
+            out.dims()
+        );
     }
+    let grads = autograd::leaf_grads(&[&out], &[g])?;
+    let find = |m: &Arc<autograd::AutogradMeta>| {
+        grads
+            .iter()
+            .find(|(k, _)| Arc::ptr_eq(k, m))
+            .map(|(_, g)| g.clone())
+    };
+    let mut res: Vec<Option<Tensor>> = xs
+        .iter()
+        .map(|x| {
+            x.autograd
+                .as_ref()
+                .filter(|_| x.requires_grad())
+                .and_then(find)
+        })
+        .collect();
+    res.extend(metas.iter().map(find));
+    Ok(res)
 }
 
 /// `Checkpointed(module)`: the module's forward through [`checkpoint`], its
