@@ -227,22 +227,24 @@ fn state_a_forward_writes_is_refused_not_left_stale() {
         inner: Attention::new(6),
         probs: Mutex::new(None),
     };
-    // an inference entry (training entries are not checked yet, see README)
-    let _ng = kiln::autograd::no_grad();
-    let c = compile(&m);
-    let err = c
-        .forward(&x)
-        .err()
-        .expect("a stashing forward must not compile");
-    let msg = err.to_string();
-    println!("{msg}");
-    assert!(
-        msg.contains("self.probs") && msg.contains("Return it as a result"),
-        "{msg}"
-    );
-    assert!(msg.contains("softmax"), "{msg}");
-    // every call is refused, not only the first
-    assert!(c.forward(&x).is_err());
+    // an inference entry, and a training one
+    for grad in [false, true] {
+        let _g = kiln::autograd::set_grad_enabled(grad);
+        let c = compile(&m);
+        let err = c
+            .forward(&x)
+            .err()
+            .expect("a stashing forward must not compile");
+        let msg = err.to_string();
+        println!("grad {grad}: {msg}");
+        assert!(
+            msg.contains("self.probs") && msg.contains("Return it as a result"),
+            "{msg}"
+        );
+        assert!(msg.contains("softmax"), "{msg}");
+        // every call is refused, not only the first
+        assert!(c.forward(&x).is_err());
+    }
     // a closure writing a captured cell is refused the same way
     let cell: Mutex<Option<Tensor>> = Mutex::new(None);
     let f = compile_fn("stash", |xs| {

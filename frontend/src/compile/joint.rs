@@ -74,6 +74,7 @@ pub(crate) fn trace_joint(
                 true => vec![],
                 false => autograd::leaf_grads(&roots, &seeds.iter().collect::<Vec<_>>())?,
             };
+            trace::release_traced_graph();
             let n = outs.len();
             let metas = grads.iter().map(|(m, _)| m.clone()).collect();
             outs.extend(grads.into_iter().map(|(_, g)| g));

@@ -396,18 +396,11 @@ impl Entry {
         Ok((entry, outs))
     }
 
-    /// Why this inference entry may not be cached: a value of the traced
-    /// run is still held by state the function wrote (see
-    /// `trace::escapes`). Call once the traced run's own tensors are gone.
+    /// Why this entry may not be cached: a value of the traced run is still
+    /// held by state the function wrote (see `trace::escapes`). Call once
+    /// the traced run's own tensors are gone.
     pub fn stale_state(&self, name: &str) -> Option<String> {
         let g = self.traced.as_ref()?;
-        // Training entries are not checked yet: after a joint trace some
-        // value of the traced run is still referenced from somewhere other
-        // than the function's state (30% of the differential suite's
-        // backward graphs), and that holder is not accounted for.
-        if self.train.is_some() {
-            return None;
-        }
         let known = |s: &std::sync::Arc<kiln_runtime::Storage>| {
             self.captures.as_ref().map(|c| c.holds(s)).unwrap_or(0)
         };

@@ -471,6 +471,22 @@ pub fn record_same(input: &Tensor, f: impl FnOnce() -> Result<Tensor>) -> Result
     Ok(out)
 }
 
+/// Frees the backward closures (and what they saved) of every value the
+/// trace has recorded so far: a joint trace calls this once it has traced
+/// the backward. Nothing backpropagates through the traced run's eager
+/// graph afterwards (a compiled call returns the compiled run's results),
+/// and a node the traced backward never reached would otherwise keep its
+/// saved values alive for as long as anything holds its output.
+pub(crate) fn release_traced_graph() {
+    with(|t| {
+        for x in &t.keep {
+            if let Some(n) = x.grad_fn() {
+                *n.f.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+    });
+}
+
 /// Called where code reads a tensor's values on the host (`item`, `to_vec`):
 /// while tracing, reading a traced value stops the trace (the graph cannot
 /// depend on data).
