@@ -184,6 +184,7 @@ fn reduction(kind: ReduceKind, dt: DType, rank: usize, epi_load: bool) -> Kernel
         epilogue,
         out,
         extra_out,
+        rows: None,
     }
 }
 

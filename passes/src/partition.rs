@@ -20,6 +20,9 @@ use kiln_ir::graph::{Graph, NodeId, NodeOp};
 use kiln_ir::op::Op;
 use kiln_ir::{bail, Result};
 
+mod policy;
+pub use policy::SavePolicy;
+
 /// What a backward-graph input is bound to.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BackwardInput {
@@ -116,6 +119,42 @@ pub fn partition(
     tangents: &[NodeId],
     n_forward_outputs: usize,
 ) -> Result<Partition> {
+    partition_with(joint, tangents, n_forward_outputs, &[])
+}
+
+/// [`partition`] with a [`SavePolicy`] per joint node (activation
+/// checkpointing: a region's values recomputed, its inputs saved); nodes
+/// past the end of `policy` are [`SavePolicy::Auto`].
+///
+/// ```
+/// use kiln_ir::graph::Graph;
+/// use kiln_passes::partition::{partition_with, SavePolicy};
+/// // out = exp(x @ w); the backward reads z = x @ w
+/// let g = Graph::parse("graph f(%0 x: f32[2,3], %1 w: f32[3,3], %2 tangent0: f32[2,3]) {
+///   %3 = matmul(%0, %1) : f32[2,3]
+///   %4 = exp(%3) : f32[2,3]
+///   %5 = mul(%2, %3) : f32[2,3]
+///   %6 = permute(%0) {dims=[1,0]} : f32[3,2]
+///   %7 = matmul(%6, %5) : f32[3,3]
+///   return %4, %7
+/// }
+/// ").unwrap();
+/// let t = [g.inputs()[2]];
+/// // by default z is saved; marked Recompute, the backward runs the matmul again
+/// assert_eq!(partition_with(&g, &t, 1, &[]).unwrap().n_saved, 1);
+/// let mut policy = vec![SavePolicy::Auto; g.len()];
+/// policy[3] = SavePolicy::Recompute;
+/// let p = partition_with(&g, &t, 1, &policy).unwrap();
+/// assert_eq!(p.backward.to_text().matches("matmul(").count(), 2);
+/// assert_eq!((p.n_saved, p.recomputed), (0, 2)); // the matmul and the permute
+/// ```
+pub fn partition_with(
+    joint: &Graph,
+    tangents: &[NodeId],
+    n_forward_outputs: usize,
+    policy: &[SavePolicy],
+) -> Result<Partition> {
+    let pol = |i: usize| policy.get(i).copied().unwrap_or_default();
     let n = joint.len();
     if n_forward_outputs > joint.outputs().len() {
         bail!(
@@ -178,7 +217,7 @@ pub fn partition(
     let mut avail = vec![false; n];
     // values saved because that is smaller than saving the cheap values over
     // them: relu(x) saved once beats saving both its transpose and its mask
-    let mut forced = vec![false; n];
+    let mut forced: Vec<bool> = (0..n).map(|i| pol(i) == SavePolicy::Save).collect();
     loop {
         let mut changed = false;
         for (id, node) in joint.iter() {
@@ -187,7 +226,8 @@ pub fn partition(
                 continue;
             }
             let all = node.operands.iter().all(|o| avail[o.index()]);
-            if is_cheap(&node.op) && used_by_bwd[i] && !all {
+            let recomputable = pol(i) == SavePolicy::Recompute;
+            if (is_cheap(&node.op) || recomputable) && used_by_bwd[i] && !all {
                 let missing: Vec<NodeId> = node
                     .operands
                     .iter()
@@ -195,7 +235,8 @@ pub fn partition(
                     .filter(|o| !avail[o.index()] && joint.node(*o).meta().is_some())
                     .collect();
                 let cost: usize = missing.iter().map(|o| bytes(joint, *o)).sum();
-                if cost <= bytes(joint, id) {
+                // a checkpointed value is rebuilt whatever its operands cost
+                if recomputable || cost <= bytes(joint, id) {
                     for o in missing {
                         forced[o.index()] = true;
                         avail[o.index()] = true;
@@ -208,7 +249,7 @@ pub fn partition(
                 || is_output[i]
                 || match &node.op {
                     NodeOp::Input { .. } | NodeOp::Const(_) => true,
-                    op if is_cheap(op) => used_by_bwd[i] || all,
+                    op if is_cheap(op) || recomputable => used_by_bwd[i] || all,
                     _ => used_by_bwd[i] || is_summary(joint, id),
                 };
             changed |= a != avail[i];
@@ -234,7 +275,9 @@ pub fn partition(
                 recompute[i] = false;
                 save[i] = true;
             }
-            op if is_cheap(op) && node.operands.iter().all(|o| avail[o.index()]) => {
+            op if (is_cheap(op) || pol(i) == SavePolicy::Recompute)
+                && node.operands.iter().all(|o| avail[o.index()]) =>
+            {
                 recompute[i] = true;
                 for o in &node.operands {
                     if !matches!(joint.node(*o).op, NodeOp::Input { .. }) && !used_by_bwd[o.index()]
@@ -297,7 +340,7 @@ pub fn partition(
         if is_input {
             forward_inputs.push(input_pos[&id]);
         }
-        fmap[i] = Some(copy(&mut forward, joint, id, &fmap)?);
+        fmap[i] = Some(copy_node(&mut forward, joint, id, &fmap)?);
     }
     let saved: Vec<NodeId> = joint
         .iter()
@@ -334,6 +377,12 @@ pub fn partition(
     }
     let mut recomputed = 0;
     let mut recomputed_bytes = 0;
+    // checkpointed values are rebuilt where the backward first reads them
+    // (not all at its start, which would hold every region's activations
+    // at once again)
+    let deferred: Vec<bool> = (0..n)
+        .map(|i| recompute[i] && pol(i) == SavePolicy::Recompute)
+        .collect();
     for (id, node) in joint.iter() {
         let i = id.index();
         if bmap[i].is_some() || !(need_bwd[i] || recompute[i]) {
@@ -343,8 +392,13 @@ pub fn partition(
             recomputed += 1;
             recomputed_bytes += bytes(joint, id);
         }
-        bmap[i] = Some(copy(&mut backward, joint, id, &bmap)?);
+        if deferred[i] {
+            continue;
+        }
+        policy::emit_deferred(&mut backward, joint, &node.operands, &deferred, &mut bmap)?;
+        bmap[i] = Some(copy_node(&mut backward, joint, id, &bmap)?);
     }
+    policy::emit_deferred(&mut backward, joint, grad_outs, &deferred, &mut bmap)?;
     for g in grad_outs {
         backward.output(bmap[g.index()].expect("copied"))?;
     }
@@ -365,7 +419,12 @@ pub fn partition(
 }
 
 /// Copies joint node `id` into `g`, its operands mapped through `map`.
-fn copy(g: &mut Graph, joint: &Graph, id: NodeId, map: &[Option<NodeId>]) -> Result<NodeId> {
+pub(crate) fn copy_node(
+    g: &mut Graph,
+    joint: &Graph,
+    id: NodeId,
+    map: &[Option<NodeId>],
+) -> Result<NodeId> {
     let node = joint.node(id);
     let ops: Vec<NodeId> = node
         .operands

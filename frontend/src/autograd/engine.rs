@@ -67,7 +67,9 @@ impl Tensor {
 pub fn backward(roots: &[&Tensor], grads: &[&Tensor], retain_graph: bool) -> Result<()> {
     // Leaf hooks and queued callbacks (`hooks.rs`) wrap the `.grad` sink.
     super::hooks::around_backward(roots, &mut accumulate_leaf, |sink| {
-        run(roots, grads, retain_graph, sink)
+        super::tensor_hooks::with_leaf_hooks(roots, sink, |sink| {
+            run(roots, grads, retain_graph, sink)
+        })
     })
 }
 
@@ -172,6 +174,10 @@ fn run(
                     n.name(),
                     "trying to backward through the graph a second time (or to use saved tensors after they were freed); call backward with retain_graph=true the first time"
                 );
+            };
+            let g = match g {
+                Some(g) => Some(super::tensor_hooks::on_node(&n, g)?),
+                None => None,
             };
             let outs = match &g {
                 Some(g) => {

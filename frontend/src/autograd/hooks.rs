@@ -135,7 +135,7 @@ pub fn queue_callback(f: impl FnOnce() -> Result<()> + Send + 'static) -> Result
 type Key = *const AutogradMeta;
 
 /// How many gradient deliveries each hooked leaf expects from this backward.
-fn pending_counts(roots: &[&Tensor], hooked: &HashSet<Key>) -> HashMap<Key, usize> {
+pub(super) fn pending_counts(roots: &[&Tensor], hooked: &HashSet<Key>) -> HashMap<Key, usize> {
     let mut counts: HashMap<Key, usize> = HashMap::new();
     let mut seen: HashSet<*const Node> = HashSet::new();
     let mut stack: Vec<Arc<Node>> = vec![];

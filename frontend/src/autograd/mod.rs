@@ -14,6 +14,7 @@ mod node;
 pub(crate) mod rules;
 #[cfg(test)]
 mod tape_tests;
+mod tensor_hooks;
 mod version;
 
 pub use anomaly::{detect_anomaly, is_anomaly_enabled, AnomalyGuard};
@@ -21,6 +22,7 @@ pub use engine::backward;
 pub(crate) use engine::leaf_grads;
 pub use node::Node;
 pub(crate) use node::{needs_grad, reachable_leaves, record, record_with_leaves, LeafRef, Saved};
+pub use tensor_hooks::GradHookHandle;
 pub use version::Version;
 
 use crate::Tensor;

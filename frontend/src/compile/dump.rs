@@ -90,7 +90,11 @@ impl Compiled<'_> {
         let (r, kernels) = kiln_runtime::record_kernels(step);
         r?;
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let guards = super::Guards::of(args, (self.training)(), train && self.needs_grad(args));
+        let guards = super::Guards::of(
+            args,
+            (self.training)(),
+            train && self.needs_grad(args, &st.grad_captures),
+        );
         let Some(e) = st.entries.iter().find(|e| e.guards == guards) else {
             bail!("dump", "no compiled entry for these inputs");
         };

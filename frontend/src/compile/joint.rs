@@ -24,8 +24,8 @@ use std::sync::Arc;
 pub(crate) struct Joint {
     pub trace: Trace,
     pub n_outs: usize,
-    /// The results that require grad (a backward node hangs on each; the
-    /// `j`-th one's gradient is the joint graph's `tangent{j}`).
+    /// The results that require grad, in order: the `k`-th is the one
+    /// `tangent{k}` is the gradient of (the backward hangs on them).
     pub diff_outs: Vec<usize>,
     /// Per gradient output: the graph input it is the gradient of.
     pub grad_of: Vec<usize>,
@@ -51,33 +51,30 @@ pub(crate) fn trace_joint(
             false => a.clone(),
         })
         .collect();
-    // (result count, the differentiable results, whose gradients the extra outputs are)
     type Seen = (usize, Vec<usize>, Vec<Arc<AutogradMeta>>);
     let seen: RefCell<Option<Seen>> = RefCell::new(None);
     let traced = {
         let _g = autograd::set_grad_enabled(true);
         trace::trace(name, &leaves, names, |xs| {
             let mut outs = f(xs)?;
+            // one tangent per result that requires grad (logits and
+            // attention probabilities both reach the loss)
             let diff: Vec<usize> = (0..outs.len())
                 .filter(|&i| outs[i].requires_grad())
                 .collect();
-            if diff.is_empty() {
-                trace::unsupported("backward", "no result of this function requires grad")?;
-            }
-            // one tangent per differentiable result; the gradients are of
-            // sum_j <result_j, tangent_j>, so each result's backward node can
-            // run the graph with its own gradient and zeros for the others
-            let seeds: Vec<Tensor> = diff
-                .iter()
-                .enumerate()
-                .map(|(j, &d)| {
-                    let seed = Tensor::ones(outs[d].dims(), outs[d].dtype());
-                    trace::tangent_input(&seed, j);
-                    seed
-                })
-                .collect();
             let roots: Vec<&Tensor> = diff.iter().map(|&d| &outs[d]).collect();
-            let grads = autograd::leaf_grads(&roots, &seeds.iter().collect::<Vec<_>>())?;
+            let seeds: Vec<Tensor> = roots
+                .iter()
+                .map(|o| Tensor::ones(o.dims(), o.dtype()))
+                .collect();
+            for (k, seed) in seeds.iter().enumerate() {
+                trace::tangent_input(seed, k);
+            }
+            let grads = match roots.is_empty() {
+                true => vec![],
+                false => autograd::leaf_grads(&roots, &seeds.iter().collect::<Vec<_>>())?,
+            };
+            trace::release_traced_graph();
             let n = outs.len();
             let metas = grads.iter().map(|(m, _)| m.clone()).collect();
             outs.extend(grads.into_iter().map(|(_, g)| g));
@@ -141,7 +138,7 @@ pub(crate) struct TrainPlan {
     backward: Arc<Executable>,
     n_outs: usize,
     diff_outs: Vec<usize>,
-    /// Per backward input: which tangent it is (None: a saved or primal value).
+    /// Per joint-graph input: the differentiable result it is the tangent of.
     tangent_of: Vec<Option<usize>>,
     grad_of: Vec<usize>,
     /// Positions of the graph inputs the forward writes back (BatchNorm's running stats).
@@ -162,14 +159,12 @@ impl TrainPlan {
             backward,
             n_outs: joint.n_outs,
             diff_outs: joint.diff_outs.clone(),
-            tangent_of: partition
-                .backward_inputs
+            tangent_of: joint
+                .trace
+                .bindings
                 .iter()
                 .map(|b| match b {
-                    BackwardInput::Tangent(k) => match joint.trace.bindings[*k] {
-                        Binding::Tangent(j) => Some(j),
-                        _ => unreachable!("tangent inputs are bound to tangents"),
-                    },
+                    Binding::Tangent(k) => Some(*k),
                     _ => None,
                 })
                 .collect(),
@@ -197,7 +192,7 @@ impl TrainPlan {
 
     /// Runs the compiled forward on `inputs` (one per joint-graph input,
     /// `None` for the tangent) and hangs the compiled backward on the result
-    /// that requires grad (one node per such result).
+    /// that requires grad.
     pub fn run(
         &self,
         forward: &Executable,
@@ -232,14 +227,19 @@ impl TrainPlan {
                 *o = o.contiguous()?;
             }
         }
-        let bwd_ins: Vec<Option<Saved>> = self
+        let bwd_ins: Vec<BackwardValue> = self
             .partition
             .backward_inputs
             .iter()
             .map(|b| match b {
-                BackwardInput::Saved(k) => Some(Saved::new("compiled", &saved[*k])),
-                BackwardInput::Primal(i) => inputs[*i].as_ref().map(|t| Saved::new("compiled", t)),
-                BackwardInput::Tangent(_) => None,
+                BackwardInput::Saved(k) => BackwardValue::Saved(Saved::new("compiled", &saved[*k])),
+                BackwardInput::Primal(i) => match &inputs[*i] {
+                    Some(t) => BackwardValue::Saved(Saved::new("compiled", t)),
+                    None => BackwardValue::Tangent(0),
+                },
+                BackwardInput::Tangent(i) => {
+                    BackwardValue::Tangent(self.tangent_of[*i].expect("a tangent input"))
+                }
             })
             .collect();
         let wrt: Vec<&Tensor> = self
@@ -247,32 +247,35 @@ impl TrainPlan {
             .iter()
             .map(|&k| inputs[k].as_ref().expect("gradients are of primal inputs"))
             .collect();
-        let metas: Vec<(kiln_ir::shape::Dims, kiln_ir::DType)> = self
-            .diff_outs
-            .iter()
-            .map(|&d| (outs[d].dims_vec(), outs[d].dtype()))
-            .collect();
-        for (j, &d) in self.diff_outs.iter().enumerate() {
-            let backward = self.backward.clone();
-            let (bwd_ins, tangent_of, metas) =
-                (bwd_ins.clone(), self.tangent_of.clone(), metas.clone());
-            let out = outs[d].clone();
-            outs[d] = autograd::record("compiled", out, &wrt, move |g| {
-                let ins: Vec<Tensor> = bwd_ins
-                    .iter()
-                    .zip(&tangent_of)
-                    .map(|(s, t)| match (s, t) {
-                        (Some(s), _) => s.get(),
-                        (None, Some(k)) if *k != j => {
-                            Tensor::zeros_for("compiled", &metas[*k].0, metas[*k].1, g.device())
-                        }
-                        (None, _) => Ok(g.clone()),
-                    })
-                    .collect::<Result<_>>()?;
-                let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
-                Ok(grads.into_iter().map(Some).collect())
-            })?;
+        let backward = self.backward.clone();
+        let run_backward = move |tangents: &[Tensor]| -> Result<Vec<Option<Tensor>>> {
+            let ins: Vec<Tensor> = bwd_ins
+                .iter()
+                .map(|s| match s {
+                    BackwardValue::Saved(s) => s.get(),
+                    BackwardValue::Tangent(k) => Ok(tangents[*k].clone()),
+                })
+                .collect::<Result<_>>()?;
+            let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
+            Ok(grads.into_iter().map(Some).collect())
+        };
+        match self.diff_outs.as_slice() {
+            [] => {}
+            [d] => {
+                let out = outs[*d].clone();
+                outs[*d] = autograd::record("compiled", out, &wrt, move |g| {
+                    run_backward(std::slice::from_ref(g))
+                })?;
+            }
+            _ => super::multi_backward::attach(&mut outs, &self.diff_outs, &wrt, run_backward)?,
         }
         Ok(outs)
     }
+}
+
+/// What one input of the compiled backward is bound to when it runs.
+enum BackwardValue {
+    Saved(Saved),
+    /// The gradient of the `k`-th differentiable result.
+    Tangent(usize),
 }

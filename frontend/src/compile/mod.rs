@@ -26,8 +26,10 @@ pub mod exec;
 mod explain;
 mod guard;
 mod joint;
+mod multi_backward;
 mod pipeline;
 mod program;
+mod recompute;
 mod shadow;
 mod tile_replay;
 pub mod trace;
@@ -65,6 +67,11 @@ struct State {
     recompiles: Vec<RecompileReason>,
     /// Set once the recompile limit is hit: every later call runs eagerly.
     gave_up: Option<String>,
+    /// Tensors a trace found the function capturing that require grad
+    /// (`compile_fn`'s parameters): a call in grad mode differentiates
+    /// through them, as torch.compile does, even with no argument that
+    /// requires grad.
+    grad_captures: Vec<Tensor>,
 }
 
 /// Compiles a module's `forward` (see the module docs); any `&dyn Module`
@@ -187,8 +194,12 @@ impl<'a> Compiled<'a> {
 
     /// Calls the compiled function.
     pub fn call(&self, args: &[Tensor]) -> Result<Vec<Tensor>> {
-        let guards = Guards::of(args, (self.training)(), self.needs_grad(args));
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let guards = Guards::of(
+            args,
+            (self.training)(),
+            self.needs_grad(args, &st.grad_captures),
+        );
         if st.gave_up.is_some() {
             drop(st);
             return (self.f)(args);
@@ -248,15 +259,32 @@ impl<'a> Compiled<'a> {
         )?;
         if entry.graph_break.is_none() {
             entry.captures = script.into_inner();
+            // a forward that stashed a value (`self.probs`) would read the
+            // first call's on every cached call: refuse
+            if let Some(why) = entry.stale_state(&self.name) {
+                return Err(kiln_ir::Error::op("compile", why));
+            }
+        }
+        for b in &entry.bindings {
+            if let trace::Binding::Captured(t) = b {
+                let known = st.grad_captures.iter().any(|c| c.shares_storage(t));
+                if t.requires_grad() && !known {
+                    st.grad_captures.push(t.clone());
+                }
+            }
         }
         st.entries.push(entry);
         Ok(outs)
     }
 
-    fn needs_grad(&self, args: &[Tensor]) -> bool {
+    /// Whether autograd would record this call: grad mode on and an
+    /// argument, a named tensor or a captured one seen by a trace
+    /// (`captures`) requires grad.
+    fn needs_grad(&self, args: &[Tensor], captures: &[Tensor]) -> bool {
         crate::autograd::is_grad_enabled()
             && (args.iter().any(|a| a.requires_grad())
-                || self.names.iter().any(|(_, t)| t.requires_grad()))
+                || self.names.iter().any(|(_, t)| t.requires_grad())
+                || captures.iter().any(|t| t.requires_grad()))
     }
 
     /// What compile did: kernels and what each fused, what stayed unfused and

@@ -5,13 +5,14 @@ use super::disk_cache;
 use super::exec::{Executable, HoistCache};
 use super::guard::Guards;
 use super::joint::{self, TrainPlan};
+use super::recompute::save_policy;
 use super::trace::{self, Binding, GraphBreak, Trace};
 use crate::Tensor;
 use kiln_ir::graph::Graph;
 use kiln_ir::graph::NodeId;
 use kiln_ir::Result;
 use kiln_passes::lower::decompose_with_map;
-use kiln_passes::partition::partition;
+use kiln_passes::partition::partition_with;
 use kiln_passes::rewrite::rules::Rw;
 use kiln_passes::rewrite::{rewrite, RewriteConfig};
 use std::time::{Duration, Instant};
@@ -85,11 +86,22 @@ pub(crate) struct Entry {
     /// `compile_fn`'s record of the traced ops, replayed on every call to
     /// catch a changed captured value (see `trace::probe`).
     pub captures: Option<super::trace::probe::Script>,
+    /// The traced run's values, weakly (see `trace::escapes`).
+    pub recorded: Vec<super::trace::escapes::Recorded>,
 }
 
 /// The rewritten graph, the lowered (decomposed) one, each lowered node's
-/// traced origin, and the rules that fired.
-type Lowered = (Graph, Graph, Vec<Option<NodeId>>, Vec<(String, usize)>);
+/// traced origin, the rules that fired, and each lowered node's owner: the
+/// traced node it was made for (the inner nodes of a decomposition
+/// included, unlike the origin shadow mode matches values by, which only
+/// the decomposition's root has).
+type Lowered = (
+    Graph,
+    Graph,
+    Vec<Option<NodeId>>,
+    Vec<(String, usize)>,
+    Vec<Option<NodeId>>,
+);
 
 /// The e-graph rewrites, then composites lowered to primitives.
 fn rewrite_and_lower(
@@ -135,7 +147,17 @@ fn rewrite_and_lower(
             *o = rewrite_origin[old];
         }
     }
-    Ok((rewritten, lowered, origin, rewrites))
+    // decomposition appends: the nodes after the previous root up to this
+    // one's root are this node's
+    let mut owner = vec![None; lowered.len()];
+    let mut next = 0;
+    for (old, new) in map.iter().enumerate() {
+        for o in owner.iter_mut().take(new.index() + 1).skip(next) {
+            *o = rewrite_origin[old];
+        }
+        next = next.max(new.index() + 1);
+    }
+    Ok((rewritten, lowered, origin, rewrites, owner))
 }
 
 /// Appends the new values of the inputs `tr` updated in place to its
@@ -192,6 +214,7 @@ impl Entry {
             train: None,
             mutated: vec![],
             captures: None,
+            recorded: vec![],
         }
     }
 
@@ -227,6 +250,19 @@ impl Entry {
             }
         };
         tr.undo_side_effects()?;
+        // a closure over tensors that require grad (compile_fn's parameters),
+        // called in grad mode: differentiate through them (torch.compile does)
+        let grad_captures = tr
+            .bindings
+            .iter()
+            .any(|b| matches!(b, Binding::Captured(t) if t.requires_grad()));
+        if grad_captures && crate::autograd::is_grad_enabled() {
+            let guards = Guards {
+                needs_grad: true,
+                ..guards
+            };
+            return Entry::build_joint(name, args, names, f, guards, options);
+        }
         let mutated = mutation_outputs(&mut tr)?;
         if cfg!(debug_assertions) {
             tr.graph.verify()?;
@@ -244,7 +280,7 @@ impl Entry {
                 (None, planned, vec![], vec![])
             }
             None => {
-                let (rw, lowered, origin, rewrites) =
+                let (rw, lowered, origin, rewrites, _) =
                     rewrite_and_lower(name, &tr, options, &mut times)?;
                 if use_disk {
                     disk_cache::store(&tr.graph, &lowered);
@@ -286,6 +322,7 @@ impl Entry {
             train: None,
             mutated,
             captures: None,
+            recorded: tr.recorded,
         };
         let outs = entry.first_run(args)?;
         entry.shadow(name, args, &outs, &eager_outs, options)?;
@@ -320,7 +357,7 @@ impl Entry {
             jt.trace.graph.verify()?;
         }
         log("graph", name, &jt.trace.graph.to_text());
-        let (rewritten, lowered, _, rewrites) =
+        let (rewritten, lowered, origin, rewrites, owner) =
             rewrite_and_lower(name, &jt.trace, options, &mut entry.times)?;
         let t = Instant::now();
         // passes keep the inputs and their order: bindings index them
@@ -334,7 +371,8 @@ impl Entry {
             .filter(|(_, b)| matches!(b, Binding::Tangent(_)))
             .map(|(id, _)| *id)
             .collect();
-        let part = partition(&lowered, &tangents, jt.n_forward_outputs())?;
+        let policy = save_policy(&lowered, &origin, &owner, &jt.trace.regions);
+        let part = partition_with(&lowered, &tangents, jt.n_forward_outputs(), &policy)?;
         if cfg!(debug_assertions) {
             part.forward.verify()?;
             part.backward.verify()?;
@@ -351,10 +389,22 @@ impl Entry {
         entry.rewritten = Some(rewritten);
         entry.exec = Some(forward);
         entry.traced = Some(jt.trace.graph);
+        entry.recorded = jt.trace.recorded;
         entry.bindings = jt.trace.bindings;
         entry.train = Some(plan);
         let outs = entry.first_run(args)?;
         Ok((entry, outs))
+    }
+
+    /// Why this entry may not be cached: a value of the traced run is still
+    /// held by state the function wrote (see `trace::escapes`). Call once
+    /// the traced run's own tensors are gone.
+    pub fn stale_state(&self, name: &str) -> Option<String> {
+        let g = self.traced.as_ref()?;
+        let known = |s: &std::sync::Arc<kiln_runtime::Storage>| {
+            self.captures.as_ref().map(|c| c.holds(s)).unwrap_or(0)
+        };
+        trace::escapes::stale_state(name, g, &self.bindings, &self.recorded, known)
     }
 
     /// The first compiled run, timed, counting the kernels it compiles.

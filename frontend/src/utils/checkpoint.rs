@@ -12,6 +12,9 @@
 //! the gradients of inputs and parameters from that small graph
 //! (`autograd::leaf_grads`), handing them on through its edges — into
 //! `.grad`, or into the compiler's trace when this runs inside `compile()`.
+//! There both runs of the segment are tagged as a checkpoint region
+//! (`compile::trace::checkpoint_region`), so the compiled backward saves
+//! only the segment's inputs and output and rebuilds the rest.
 //!
 //! ```
 //! use kiln_frontend::nn::{Activation, Linear, Module, ModuleExt, Sequential};
@@ -25,6 +28,7 @@
 //! ```
 
 use crate::autograd::{self, LeafRef, Saved};
+use crate::compile::trace;
 use crate::nn::{Entry, EntryMut, Module, ModuleExt};
 use crate::random;
 use crate::Tensor;
@@ -73,22 +77,27 @@ fn run(f: Arc<Segment>, inputs: &[Tensor], params: Option<Vec<Tensor>>) -> Resul
     if !autograd::is_grad_enabled() {
         return f(inputs);
     }
+    // under compile(), what the segment records is tagged as a region: the
+    // compiled backward rebuilds it from the region's inputs and output
     let (out, leaves) = match params {
         Some(ps) => {
-            let out = {
+            let out = trace::checkpoint_region(|| {
                 let _g = autograd::no_grad();
-                f(inputs)?
-            };
+                f(inputs)
+            })?;
             (out, ps.iter().filter_map(LeafRef::of).collect::<Vec<_>>())
         }
         None => {
             let xs = fresh(inputs);
-            let out = f(&xs)?;
+            let out = trace::checkpoint_region(|| f(&xs))?;
             let mine: Vec<_> = xs.iter().filter_map(|x| x.autograd.clone()).collect();
             let leaves = autograd::reachable_leaves(&out, &mine);
             (out.detach(), leaves)
         }
     };
+    let mut boundary: Vec<&Tensor> = inputs.iter().collect();
+    boundary.push(&out);
+    trace::checkpoint_boundary(&boundary);
     let needs = inputs.iter().any(Tensor::requires_grad) || !leaves.is_empty();
     if !needs {
         return Ok(out);
@@ -98,47 +107,61 @@ fn run(f: Arc<Segment>, inputs: &[Tensor], params: Option<Vec<Tensor>>) -> Resul
     let metas: Vec<_> = leaves.iter().map(|l| l.meta.clone()).collect();
     let refs: Vec<&Tensor> = inputs.iter().collect();
     autograd::record_with_leaves("checkpoint", out, &refs, &leaves, move |g| {
-        let xs: Vec<Tensor> = saved
-            .iter()
-            .zip(&wanted)
-            .map(|(s, &w)| Ok(s.get()?.requires_grad_(w)))
-            .collect::<Result<_>>()?;
-        // Recompute with the forward's random numbers, then put the
-        // generator back where the rest of the backward expects it.
-        let now = random::get_rng_state();
-        random::set_rng_state(&rng);
-        let out = {
-            let _g = autograd::set_grad_enabled(true);
-            f(&xs)
-        };
-        random::set_rng_state(&now);
-        let out = out?;
-        if !out.requires_grad() {
-            bail!(
-                "CheckpointBackward",
-                "the recomputed segment does not require grad (shape {:?}); it must use its inputs or parameters",
-                out.dims()
-            );
-        }
-        let grads = autograd::leaf_grads(&[&out], &[g])?;
-        let find = |m: &Arc<autograd::AutogradMeta>| {
-            grads
-                .iter()
-                .find(|(k, _)| Arc::ptr_eq(k, m))
-                .map(|(_, g)| g.clone())
-        };
-        let mut res: Vec<Option<Tensor>> = xs
-            .iter()
-            .map(|x| {
-                x.autograd
-                    .as_ref()
-                    .filter(|_| x.requires_grad())
-                    .and_then(find)
-            })
-            .collect();
-        res.extend(metas.iter().map(find));
-        Ok(res)
+        trace::checkpoint_region(|| recompute(&*f, &rng, &saved, &wanted, &metas, g))
     })
+}
+
+/// `CheckpointBackward`: the segment run again on its saved inputs, with
+/// the forward's random numbers, and the gradients of its inputs and
+/// parameters (`metas`) from that small graph.
+fn recompute(
+    f: &Segment,
+    rng: &random::GeneratorState,
+    saved: &[Saved],
+    wanted: &[bool],
+    metas: &[Arc<autograd::AutogradMeta>],
+    g: &Tensor,
+) -> Result<Vec<Option<Tensor>>> {
+    let xs: Vec<Tensor> = saved
+        .iter()
+        .zip(wanted)
+        .map(|(s, &w)| Ok(s.get()?.requires_grad_(w)))
+        .collect::<Result<_>>()?;
+    // Recompute with the forward's random numbers, then put the
+    // generator back where the rest of the backward expects it.
+    let now = random::get_rng_state();
+    random::set_rng_state(rng);
+    let out = {
+        let _g = autograd::set_grad_enabled(true);
+        f(&xs)
+    };
+    random::set_rng_state(&now);
+    let out = out?;
+    if !out.requires_grad() {
+        bail!(
+            "CheckpointBackward",
+            "the recomputed segment does not require grad (shape {:?}); it must use its inputs or parameters",
+            out.dims()
+        );
+    }
+    let grads = autograd::leaf_grads(&[&out], &[g])?;
+    let find = |m: &Arc<autograd::AutogradMeta>| {
+        grads
+            .iter()
+            .find(|(k, _)| Arc::ptr_eq(k, m))
+            .map(|(_, g)| g.clone())
+    };
+    let mut res: Vec<Option<Tensor>> = xs
+        .iter()
+        .map(|x| {
+            x.autograd
+                .as_ref()
+                .filter(|_| x.requires_grad())
+                .and_then(find)
+        })
+        .collect();
+    res.extend(metas.iter().map(find));
+    Ok(res)
 }
 
 /// `Checkpointed(module)`: the module's forward through [`checkpoint`], its

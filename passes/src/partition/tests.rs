@@ -148,3 +148,37 @@ fn one_saved_relu_beats_its_transpose_and_its_mask() {
     assert_eq!((p.n_saved, p.saved_bytes), (1, 128));
     assert!(p.backward.to_text().contains("permute") && p.backward.to_text().contains("gt_scalar"));
 }
+
+#[test]
+fn checkpointed_regions_save_their_boundary_and_recompute_the_rest() {
+    // two regions: z1 = x @ w, h = tanh(z1) | z2 = h @ w, out = tanh(z2);
+    // the backward reads z1 and z2 (made-up rules, to force the reads)
+    let g = joint(
+        "graph f(%0 x: f32[2,3], %1 w: f32[3,3], %2 tangent0: f32[2,3]) {
+  %3 = matmul(%0, %1) : f32[2,3]
+  %4 = tanh(%3) : f32[2,3]
+  %5 = matmul(%4, %1) : f32[2,3]
+  %6 = tanh(%5) : f32[2,3]
+  %7 = mul(%2, %5) : f32[2,3]
+  %8 = mul(%7, %3) : f32[2,3]
+  return %6, %8
+}
+",
+    );
+    let t = tangents(&g);
+    // by default both matmul results are saved
+    let plain = partition(&g, &t, 1).unwrap();
+    assert_eq!((plain.n_saved, plain.saved_bytes), (2, 48));
+    use SavePolicy::{Auto, Recompute, Save};
+    let policy = [Auto, Auto, Auto, Recompute, Save, Recompute, Save];
+    let p = partition_with(&g, &t, 1, &policy).unwrap();
+    // only the first region's output (the second's input) is saved; the
+    // forward output is handed over for free and both matmuls run again
+    assert_eq!((p.n_saved, p.saved_bytes, p.recomputed), (1, 24, 2));
+    let bwd = p.backward.to_text();
+    assert_eq!(bwd.matches("matmul(").count(), 2, "{bwd}");
+    assert_eq!(p.backward_inputs[0], BackwardInput::Saved(0));
+    // a policy shorter than the graph leaves the rest Auto
+    let p = partition_with(&g, &t, 1, &policy[..4]).unwrap();
+    assert_eq!(p.n_saved, 1, "z1 recomputed, z2 saved");
+}

@@ -132,6 +132,13 @@ pub fn random_input(spec: RandomSpec) -> Result<Tensor> {
     if !is_recording() {
         return spec.draw();
     }
+    if super::regions::in_region() {
+        unsupported(
+            "checkpoint",
+            "random numbers inside a checkpointed segment (its compiled recomputation would \
+             draw other ones); compile runs this function eagerly, where the checkpoint replays them",
+        )?;
+    }
     with(|t| {
         if t.rng.is_none() {
             t.rng = Some(crate::random::get_rng_state());

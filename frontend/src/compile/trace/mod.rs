@@ -72,6 +72,11 @@ pub struct Trace {
     pub mutations: Vec<(NodeId, NodeId)>,
     /// The default generator's state before the trace drew random numbers.
     rng: Option<crate::random::GeneratorState>,
+    /// What checkpoint regions tagged (see [`checkpoint_region`]).
+    pub regions: Regions,
+    /// Every value recorded, weakly: what outlives the traced run is state
+    /// the function wrote (see `escapes`).
+    pub(crate) recorded: Vec<escapes::Recorded>,
 }
 
 impl Trace {
@@ -134,6 +139,8 @@ struct Tracer {
     inlined: Vec<bool>,
     mutations: Vec<(NodeId, NodeId)>,
     rng: Option<crate::random::GeneratorState>,
+    regions: Regions,
+    recorded: Vec<escapes::Recorded>,
 }
 
 thread_local! {
@@ -188,6 +195,8 @@ pub fn trace(
         inlined: vec![],
         mutations: vec![],
         rng: None,
+        regions: Regions::default(),
+        recorded: vec![],
     };
     for (i, a) in args.iter().enumerate() {
         let id = tr.graph.input(format!("x{i}"), a.meta());
@@ -211,6 +220,8 @@ pub fn trace(
             restore,
             mutations: vec![],
             rng,
+            regions: Regions::default(),
+            recorded: vec![],
         }
         .undo_side_effects()
     };
@@ -243,6 +254,8 @@ pub fn trace(
             restore: tr.restore,
             mutations: tr.mutations,
             rng: tr.rng,
+            regions: tr.regions,
+            recorded: tr.recorded,
         },
         outs,
     )))
@@ -399,6 +412,7 @@ pub fn record_multi(
             t.values.insert(key(o), v);
             if !inputs.iter().any(|x| x.shares_storage(o)) {
                 t.graph_storages.insert(storage_of(o));
+                t.recorded.push(escapes::Recorded::of(o, v));
             }
             t.keep.push(o.clone());
         }
@@ -424,6 +438,7 @@ pub fn same_value(input: &Tensor, output: &Tensor) {
             if !input.shares_storage(output) {
                 t.graph_storages.insert(storage_of(output));
                 t.copies.insert(key(output));
+                t.recorded.push(escapes::Recorded::of(output, id));
             }
             t.keep.push(output.clone());
         }
@@ -454,6 +469,22 @@ pub fn record_same(input: &Tensor, f: impl FnOnce() -> Result<Tensor>) -> Result
         probe::push(None, &[input], std::slice::from_ref(&out));
     }
     Ok(out)
+}
+
+/// Frees the backward closures (and what they saved) of every value the
+/// trace has recorded so far: a joint trace calls this once it has traced
+/// the backward. Nothing backpropagates through the traced run's eager
+/// graph afterwards (a compiled call returns the compiled run's results),
+/// and a node the traced backward never reached would otherwise keep its
+/// saved values alive for as long as anything holds its output.
+pub(crate) fn release_traced_graph() {
+    with(|t| {
+        for x in &t.keep {
+            if let Some(n) = x.grad_fn() {
+                *n.f.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+    });
 }
 
 /// Called where code reads a tensor's values on the host (`item`, `to_vec`):
@@ -525,9 +556,12 @@ pub fn check_launch(kernel: &str, inputs: &[&Tensor]) -> Result<()> {
     Ok(())
 }
 
+pub(crate) mod escapes;
 mod joint_hooks;
 pub(crate) mod probe;
+mod regions;
 pub use joint_hooks::{
     inline_decomposition, random_input, record_mutation, tangent_input, untraced, InlineGuard,
     RandomSpec,
 };
+pub use regions::{checkpoint_boundary, checkpoint_region, Regions};

@@ -54,6 +54,36 @@ pub struct Script {
     grad_enabled: bool,
 }
 
+impl Script {
+    /// How many of the tensors the script keeps share `storage` (a traced
+    /// run's values it holds for the replay).
+    pub(crate) fn holds(&self, storage: &std::sync::Arc<kiln_runtime::Storage>) -> usize {
+        let mine = |t: &Tensor| std::sync::Arc::ptr_eq(&t.storage, storage) as usize;
+        self.steps
+            .iter()
+            .map(|s| {
+                let ops: usize = s
+                    .operands
+                    .iter()
+                    .map(|o| match o {
+                        Operand::Captured(t) => mine(t),
+                        _ => 0,
+                    })
+                    .sum();
+                ops + s.outs.iter().map(mine).sum::<usize>()
+            })
+            .sum::<usize>()
+            + self
+                .results
+                .iter()
+                .map(|o| match o {
+                    Operand::Captured(t) => mine(t),
+                    _ => 0,
+                })
+                .sum::<usize>()
+    }
+}
+
 enum Mode {
     Record,
     Replay {
