@@ -335,3 +335,53 @@ fn forward_hooks_fire_once_and_can_replace_outputs() {
         "removed"
     );
 }
+
+/// `x.pow(2)`, `x / 2`, `x * 2`, `x + 1`, `x - 1` with Python numbers: the
+/// same values and gradients as the tensor-operand ops; an integer tensor
+/// divided by a number is PyTorch's true division (a float result, inf for 0).
+#[test]
+fn scalar_ops_match_their_tensor_forms() {
+    let v = vec![-1.5f32, 0.25, 2.0, 3.0];
+    let two = Tensor::full(&[], 2.0, DType::F32);
+    type Pair = (
+        fn(&Tensor) -> Result<Tensor>,
+        fn(&Tensor, &Tensor) -> Result<Tensor>,
+    );
+    let cases: [(&str, Pair); 5] = [
+        ("pow", (|x| x.pow_scalar(2.0), |x, t| x.pow(t))),
+        ("div", (|x| x.div_scalar(2.0), |x, t| x.div(t))),
+        ("mul", (|x| x.mul_scalar(2.0), |x, t| x.mul(t))),
+        ("add", (|x| x.add_scalar(2.0), |x, t| x.add(t))),
+        ("sub", (|x| x.sub_scalar(2.0), |x, t| x.sub(t))),
+    ];
+    for (name, (scalar, tensor)) in cases {
+        let a = Tensor::from_vec(v.clone(), &[4])
+            .unwrap()
+            .requires_grad_(true);
+        let b = Tensor::from_vec(v.clone(), &[4])
+            .unwrap()
+            .requires_grad_(true);
+        let (ya, yb) = (scalar(&a).unwrap(), tensor(&b, &two).unwrap());
+        assert_eq!(
+            ya.to_vec::<f32>().unwrap(),
+            yb.to_vec::<f32>().unwrap(),
+            "{name}"
+        );
+        ya.sum(None, false).unwrap().backward().unwrap();
+        yb.sum(None, false).unwrap().backward().unwrap();
+        let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+        assert_eq!(
+            ga.to_vec::<f32>().unwrap(),
+            gb.to_vec::<f32>().unwrap(),
+            "{name} grad"
+        );
+    }
+    let i = Tensor::from_vec(vec![4i64, 6], &[2]).unwrap();
+    let q = i.div_scalar(0i64).unwrap();
+    assert_eq!(q.dtype(), DType::F32);
+    assert_eq!(q.to_vec::<f32>().unwrap(), vec![f32::INFINITY; 2]);
+    assert_eq!(
+        i.div_scalar(4i64).unwrap().to_vec::<f32>().unwrap(),
+        vec![1.0, 1.5]
+    );
+}

@@ -197,6 +197,38 @@ impl Tensor {
         }
         self.binary(BinaryOp::Pow, o)
     }
+    /// `self ** s` with a Python number, PyTorch's `x.pow(2)` (autocast
+    /// runs it in f32, as `pow`).
+    ///
+    /// ```
+    /// let x = kiln::Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+    /// assert_eq!(x.pow_scalar(2.0)?.to_vec::<f32>()?, vec![1.0, 4.0, 9.0]);
+    /// assert_eq!(x.div_scalar(2.0)?.to_vec::<f32>()?, vec![0.5, 1.0, 1.5]);
+    /// # Ok::<(), kiln::Error>(())
+    /// ```
+    pub fn pow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
+            return x.pow_scalar(s);
+        }
+        self.binary_scalar(BinaryOp::Pow, s, false)
+    }
+    /// `self + s` with a Python number (`x + 1`).
+    pub fn add_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Add, s, false)
+    }
+    /// `self - s` with a Python number (`x - 1`).
+    pub fn sub_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Sub, s, false)
+    }
+    /// `self * s` with a Python number (`x * 2`).
+    pub fn mul_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Mul, s, false)
+    }
+    /// `self / s` with a Python number (`x / 2`: true division, so an
+    /// integer tensor gives floats, as in PyTorch).
+    pub fn div_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
+        self.binary_scalar(BinaryOp::Div, s, false)
+    }
     pub fn maximum(&self, o: &Tensor) -> Result<Tensor> {
         self.binary(BinaryOp::Maximum, o)
     }
