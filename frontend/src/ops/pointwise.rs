@@ -201,10 +201,10 @@ impl Tensor {
     /// runs it in f32, as `pow`).
     ///
     /// ```
-    /// let x = kiln::Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
+    /// let x = kiln_frontend::Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[3])?;
     /// assert_eq!(x.pow_scalar(2.0)?.to_vec::<f32>()?, vec![1.0, 4.0, 9.0]);
     /// assert_eq!(x.div_scalar(2.0)?.to_vec::<f32>()?, vec![0.5, 1.0, 1.5]);
-    /// # Ok::<(), kiln::Error>(())
+    /// # Ok::<(), kiln_frontend::Error>(())
     /// ```
     pub fn pow_scalar(&self, s: impl Into<Scalar>) -> Result<Tensor> {
         if let Some((x,)) = crate::amp::cast_for(crate::amp::Policy::F32, (self,))? {
