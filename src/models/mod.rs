@@ -5,4 +5,5 @@
 
 pub mod gpt2;
 pub mod lstm;
+pub mod resnet;
 pub mod vit;
