@@ -14,6 +14,7 @@
 //! assert_eq!(y.dims(), &[1, 1000]);
 //! ```
 
+use crate::models::resnet::BasicBlock;
 use crate::nn::{self, Activation, BatchNorm, Conv, ConvOptions, Entry, Module, Sequential};
 use crate::{Result, Tensor};
 use kiln_ir::op::conv::Padding;
@@ -79,67 +80,6 @@ impl Module for Hard {
             "Hardsigmoid()"
         }
         .into()
-    }
-}
-
-/// torchvision's `BasicBlock`: conv3x3-BN-ReLU-conv3x3-BN, plus the input
-/// (through a 1x1 conv + BN when the shape changes), then ReLU.
-pub struct BasicBlock {
-    conv1: Conv,
-    bn1: BatchNorm,
-    conv2: Conv,
-    bn2: BatchNorm,
-    downsample: Option<Sequential>,
-}
-
-impl BasicBlock {
-    pub fn new(c_in: usize, c_out: usize, stride: usize) -> Result<BasicBlock> {
-        let downsample = if stride != 1 || c_in != c_out {
-            let c = Conv::conv2d(
-                c_in,
-                c_out,
-                1,
-                ConvOptions {
-                    stride,
-                    bias: false,
-                    ..ConvOptions::default()
-                },
-            )?;
-            Some(Sequential::new().add(c).add(bn(c_out, 1e-5)))
-        } else {
-            None
-        };
-        Ok(BasicBlock {
-            conv1: conv(c_in, c_out, 3, stride, 1, false)?,
-            bn1: bn(c_out, 1e-5),
-            conv2: conv(c_out, c_out, 3, 1, 1, false)?,
-            bn2: bn(c_out, 1e-5),
-            downsample,
-        })
-    }
-}
-
-impl Module for BasicBlock {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.bn1.forward(&self.conv1.forward(x)?)?.relu()?;
-        let y = self.bn2.forward(&self.conv2.forward(&y)?)?;
-        let identity = match &self.downsample {
-            Some(d) => d.forward(x)?,
-            None => x.clone(),
-        };
-        y.add(&identity)?.relu()
-    }
-    fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
-        f(Entry::Child("conv1", &self.conv1));
-        f(Entry::Child("bn1", &self.bn1));
-        f(Entry::Child("conv2", &self.conv2));
-        f(Entry::Child("bn2", &self.bn2));
-        if let Some(d) = &self.downsample {
-            f(Entry::Child("downsample", d));
-        }
-    }
-    fn describe(&self) -> String {
-        "BasicBlock".into()
     }
 }
 
