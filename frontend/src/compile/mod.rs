@@ -33,6 +33,7 @@ mod recompute;
 mod shadow;
 mod tile_replay;
 pub mod trace;
+mod value;
 
 pub use dump::Stage;
 pub use explain::{BackwardReport, EntryReport, LaunchList, Report};
