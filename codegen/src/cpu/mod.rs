@@ -22,6 +22,7 @@ mod online;
 mod plan;
 mod reduce;
 mod rows;
+mod softmax_row;
 mod tiles;
 pub mod wide;
 

@@ -23,6 +23,7 @@
 use super::emit::{flags, scalar_ty, Emitter};
 use super::loops::{for_loop, loaded_operands, store_out, Frame, Row};
 use super::plan::Plan;
+use super::softmax_row::StoredExp;
 use crate::interp::{eval_value, reduce_identity, sum_width};
 use crate::kernel::{Instr, Kernel};
 use crate::online::{self, Finished};
@@ -55,9 +56,14 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     };
     let lo = em.b.ins().iconst(types::I64, 0);
     let hi = fr.sizes[k.rank - 1];
+    if let Some(exp) = super::softmax_row::stored_exp(k, em, plan) {
+        let (fin, scale) = super::softmax_row::exp_row(em, &row, plan, red.value, hi);
+        let stored = StoredExp { exp, scale };
+        return epilogue(k, em, fr, ptrs, fin, red.dtype, Some(stored));
+    }
     if online::is_online(red.kind) {
         let fin = super::online::online_row(em, &row, plan, red.value, red.kind, vd, cd, lo, hi);
-        return epilogue(k, em, fr, ptrs, fin, red.dtype);
+        return epilogue(k, em, fr, ptrs, fin, red.dtype, None);
     }
 
     em.lanes = 1;
@@ -104,11 +110,12 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
         first: accv,
         second: accv,
     };
-    epilogue(k, em, fr, ptrs, fin, dt);
+    epilogue(k, em, fr, ptrs, fin, dt, None);
 }
 
 /// The epilogue (Acc and its parts from `fin`, of dtype `dt`; loads read at
-/// reduce index 0), then the stores of `out` and `extra_out`.
+/// reduce index 0), then the stores of `out` and `extra_out`, then the row
+/// pass (`stored`: a softmax row's exp is in operand 1 already).
 fn epilogue(
     k: &Kernel,
     em: &mut Emitter,
@@ -116,6 +123,7 @@ fn epilogue(
     ptrs: &[Value],
     fin: Finished<Value>,
     dt: DType,
+    stored: Option<StoredExp>,
 ) {
     em.lanes = 1;
     let mut pre = vec![None; k.operands.len()];
@@ -147,7 +155,7 @@ fn epilogue(
         for v in &mut vals[..k.body.len()] {
             *v = None;
         }
-        super::rows::row_pass(k, em, fr, ptrs, &vals);
+        super::rows::row_pass(k, em, fr, ptrs, &vals, stored);
     }
 }
 

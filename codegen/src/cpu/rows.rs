@@ -19,6 +19,7 @@ use super::emit::{flags, Emitter};
 use super::jit::HostFn;
 use super::loops::{for_loop, Row};
 use super::plan::{row_pass_plan, Plan};
+use super::softmax_row::StoredExp;
 use super::wide;
 use crate::kernel::{Instr, Kernel, ValueId};
 use cranelift_codegen::ir::{types, InstBuilder, Value};
@@ -26,17 +27,22 @@ use kiln_ir::scalar::ScalarOps;
 use kiln_ir::{DType, UnaryOp};
 
 /// Emits the row pass of `k` for the row at `ptrs`; `epi[id]` holds the
-/// epilogue values (scalar) the pass uses.
+/// epilogue values (scalar) the pass uses. With `stored`, operand 1's row
+/// already holds that exp's argument's exp (see `softmax_row.rs`).
 pub(crate) fn row_pass(
     k: &Kernel,
     em: &mut Emitter,
     fr: &super::loops::Frame,
     ptrs: &[Value],
     epi: &[Option<Value>],
+    stored: Option<StoredExp>,
 ) {
     let rows = k.rows.as_ref().expect("a row pass");
     let plan = row_pass_plan(k);
-    let wide_op = wide_root(k, em, &plan);
+    let wide_op = match stored {
+        None => wide_root(k, em, &plan),
+        Some(_) => None,
+    };
     let root = match wide_op {
         Some((_, arg)) => arg,
         None => rows.out,
@@ -61,11 +67,18 @@ pub(crate) fn row_pass(
             lo,
             main_end,
             step,
-            |em| (row.preload(em), splat(k, em, epi)),
-            |em, i, (pre, known)| {
+            |em| {
+                let scale = stored.map(|st| em.splat_if_vector(st.scale, DType::F32));
+                (row.preload(em), splat(k, em, epi), scale)
+            },
+            |em, i, (pre, known, scale)| {
                 let at = row.addr(em, 1, i);
                 for u in 0..plan.unroll as i32 {
-                    let v = row.eval_known(em, &[root], i, u * vbytes, pre, known.clone())[0];
+                    let mut known = known.clone();
+                    if let (Some(st), Some(scale)) = (stored, *scale) {
+                        known[st.exp] = Some(stored_value(em, at, u * vbytes, scale));
+                    }
+                    let v = row.eval_known(em, &[root], i, u * vbytes, pre, known)[0];
                     em.b.ins().store(flags(), v, at, u * vbytes);
                 }
             },
@@ -80,10 +93,14 @@ pub(crate) fn row_pass(
         1,
         |em| row.preload(em),
         |em, i, pre| {
-            let v = row.eval_known(em, &[root], i, 0, pre, epi.to_vec())[0];
+            let at = row.addr(em, 1, i);
+            let mut known = epi.to_vec();
+            if let Some(st) = stored {
+                known[st.exp] = Some(stored_value(em, at, 0, st.scale));
+            }
+            let v = row.eval_known(em, &[root], i, 0, pre, known)[0];
             let to = k.operands[1].dtype;
             let v = em.cast(v, k.dtype_of(root), to);
-            let at = row.addr(em, 1, i);
             em.b.ins().store(flags(), v, at, 0);
         },
     );
@@ -93,6 +110,13 @@ pub(crate) fn row_pass(
         let code = em.b.ins().iconst(types::I64, code);
         em.b.ins().call(f, &[code, ptrs[1], hi]);
     }
+}
+
+/// `exp(v - shift)` read back from the output row, times `1 / s`.
+fn stored_value(em: &mut Emitter, at: Value, off: i32, scale: Value) -> Value {
+    let t = em.ty(DType::F32);
+    let e = em.b.ins().load(t, flags(), at, off);
+    em.b.ins().fmul(e, scale)
 }
 
 /// The wide op and its argument when the row pass stores `op(arg)` with a

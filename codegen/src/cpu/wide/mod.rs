@@ -33,7 +33,7 @@ mod reduce;
 mod tests;
 mod tile;
 
-pub use reduce::{LSE, WELFORD};
+pub use reduce::{LSE, LSE_STORE, WELFORD};
 pub use tile::{op_code, SUPPORTED, TILE};
 
 use kiln_ir::{Error, UnaryOp};
@@ -124,28 +124,68 @@ pub fn fold_tile(
             isa.name()
         )));
     }
-    let f: extern "C" fn(u64, *const f32, u64, *mut f32, u64) =
-        // SAFETY: every reduce entry has this signature.
-        unsafe { std::mem::transmute::<*const u8, _>(isa.reduce_entry()) };
-    f(
-        kind,
-        xs.as_ptr(),
-        xs.len() as u64,
-        state.as_mut_ptr(),
-        count,
-    );
+    if kind == LSE_STORE {
+        return Err(Error::Codegen(
+            "wide::fold_tile: LSE_STORE rewrites its row (use wide::lse_store_row)".into(),
+        ));
+    }
+    // SAFETY: the helpers only read a tile of another kind.
+    unsafe { reduce_with(isa, kind, xs.as_ptr() as *mut f32, xs.len(), state, count) };
     Ok(())
 }
 
-extern "C" fn wide_reduce_portable(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+/// A softmax row's first half, as the JIT code runs it: returns the row's
+/// log-sum-exp state `[shift, s]` and leaves `exp(x - shift)` in `xs` (see
+/// [`LSE_STORE`]).
+///
+/// ```
+/// use kiln_codegen::cpu::wide;
+/// let mut xs = vec![0.0f32, 1.0, 2.0];
+/// let [shift, s] = wide::lse_store_row(wide::detect(), &mut xs).unwrap();
+/// assert_eq!(shift, 2.0);
+/// assert!((s - (1.0 + (-1f32).exp() + (-2f32).exp())).abs() < 1e-6);
+/// ```
+pub fn lse_store_row(isa: Option<WideIsa>, xs: &mut [f32]) -> Result<[f32; 2], Error> {
+    let isa = isa.unwrap_or(WideIsa::Portable);
+    if !isa.available() {
+        return Err(Error::Codegen(format!(
+            "wide::lse_store_row: this CPU lacks {}",
+            isa.name()
+        )));
+    }
+    let mut state = [f32::MIN, 0.0];
+    // SAFETY: a row of xs.len() f32 and a 2-f32 state.
+    unsafe { reduce_with(isa, LSE_STORE, xs.as_mut_ptr(), xs.len(), &mut state, 0) };
+    Ok(state)
+}
+
+/// Calls `isa`'s reduce entry.
+///
+/// # Safety
+/// `x` points at `n` f32, writable for [`LSE_STORE`]; `isa` is available.
+unsafe fn reduce_with(
+    isa: WideIsa,
+    kind: u64,
+    x: *mut f32,
+    n: usize,
+    state: &mut [f32; 2],
+    count: u64,
+) {
+    let f: extern "C" fn(u64, *mut f32, u64, *mut f32, u64) =
+        // SAFETY: every reduce entry has this signature.
+        unsafe { std::mem::transmute::<*const u8, _>(isa.reduce_entry()) };
+    f(kind, x, n as u64, state.as_mut_ptr(), count);
+}
+
+extern "C" fn wide_reduce_portable(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
     // SAFETY: the JIT passes a tile of n f32 and a 2-f32 state.
     unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, count) }
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx2(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+extern "C" fn wide_reduce_avx2(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(kind: u64, x: *const f32, n: usize, st: *mut f32, count: u64) {
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, count: u64) {
         reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, count)
     }
     // SAFETY: handed out only where the CPU has AVX2 + FMA; a tile of n f32.
@@ -153,9 +193,9 @@ extern "C" fn wide_reduce_avx2(kind: u64, x: *const f32, n: u64, st: *mut f32, c
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx512(kind: u64, x: *const f32, n: u64, st: *mut f32, count: u64) {
+extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
     #[target_feature(enable = "avx512f")]
-    unsafe fn go(kind: u64, x: *const f32, n: usize, st: *mut f32, count: u64) {
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, count: u64) {
         reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, count)
     }
     // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.

@@ -21,6 +21,9 @@ use super::math;
 pub const LSE: u64 = 0;
 /// See [`LSE`].
 pub const WELFORD: u64 = 1;
+/// A whole row's log-sum-exp that also leaves `exp(x - shift)` in the row
+/// (see [`lse_store_row`]): a softmax's one exp per element.
+pub const LSE_STORE: u64 = 2;
 
 const ACCS: usize = 4;
 
@@ -149,6 +152,52 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
     *state.add(1) = s0 * exp1(m0 - mm) + s * exp1(m - mm);
 }
 
+/// The log-sum-exp of the whole row `x[..n]` into `state = [shift, s]`,
+/// rewriting the row to `x[i] = exp(x[i] - shift)` (one exp per element;
+/// `s` is their sum). `shift` is the row max, at least the lowest finite
+/// value and NaN with a NaN in the row, as [`lse_tile`]'s: the state is the
+/// one-pass reduction's, and `row * (1 / s)` is the softmax.
+#[inline(always)]
+pub(crate) unsafe fn lse_store_row<L: Lanes>(x: *mut f32, n: usize, state: *mut f32) {
+    let main = n - n % L::N;
+    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), Max);
+    let nans = sweep::<L>(x, main, L::splat(0.0), NanMask);
+    let mut m = fold::<L>(&maxes, nan_max);
+    if fold::<L>(&nans, |a, b| f32::from_bits(a.to_bits() | b.to_bits())).to_bits() != 0 {
+        m = f32::NAN;
+    }
+    for j in main..n {
+        m = nan_max(m, *x.add(j));
+    }
+    let mv = L::splat(m);
+    let mut acc = [L::splat(0.0); ACCS];
+    let step = L::N * ACCS;
+    let mut i = 0;
+    while i + step <= main {
+        for (j, a) in acc.iter_mut().enumerate() {
+            let at = x.add(i + j * L::N);
+            let e = math::exp::<L>(L::sub(L::load(at), mv));
+            L::store(at, e);
+            *a = L::add(*a, e);
+        }
+        i += step;
+    }
+    while i < main {
+        let e = math::exp::<L>(L::sub(L::load(x.add(i)), mv));
+        L::store(x.add(i), e);
+        acc[0] = L::add(acc[0], e);
+        i += L::N;
+    }
+    let mut s = fold::<L>(&acc, |a, b| a + b);
+    for j in main..n {
+        let e = exp1(*x.add(j) - m);
+        *x.add(j) = e;
+        s += e;
+    }
+    *state = m;
+    *state.add(1) = s;
+}
+
 /// Folds `x[..n]` into the Welford state `[mean, m2]` of `count` values.
 #[inline(always)]
 pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32, count: u64) {
@@ -179,11 +228,12 @@ pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut
     *state.add(1) = (m20 as f64 + m2 as f64 + delta * delta * na * f) as f32;
 }
 
-/// Folds a tile into the state of reduction `kind` ([`LSE`] or [`WELFORD`]).
+/// Folds a tile into the state of reduction `kind` ([`LSE`], [`WELFORD`],
+/// or [`LSE_STORE`] over a whole row, which rewrites it).
 #[inline(always)]
 pub(crate) unsafe fn reduce_tile<L: Lanes>(
     kind: u64,
-    x: *const f32,
+    x: *mut f32,
     n: usize,
     state: *mut f32,
     count: u64,
@@ -193,6 +243,7 @@ pub(crate) unsafe fn reduce_tile<L: Lanes>(
     }
     match kind {
         LSE => lse_tile::<L>(x, n, state),
+        LSE_STORE => lse_store_row::<L>(x, n, state),
         _ => welford_tile::<L>(x, n, state, count),
     }
 }

@@ -1,0 +1,163 @@
+//! Softmax rows with one exp per element (`cpu/softmax_row.rs`): the row's
+//! reduced value stored to the output, rewritten to `exp(x - shift)` by the
+//! wide helper, then scaled by `1 / s`. Against the one-pass kernel
+//! (`set_wide(false)`, two exps) and an f64 softmax: the per-row shift is
+//! the same bits, the log-sum is as close to the truth, and every softmax
+//! value's relative error is at most twice the one-pass kernel's worst on
+//! that row plus 4 ulp; rows of -inf, partly masked rows, rows with +inf or NaN, and empty
+//! rows give the one-pass kernel's special values. The helper itself is
+//! checked against the portable one on every ISA this CPU has.
+
+mod common;
+
+use common::row_pass::{kernel, Norm};
+use common::{Inner, F32};
+use kiln_codegen::cpu::{wide, CompiledKernel, CpuJit};
+
+/// Runs a softmax row kernel over `rows` rows of `cols`: (parts, softmax).
+fn run(ck: &CompiledKernel, x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut parts = vec![0f32; rows * 2];
+    let mut out = vec![0f32; rows * cols];
+    let mut xs = x.to_vec();
+    let ptrs = [
+        parts.as_mut_ptr() as *mut u8,
+        out.as_mut_ptr() as *mut u8,
+        xs.as_mut_ptr() as *mut u8,
+    ];
+    let c = cols as isize;
+    let strides = [2, 0, c, 1, c, 1];
+    // SAFETY: the buffers cover every index.
+    unsafe { ck.call(&ptrs, &strides, &[rows, cols], &[], 0, rows) };
+    (parts, out)
+}
+
+fn rows_of(cols: usize, seed: u64) -> Vec<Vec<f32>> {
+    let mut s = seed | 1;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 20.0
+    };
+    let plain: Vec<f32> = (0..cols).map(|_| rnd()).collect();
+    let offset: Vec<f32> = plain.iter().map(|v| v + 1000.0).collect();
+    let mut masked = plain.clone();
+    for (i, v) in masked.iter_mut().enumerate() {
+        if i % 3 != 1 {
+            *v = f32::NEG_INFINITY;
+        }
+    }
+    let mut rows = vec![plain.clone(), offset, masked, vec![f32::NEG_INFINITY; cols]];
+    if cols > 0 {
+        for special in [f32::INFINITY, f32::NAN] {
+            let mut r = plain.clone();
+            r[cols / 2] = special;
+            rows.push(r);
+        }
+    }
+    rows
+}
+
+/// The f64 softmax of `row`.
+fn truth(row: &[f32]) -> Vec<f64> {
+    let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+    let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+    row.iter().map(|&v| (v as f64 - m).exp() / s).collect()
+}
+
+#[test]
+fn stored_exp_softmax_rows_match_one_pass_and_f64() {
+    let k = kernel(Norm::Softmax, F32, Inner::Contiguous);
+    let mut stored_jit = CpuJit::new().unwrap();
+    stored_jit.set_wide(true);
+    let mut one_pass_jit = CpuJit::new().unwrap();
+    one_pass_jit.set_wide(false);
+    let (a, b) = (
+        stored_jit.compile(&k).unwrap(),
+        one_pass_jit.compile(&k).unwrap(),
+    );
+    let mut compared = 0;
+    for cols in [0, 1, 3, 7, 8, 9, 255, 256, 257, 1000, 1024, 3001] {
+        let rows = rows_of(cols, 5 + cols as u64);
+        let x = rows.concat();
+        let (pa, sa) = run(&a, &x, rows.len(), cols);
+        let (pb, sb) = run(&b, &x, rows.len(), cols);
+        for (r, row) in rows.iter().enumerate() {
+            let what = format!("row {r} of {cols}");
+            let (shift, logsum) = ((pa[2 * r], pb[2 * r]), (pa[2 * r + 1], pb[2 * r + 1]));
+            assert!(
+                shift.0.to_bits() == shift.1.to_bits() || shift.0.is_nan() && shift.1.is_nan(),
+                "{what}: shift {shift:?}"
+            );
+            // log(s) of sums in another order: within n ulp of s, plus log's rounding
+            let bound = (cols as f32 + 4.0) * f32::EPSILON * logsum.1.abs().max(1.0);
+            let near = (logsum.0 - logsum.1).abs() <= bound;
+            assert!(
+                near || logsum.0 == logsum.1 || logsum.0.is_nan() && logsum.1.is_nan(),
+                "{what}: logsum {logsum:?}"
+            );
+            let want = truth(row);
+            let rel = |v: f32, t: f64| (v as f64 - t).abs() / t.max(f32::MIN_POSITIVE as f64);
+            // the one-pass kernel's worst relative error on the row: its
+            // log-sum's rounding is shared by the whole row
+            let one_pass = (0..cols)
+                .filter(|&e| !sb[r * cols + e].is_nan())
+                .map(|e| rel(sb[r * cols + e], want[e]))
+                .fold(0.0, f64::max);
+            for e in 0..cols {
+                let (got, one, t) = (sa[r * cols + e], sb[r * cols + e], want[e]);
+                if one.is_nan() || got.is_nan() {
+                    assert!(
+                        got.is_nan() && one.is_nan(),
+                        "{what}[{e}]: {got} vs one-pass {one}"
+                    );
+                    continue;
+                }
+                assert!(
+                    rel(got, t) <= 2.0 * one_pass + 4.0 * f32::EPSILON as f64,
+                    "{what}[{e}]: stored {got:e}, one-pass {one:e}, f64 {t:e} (one-pass row error {one_pass:e})"
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared > 15_000, "compared {compared} values");
+}
+
+#[test]
+fn lse_store_helper_agrees_across_isas() {
+    let isas = [wide::WideIsa::Avx2, wide::WideIsa::Avx512];
+    for cols in [0, 1, 9, 64, 257, 3001] {
+        for row in rows_of(cols, 11 + cols as u64) {
+            let mut portable = row.clone();
+            let p = wide::lse_store_row(None, &mut portable).unwrap();
+            for isa in isas.into_iter().filter(|i| i.available()) {
+                let mut xs = row.clone();
+                let st = wide::lse_store_row(Some(isa), &mut xs).unwrap();
+                assert!(
+                    st[0].to_bits() == p[0].to_bits() || st[0].is_nan() && p[0].is_nan(),
+                    "{isa:?} shift of {cols}: {st:?} vs {p:?}"
+                );
+                for (e, (a, b)) in xs.iter().zip(&portable).enumerate() {
+                    // the exp is the Cranelift code's bits on every ISA
+                    assert!(
+                        a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan(),
+                        "{isa:?} exp[{e}] of {cols}: {a} vs {b}"
+                    );
+                }
+                // sums of positive terms in another order: within n ulp
+                let near = (st[1] - p[1]).abs() <= cols as f32 * f32::EPSILON * p[1];
+                assert!(
+                    near || st[1].is_nan() && p[1].is_nan(),
+                    "{isa:?} sum of {cols}: {st:?} vs {p:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn stored_exp_softmax_clif_snapshot() {
+    let text = CpuJit::clif_text_wide(&kernel(Norm::Softmax, F32, Inner::Contiguous)).unwrap();
+    insta::assert_snapshot!("stored_exp_softmax_clif", text);
+}
