@@ -62,6 +62,25 @@ fn softmax_fused() {
     assert!(kernels(&c).0.len() <= 2, "softmax in at most 2 kernels");
 }
 
+/// softmax(x * 0.125 + mask), W2F's attention-score softmax: one kernel
+/// whose row pass recomputes the prologue x*s+mask from the reduction's own
+/// operands (in2, in3) and scalar argument (scalar0), so the CPU backend
+/// sees that its exp is of the reduced value (`cpu/softmax_row.rs`).
+#[test]
+fn scaled_masked_softmax_is_one_row_kernel() {
+    let c = no_disk_cache(compile_fn("scaled_softmax", |t: &[Tensor]| {
+        Ok(vec![(&(&t[0] * 0.125) + &t[1]).softmax(-1)?])
+    }));
+    let args = [randn(&[4, 16], 4), randn(&[4, 16], 5)];
+    let launched = c.dump(Stage::Kernels, &args).unwrap();
+    let launches = launched
+        .lines()
+        .filter(|l| l.starts_with("kernel "))
+        .count();
+    assert_eq!(launches, 1, "one launch: {launched}");
+    insta::assert_snapshot!("scaled_softmax_kernels", launched);
+}
+
 #[test]
 fn layer_norm_fused() {
     let (w, b) = (randn(&[16], 6), randn(&[16], 7));

@@ -29,9 +29,9 @@ fn strided_unary() {
     insta::assert_snapshot!(kernels_text(|| drop(x.exp().unwrap())));
 }
 
-/// softmax over rows: one online log-sum-exp pass storing (shift, logsum)
-/// per row, then exp((x - shift) - logsum) reading both through views of
-/// that [8,1,2] tensor (stride 2, broadcast along the row).
+/// softmax over rows: one kernel, the online log-sum-exp storing (shift,
+/// logsum) per row to out0, and its row pass exp((x - shift) - logsum) to
+/// out1, re-reading the reduction's own operand in2 (from cache).
 #[test]
 fn softmax_rows() {
     let x = Tensor::full(&[8, 16], 1.0, DType::F32);

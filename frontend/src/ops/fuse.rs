@@ -258,6 +258,10 @@ struct Emitter {
     ops: Vec<&'static str>,
     /// In a row pass: the reduction whose parts are the epilogue's values.
     parts: Option<(Rc<rows::Pending>, Vec<usize>)>,
+    /// With `Some`, the scalar argument each scalar node became, so that a
+    /// reduction's prologue and its row pass (one call) share one argument
+    /// per node. `None` (emitters reused across calls): a new one each time.
+    scalar_args: Option<HashMap<*const Node, usize>>,
 }
 
 impl Emitter {
@@ -280,7 +284,16 @@ impl Emitter {
                     .unwrap();
                 self.leaf_vals[i]
             }
-            Kind::Scalar(x, dt) => k.scalar(*x, *dt),
+            Kind::Scalar(x, dt) => match &mut self.scalar_args {
+                Some(args) => match args.get(&key) {
+                    Some(&arg) => k.scalar_again(arg),
+                    None => {
+                        args.insert(key, k.scalar_count());
+                        k.scalar(*x, *dt)
+                    }
+                },
+                None => k.scalar(*x, *dt),
+            },
             Kind::Unary(op, c, a) => {
                 let a = self.emit(k, a);
                 self.ops.push(op.name());

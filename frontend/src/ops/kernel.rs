@@ -78,11 +78,17 @@ impl KernelCall {
         if let Some(j) = self.outs.iter().position(same) {
             return self.b.load(j, dt);
         }
-        self.inputs.push(t.clone());
-        self.b.load(
-            self.outs.len().max(self.first_input) + self.inputs.len() - 1,
-            dt,
-        )
+        // one operand per distinct input: a row pass re-reading its
+        // reduction's input then loads the operand the reduction reads
+        let first = self.outs.len().max(self.first_input);
+        let j = match self.inputs.iter().position(same) {
+            Some(j) => j,
+            None => {
+                self.inputs.push(t.clone());
+                self.inputs.len() - 1
+            }
+        };
+        self.b.load(first + j, dt)
     }
 
     /// Casts `a` to `to` (no-op when it already has that dtype).
@@ -99,6 +105,17 @@ impl KernelCall {
             v as i64 as u64
         });
         self.b.scalar(self.scalars.len() - 1, dt)
+    }
+
+    /// Scalar argument `n` again (a second use of one value, e.g. by a row
+    /// pass recomputing its reduction's prologue).
+    pub fn scalar_again(&mut self, n: usize) -> ValueId {
+        self.b.scalar(n, self.scalars[n])
+    }
+
+    /// How many scalar arguments the call has so far.
+    pub fn scalar_count(&self) -> usize {
+        self.scalars.len()
     }
 
     pub fn unary(&mut self, op: UnaryOp, a: ValueId, dt: DType) -> ValueId {

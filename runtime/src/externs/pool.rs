@@ -67,30 +67,40 @@ fn check_lens<T>(op: &str, g: &Pool2dGeometry, input: &[T], out: &[T], indices: 
     }
 }
 
-/// Max over the window `rows x cols` of `x` (row length `w`), PyTorch's
-/// update rule `val > max || isnan(val)`. Returns (value, flat index);
-/// an empty window gives `(-inf, first index)`.
+/// The input range `first..end` (step `d`) of output position `o`'s window
+/// along a dim of `n` inputs: the window's taps clipped to the input.
 #[inline]
-fn window_max<T: Elem>(
-    x: &[T],
-    w: usize,
-    rows: impl Iterator<Item = usize> + Clone,
-    cols: impl Iterator<Item = usize> + Clone,
-    first: usize,
-) -> (T, usize) {
-    let (mut best, mut at) = (T::NEG_INFINITY, first);
-    for ih in rows {
+fn window(o: usize, stride: usize, pad: usize, k: usize, d: usize, n: usize) -> (usize, usize) {
+    let start = (o * stride) as isize - pad as isize;
+    let end = ((start + ((k - 1) * d) as isize + 1).max(0) as usize).min(n);
+    let first = first_inside(start, d);
+    (first, end.max(first))
+}
+
+/// The max of `x[rows][cols]` (a plane `w` wide) and its flat index; a NaN
+/// wins (the last one), ties keep the first maximum. Branch-free updates:
+/// with random data `v > best` is a coin flip the branch predictor loses.
+#[inline]
+fn window_max<T: Elem>(x: &[T], w: usize, (r0, r1, dr): Span, (c0, c1, dc): Span) -> (T, usize) {
+    let (mut best, mut at) = (T::NEG_INFINITY, r0 * w + c0);
+    let mut ih = r0;
+    while ih < r1 {
         let row = &x[ih * w..(ih + 1) * w];
-        for iw in cols.clone() {
+        let mut iw = c0;
+        while iw < c1 {
             let v = row[iw];
-            if v > best || v.is_nan() {
-                best = v;
-                at = ih * w + iw;
-            }
+            let take = (v > best) | v.is_nan();
+            best = if take { v } else { best };
+            at = if take { ih * w + iw } else { at };
+            iw += dc;
         }
+        ih += dr;
     }
     (best, at)
 }
+
+/// A window's taps along one dim: `first..end` by `step`.
+type Span = (usize, usize, usize);
 
 /// First index `>= start` reachable from a possibly negative `start` by steps of `d`.
 #[inline]
@@ -117,24 +127,17 @@ pub fn max_pool2d<T: Elem>(
     let p = g.params;
     let f = |pi: usize, o: &mut [T], mut idx: Option<&mut [i64]>| {
         let x = &input[pi * h * w..(pi + 1) * h * w];
-        for (k, ov) in o.iter_mut().enumerate() {
-            let (r, c) = (k / ow, k % ow);
-            let h0 = (r * p.stride[0]) as isize - p.padding[0] as isize;
-            let w0 = (c * p.stride[1]) as isize - p.padding[1] as isize;
-            let h1 =
-                ((h0 + ((p.kernel[0] - 1) * p.dilation[0]) as isize + 1).max(0) as usize).min(h);
-            let w1 =
-                ((w0 + ((p.kernel[1] - 1) * p.dilation[1]) as isize + 1).max(0) as usize).min(w);
-            let (h0, w0) = (
-                first_inside(h0, p.dilation[0]),
-                first_inside(w0, p.dilation[1]),
-            );
-            let rows = (h0..h1.max(h0)).step_by(p.dilation[0]);
-            let cols = (w0..w1.max(w0)).step_by(p.dilation[1]);
-            let (v, at) = window_max(x, w, rows, cols, h0 * w + w0);
-            *ov = v;
-            if let Some(ix) = idx.as_deref_mut() {
-                ix[k] = at as i64;
+        for r in 0..g.out_size[0] {
+            let (r0, r1) = window(r, p.stride[0], p.padding[0], p.kernel[0], p.dilation[0], h);
+            for c in 0..ow {
+                let (c0, c1) = window(c, p.stride[1], p.padding[1], p.kernel[1], p.dilation[1], w);
+                let spans = ((r0, r1, p.dilation[0]), (c0, c1, p.dilation[1]));
+                let (v, at) = window_max(x, w, spans.0, spans.1);
+                let k = r * ow + c;
+                o[k] = v;
+                if let Some(ix) = idx.as_deref_mut() {
+                    ix[k] = at as i64;
+                }
             }
         }
     };
@@ -238,7 +241,7 @@ pub fn adaptive_max_pool2d<T: Elem>(
         for (k, ov) in o.iter_mut().enumerate() {
             let (hs, he) = adaptive_range(k / ow, h, oh);
             let (ws, we) = adaptive_range(k % ow, w, ow);
-            let (v, at) = window_max(x, w, hs..he, ws..we, hs * w + ws);
+            let (v, at) = window_max(x, w, (hs, he, 1), (ws, we, 1));
             *ov = v;
             if let Some(ix) = idx.as_deref_mut() {
                 ix[k] = at as i64;

@@ -199,6 +199,7 @@ pub(super) fn row_kernel(e: &Lazy) -> Result<Option<Tensor>> {
     let mut k = KernelCall::for_rows();
     let mut body = Emitter {
         leaves: x_leaves.clone(),
+        scalar_args: Some(Default::default()),
         ..Emitter::default()
     };
     for t in &x_leaves {
@@ -213,14 +214,21 @@ pub(super) fn row_kernel(e: &Lazy) -> Result<Option<Tensor>> {
     let mut rows = Emitter {
         leaves: e_leaves.clone(),
         parts: Some((p.clone(), vec![])),
+        scalar_args: body.scalar_args.clone(),
         ..Emitter::default()
     };
     let device = crate::device::device_of(x_leaves.iter().chain(&e_leaves));
     let name = format!("{}+rows", p.name());
     let out = Tensor::empty_for(&name, &m.dims, m.dtype, device)?;
+    // loaded at the row's dims, as the prologue's are: a leaf both read
+    // is then one operand
+    let e_loads = e_leaves
+        .iter()
+        .map(|t| t.expand_to(&m.dims))
+        .collect::<Result<Vec<_>>>()?;
     let mut emit = |k: &mut KernelCall, parts: &[usize]| {
         rows.parts.as_mut().expect("set above").1 = parts.to_vec();
-        rows.leaf_vals = e_leaves.iter().map(|t| k.load(t)).collect();
+        rows.leaf_vals = e_loads.iter().map(|t| k.load(t)).collect();
         rows.emit(k, e)
     };
     let rows_arg = Rows {
