@@ -57,3 +57,28 @@ fn real_bert_tiny_eager() {
 fn real_bert_tiny_compiled() {
     run(true);
 }
+
+#[test]
+fn bad_inputs_are_errors_naming_what_is_wrong() {
+    let model = BertForSequenceClassification::new(&config()).unwrap();
+    let ids = Tensor::from_vec(vec![1i64, 2, 3, 4], &[2, 2]).unwrap();
+    let mask = Tensor::from_vec(vec![1i64, 1, 1], &[1, 3]).unwrap();
+    let e = model
+        .forward_many(&[Some(&ids), Some(&mask)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attention_mask must have input_ids' shape"), "{e}");
+    let float_ids = Tensor::zeros(&[2, 2], kiln::DType::F32);
+    let e = model.forward(&float_ids).unwrap_err().to_string();
+    assert!(e.contains("expected integer input_ids"), "{e}");
+    let long = Tensor::zeros(&[1, 33], kiln::DType::I64);
+    let e = model.forward(&long).unwrap_err().to_string();
+    assert!(e.contains("max_position_embeddings (32)"), "{e}");
+    let e = model.forward_many(&[None]).unwrap_err().to_string();
+    assert!(e.contains("without input_ids"), "{e}");
+    let heads = BertConfig {
+        num_attention_heads: 5,
+        ..config()
+    };
+    assert!(BertForSequenceClassification::new(&heads).is_err());
+}

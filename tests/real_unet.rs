@@ -38,3 +38,20 @@ fn real_unet_tiny_eager() {
 fn real_unet_tiny_compiled() {
     run(true);
 }
+
+#[test]
+fn bad_inputs_are_errors_naming_the_shape() {
+    let model = UNet::new(&UNetConfig::default()).unwrap();
+    for dims in [[2, 3, 15, 16], [2, 4, 16, 16]] {
+        let e = model
+            .forward(&Tensor::zeros(&dims, kiln::DType::F32))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("UNet") && e.contains("expected images (N, 3, H, W)"), "{e}");
+    }
+    let zero = UNetConfig {
+        width: 0,
+        ..UNetConfig::default()
+    };
+    assert!(UNet::new(&zero).is_err());
+}
