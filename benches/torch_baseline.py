@@ -12,7 +12,8 @@ mode, inductor), and prints a markdown table. Needs torch and numpy (the venv).
 
 (kiln's copy of ../shared/bench/torch_baseline.py, plus ResNet18 and MobileNetV3 rows:
 torchvision's resnet18 and mobilenet_v3_small, random weights, eval, batch 8, 224x224,
-under no_grad; and --no-wait, which times without waiting for an idle machine.)
+under no_grad; a GPT2 row: a transformers GPT2LMHeadModel training step, which needs
+transformers; and --no-wait, which times without waiting for an idle machine.)
 
 Method: each timed function is called 3 times to warm up, then timed in batches
 (k calls per batch, k chosen so a batch lasts >= 50 ms) until at least 10 batches
@@ -276,6 +277,36 @@ def main():
             f()
             return f, time.perf_counter() - t0
         run(wid, f"torchvision {ctor} eval, batch 8, 224x224", vision, compile_fn=vision_c)
+
+    # GPT-2 training step (transformers GPT2LMHeadModel: 4 layers, d 256, 4 heads, vocab 8192,
+    # seq 128, dropout 0), batch 8, AdamW; logits flattened to (batch * seq, vocab) as kiln's
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError:
+        GPT2LMHeadModel = None
+        if not only or "GPT2" in only:
+            print("  GPT2: skipped (needs transformers)", flush=True)
+    if GPT2LMHeadModel is not None and (not only or "GPT2" in only):
+        class FlatLogits(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lm = GPT2LMHeadModel(GPT2Config(
+                    vocab_size=8192, n_positions=128, n_embd=256, n_layer=4, n_head=4,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+
+            def forward(self, ids):
+                return self.lm(input_ids=ids).logits.flatten(0, 1)
+
+        ids, nxt = torch.randint(0, 8192, (8, 128)), torch.randint(0, 8192, (8 * 128,))
+
+        def gpt2c():
+            st = train_step_factory(FlatLogits, adamw, ids, nxt, True)
+            t0 = time.perf_counter()
+            st()
+            return st, time.perf_counter() - t0
+        run("GPT2", "GPT-2 4 layers d256 4 heads vocab 8192 train step, batch 8 x 128 tokens, AdamW",
+            train_step_factory(FlatLogits, adamw, ids, nxt, False), metric="steps/s", work=1,
+            compile_fn=gpt2c)
 
     if only and not ({"W8", "W8a", "W8b", "W8c"} & only):
         print_rows(rows, args, None)

@@ -15,7 +15,7 @@ pub mod train;
 pub mod vision;
 mod workloads;
 pub use device::{parse_device, run_on, DeviceBench, DEVICE_WORKLOADS};
-pub use train::{measure_train, w5, w6, TrainWorkload};
+pub use train::{gpt2, measure_train, w5, w6, TrainWorkload};
 pub use workloads::{w1, w1_at, w2, w2_at, w2f, w3, w3_at, w4, w4_at, w7_at};
 pub use workloads::{Size, Workload, WorkloadFn};
 
@@ -443,6 +443,15 @@ pub fn run_profiled(
         let w = cnn_b1()?;
         for c in modes(mode) {
             rows.push(measure(&w, c, iters.max(500))?);
+        }
+    }
+    // GPT2 is a heavy training step: only when named
+    if only.iter().any(|o| o.eq_ignore_ascii_case("GPT2")) {
+        let w = gpt2();
+        for c in modes(mode) {
+            rows.extend(traced(profile_dir, "GPT2", || {
+                Ok(vec![measure_train(&w, c, iters.min(10))?])
+            })?);
         }
     }
     for (name, make) in vision::WORKLOADS {

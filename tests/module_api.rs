@@ -80,6 +80,50 @@ fn derive_registers_fields_in_order() {
     assert_eq!(net.forward(&x).unwrap().dims(), &[5, 2]);
 }
 
+/// PyTorch names that are no Rust field name (transformers' `self`, `LayerNorm`).
+#[derive(Module)]
+struct Renamed {
+    #[module(name = "self")]
+    attention: Linear,
+    #[module(name = "LayerNorm")]
+    norm: kiln::nn::LayerNorm,
+    #[module(name = "bias_k")]
+    k: Tensor,
+}
+
+impl Renamed {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward(&self.attention.forward(x)?)?.add(&self.k)
+    }
+}
+
+#[test]
+fn derive_name_attribute_registers_under_that_name() {
+    let m = Renamed {
+        attention: Linear::new(3, 3, true).unwrap(),
+        norm: kiln::nn::LayerNorm::new(&[3], 1e-5, true),
+        k: Tensor::zeros(&[3], DType::F32).requires_grad_(true),
+    };
+    assert_eq!(
+        names(m.state_dict()),
+        [
+            "bias_k",
+            "self.weight",
+            "self.bias",
+            "LayerNorm.weight",
+            "LayerNorm.bias"
+        ]
+    );
+    let sd: Vec<(String, Tensor)> = m.state_dict();
+    m.load_state_dict(&sd, true).unwrap();
+    assert_eq!(
+        m.forward(&Tensor::ones(&[2, 3], DType::F32))
+            .unwrap()
+            .dims(),
+        &[2, 3]
+    );
+}
+
 /// No flag of its own: it follows its children.
 #[derive(Module)]
 struct Wrapper {

@@ -5,28 +5,14 @@
 //! hand port in `kiln::bench::vision` (checked against torchvision's) with
 //! the same weights.
 
+#[allow(dead_code)]
+mod real_models;
+#[allow(dead_code)]
+mod zoo_support;
+
 use kiln::models::resnet::{resnet18, resnet34, resnet50, ResNet};
 use kiln::nn::{Module, ModuleExt};
 use kiln::{Result, Tensor};
-use serde_json::Value;
-
-fn torchvision_keys(name: &str) -> Vec<(String, Vec<usize>)> {
-    let text = include_str!("fixtures/zoo/torchvision_keys.json");
-    let v: Value = serde_json::from_str(text).unwrap();
-    v[name]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let dims = e[1]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize);
-            (e[0].as_str().unwrap().to_string(), dims.collect())
-        })
-        .collect()
-}
 
 #[test]
 fn state_dict_keys_and_shapes_are_torchvisions() {
@@ -36,18 +22,7 @@ fn state_dict_keys_and_shapes_are_torchvisions() {
         ("resnet50", resnet50),
     ];
     for (name, build) in builders {
-        let m = build(10).unwrap();
-        let ours: Vec<(String, Vec<usize>)> = m
-            .state_dict()
-            .into_iter()
-            .map(|(k, t)| (k, t.dims().to_vec()))
-            .collect();
-        let want = torchvision_keys(name);
-        assert_eq!(ours.len(), want.len(), "{name}: entry count");
-        for (o, w) in ours.iter().zip(&want) {
-            assert_eq!(o, w, "{name}");
-        }
-        println!("{name}: {} state_dict entries as torchvision's", want.len());
+        zoo_support::assert_torchvision_keys(name, &build(10).unwrap());
     }
 }
 

@@ -9,6 +9,7 @@
 //! | `#[module(buffer, persistent = false)]` | a non-persistent buffer (moved with the module, not saved) |
 //! | `Training` | the module's train/eval flag (`is_training`, `set_own_training`) |
 //! | `#[module(skip)]` | nothing (configuration: sizes, rates, flags) |
+//! | `#[module(name = "self")]` on any of the above | registered under that name, not the field's (for PyTorch names that are no Rust field name: `self`, `LayerNorm`) |
 //! | anything else | a child module: a `Module`, `Option<M>` or `Box<dyn Module>` |
 //!
 //! A field that is none of these (say a `usize` without `#[module(skip)]`,
@@ -94,8 +95,10 @@ fn is_tensor(ty: &Type) -> bool {
     matches!(last_segment(ty), Some((n, None)) if n == "Tensor")
 }
 
-fn field_role(f: &syn::Field) -> syn::Result<Role> {
+/// The field's role and the name it is registered under (`#[module(name = "..")]`, else its own).
+fn field_role(f: &syn::Field, own_name: &str) -> syn::Result<(Role, String)> {
     let (mut buffer, mut persistent, mut skip) = (false, true, false);
+    let mut name = own_name.to_string();
     for a in f.attrs.iter().filter(|a| a.path().is_ident("module")) {
         a.parse_nested_meta(|m| {
             if m.path.is_ident("buffer") {
@@ -104,35 +107,42 @@ fn field_role(f: &syn::Field) -> syn::Result<Role> {
                 persistent = m.value()?.parse::<syn::LitBool>()?.value;
             } else if m.path.is_ident("skip") {
                 skip = true;
+            } else if m.path.is_ident("name") {
+                name = m.value()?.parse::<LitStr>()?.value();
             } else {
-                return Err(m.error("expected `buffer`, `persistent = false` or `skip`"));
+                return Err(
+                    m.error("expected `buffer`, `persistent = false`, `skip` or `name = \"..\"`")
+                );
             }
             Ok(())
         })?;
     }
     if skip {
-        return Ok(Role::Skip);
+        return Ok((Role::Skip, name));
     }
     let tensor = match last_segment(&f.ty) {
         Some((n, Some(inner))) if n == "Option" && is_tensor(inner) => Some(true),
         _ if is_tensor(&f.ty) => Some(false),
         _ => None,
     };
-    match (tensor, buffer) {
-        (Some(optional), false) => Ok(Role::Param { optional }),
-        (Some(optional), true) => Ok(Role::Buffer {
+    let role = match (tensor, buffer) {
+        (Some(optional), false) => Role::Param { optional },
+        (Some(optional), true) => Role::Buffer {
             optional,
             persistent,
-        }),
-        (None, true) => Err(syn::Error::new_spanned(
-            &f.ty,
-            "#[module(buffer)] goes on a `Tensor` or `Option<Tensor>` field",
-        )),
-        (None, false) if matches!(last_segment(&f.ty), Some((n, None)) if n == "Training") => {
-            Ok(Role::Training)
+        },
+        (None, true) => {
+            return Err(syn::Error::new_spanned(
+                &f.ty,
+                "#[module(buffer)] goes on a `Tensor` or `Option<Tensor>` field",
+            ))
         }
-        (None, false) => Ok(Role::Child),
-    }
+        (None, false) if matches!(last_segment(&f.ty), Some((n, None)) if n == "Training") => {
+            Role::Training
+        }
+        (None, false) => Role::Child,
+    };
+    Ok((role, name))
 }
 
 fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
@@ -170,8 +180,8 @@ fn expand(input: &DeriveInput) -> syn::Result<Tokens> {
     };
     let (mut visit, mut visit_mut) = (vec![], vec![]);
     let mut training = None;
-    for (access, name, f) in &fields {
-        let role = field_role(f)?;
+    for (access, own_name, f) in &fields {
+        let (role, name) = field_role(f, own_name)?;
         let (kind, optional) = match role {
             Role::Skip => continue,
             Role::Training => {

@@ -1,6 +1,7 @@
-//! W5 and W6: training steps, timed eagerly and with the model wrapped in
-//! `compile(&model)` (loss and optimizer stay eager, as `torch.compile(model)`
-//! does in `../shared/bench/torch_baseline.py`'s `train_step_factory`).
+//! W5, W6 and GPT2: training steps, timed eagerly and with the model wrapped
+//! in `compile(&model)` (loss and optimizer stay eager, as
+//! `torch.compile(model)` does in `benches/torch_baseline.py`'s
+//! `train_step_factory`).
 //!
 //! A step is `zero_grad` (grads set to None) + forward + cross-entropy +
 //! backward + optimizer step. Each mode builds a fresh model after
@@ -9,6 +10,7 @@
 
 use super::{randn, row, time_ms, Row};
 use crate::ir::op::conv::Padding;
+use crate::models::gpt2::{Gpt2Config, Gpt2LMHeadModel};
 use crate::nn::{
     Activation, BatchNorm, Conv, ConvOptions, Flatten, Linear, Module, ModuleExt, Pool2d,
     Sequential,
@@ -19,7 +21,7 @@ use crate::{functional as F, ClassLossOpts, Result, Tensor};
 use std::time::Instant;
 
 /// A model with its optimizer.
-pub type ModelAndOpt = (Sequential, Box<dyn Optimizer>);
+pub type ModelAndOpt = (Box<dyn Module>, Box<dyn Optimizer>);
 
 /// A training-step workload: how to build the model and optimizer, and the batch.
 pub struct TrainWorkload {
@@ -91,7 +93,7 @@ pub fn w5() -> TrainWorkload {
                 ..SgdConfig::default()
             };
             let opt = SGD::with_params(m.parameters(), cfg)?;
-            Ok((m, Box::new(opt) as Box<dyn Optimizer>))
+            Ok((Box::new(m), Box::new(opt)))
         },
         x: randn(&[256, 1, 8, 8], 19),
         y: labels(256, 20),
@@ -115,10 +117,83 @@ pub fn w6() -> TrainWorkload {
                 ..AdamConfig::default()
             };
             let opt = AdamW::with_params(m.parameters(), cfg)?;
-            Ok((m, Box::new(opt) as Box<dyn Optimizer>))
+            Ok((Box::new(m), Box::new(opt)))
         },
         x: randn(&[256, 784], 21),
         y: labels(256, 22),
+    }
+}
+
+/// GPT-2's logits as (batch * seq, vocab), the shape cross-entropy takes
+/// (the baseline wraps GPT2LMHeadModel the same way).
+#[derive(crate::nn::Module)]
+#[module(crate = "crate")]
+pub struct FlatLogits {
+    pub lm: Gpt2LMHeadModel,
+}
+
+impl FlatLogits {
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let logits = self.lm.forward(ids)?;
+        let vocab = logits.dims()[2] as i64;
+        logits.reshape(&[-1, vocab])
+    }
+}
+
+/// The GPT2 workload's model: transformers' GPT2LMHeadModel with 4 layers,
+/// d 256, 4 heads, vocab 8192, 128 positions, no dropout.
+pub fn gpt2_config() -> Gpt2Config {
+    Gpt2Config {
+        vocab_size: 8192,
+        n_positions: 128,
+        n_embd: 256,
+        n_layer: 4,
+        n_head: 4,
+        resid_pdrop: 0.0,
+        embd_pdrop: 0.0,
+        attn_pdrop: 0.0,
+        ..Gpt2Config::default()
+    }
+}
+
+/// GPT2: a GPT-2 (see [`gpt2_config`]) training step on random token ids
+/// (8, 128) and random next tokens, AdamW(lr 1e-3, weight_decay 0.01).
+pub fn gpt2() -> TrainWorkload {
+    let c = gpt2_config();
+    let (batch, seq) = (8, c.n_positions);
+    let ids = randint(
+        0,
+        c.vocab_size as i64,
+        &[batch, seq],
+        Some(&mut Generator::new(24)),
+    );
+    let next = randint(
+        0,
+        c.vocab_size as i64,
+        &[batch * seq],
+        Some(&mut Generator::new(25)),
+    );
+    TrainWorkload {
+        name: "GPT2",
+        what: "GPT-2 4 layers d256 4 heads vocab 8192 train step, batch 8 x 128 tokens, AdamW",
+        unit: "",
+        amount: 0.0,
+        build: |fused| {
+            crate::manual_seed(1);
+            let m = FlatLogits {
+                lm: Gpt2LMHeadModel::new(&gpt2_config())?,
+            };
+            let cfg = AdamConfig {
+                lr: 1e-3,
+                weight_decay: 0.01,
+                fused,
+                ..AdamConfig::default()
+            };
+            let opt = AdamW::with_params(m.parameters(), cfg)?;
+            Ok((Box::new(m), Box::new(opt)))
+        },
+        x: ids.expect("valid range"),
+        y: next.expect("valid range"),
     }
 }
 
@@ -143,7 +218,7 @@ pub fn measure_train(w: &TrainWorkload, compiled: bool, iters: usize) -> Result<
     let (model, mut opt) = (w.build)(compiled)?;
     model.train();
     let (ms, compile_ms) = if compiled {
-        let c = crate::compile::compile(&model);
+        let c = crate::compile::compile(model.as_ref());
         let fwd = |x: &Tensor| c.forward(x);
         let s = Instant::now();
         step(&fwd, &mut *opt, &w.x, &w.y)?;

@@ -3,7 +3,9 @@
 //! ..., `lm_head.weight`) so its checkpoints load as they are. `lm_head`
 //! is tied to `transformer.wte`: one tensor, listed once by `parameters()`.
 
-use crate::nn::{Dropout, Embedding, Entry, EntryMut, LayerNorm, Module, ModuleList, Training};
+use crate::nn::{
+    Activation, Dropout, Embedding, Entry, EntryMut, LayerNorm, Module, ModuleList, Training,
+};
 use crate::{functional as F, DType, Result, Tensor};
 use kiln_ir::bail;
 use kiln_ir::shape::fmt_dims;
@@ -18,7 +20,7 @@ pub struct Gpt2Config {
     pub n_head: usize,
     /// MLP width; None = 4 * n_embd.
     pub n_inner: Option<usize>,
-    /// `"gelu_new"` (tanh approximation), `"gelu"`, `"relu"`.
+    /// `"gelu_new"` (tanh approximation), `"gelu"`, `"relu"` (see [`super::hf::act2fn`]).
     pub activation_function: String,
     pub resid_pdrop: f64,
     pub embd_pdrop: f64,
@@ -132,21 +134,15 @@ fn causal_mask(t: usize) -> Result<Tensor> {
 pub struct Gpt2Mlp {
     pub c_fc: Conv1D,
     pub c_proj: Conv1D,
+    /// `ACT2FN[activation_function]`.
+    pub act: Activation,
     pub dropout: Dropout,
-    #[module(skip)]
-    activation: String,
     training: Training,
 }
 
 impl Gpt2Mlp {
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.c_fc.forward(x)?;
-        let h = match self.activation.as_str() {
-            "gelu_new" | "gelu_pytorch_tanh" => h.gelu(true)?,
-            "gelu" => h.gelu(false)?,
-            "relu" => h.relu()?,
-            other => bail!("GPT2MLP", "activation_function '{other}' is not supported"),
-        };
+        let h = self.act.forward(&self.c_fc.forward(x)?)?;
         self.dropout.forward(&self.c_proj.forward(&h)?)
     }
 }
@@ -182,8 +178,8 @@ impl Gpt2Block {
             mlp: Gpt2Mlp {
                 c_fc: Conv1D::new(e, inner, std)?,
                 c_proj: Conv1D::new(inner, e, proj_std)?,
+                act: super::hf::act2fn(&c.activation_function)?,
                 dropout: Dropout::new(c.resid_pdrop)?,
-                activation: c.activation_function.clone(),
                 training: Training::default(),
             },
             training: Training::default(),

@@ -13,11 +13,16 @@ use std::path::PathBuf;
 
 /// Every tensor of `tests/fixtures/real/NAME.safetensors` by key.
 pub fn load(name: &str) -> BTreeMap<String, Tensor> {
+    load_from("real", name)
+}
+
+/// Every tensor of `tests/fixtures/SUBDIR/NAME.safetensors` by key.
+pub fn load_from(subdir: &str, name: &str) -> BTreeMap<String, Tensor> {
     let dir = std::env::var_os("KILN_FIXTURES")
         .filter(|d| !d.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"));
-    let path = dir.join("real").join(format!("{name}.safetensors"));
+    let path = dir.join(subdir).join(format!("{name}.safetensors"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("a safetensors file");
     st.tensors()
@@ -70,7 +75,7 @@ impl Tally {
 }
 
 /// `|a - b| <= atol + rtol |b|` elementwise, shapes equal.
-fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
+pub fn compare(got: &Tensor, want: &Tensor, rtol: f64, atol: f64) -> Result<(), String> {
     if got.dims() != want.dims() {
         return Err(format!(
             "shape {:?}, expected {:?}",
@@ -113,18 +118,32 @@ pub fn run_protocol<M: Module>(
     loss: impl Fn(&Tensor) -> kiln::Result<Tensor>,
     compiled: bool,
 ) -> Tally {
+    run_protocol_many(name, t, model, std::slice::from_ref(input), loss, compiled)
+}
+
+/// [`run_protocol`] for a model of several inputs (`Module::forward_many`;
+/// the first output is the one compared and given to `loss`).
+pub fn run_protocol_many<M: Module>(
+    name: &str,
+    t: &BTreeMap<String, Tensor>,
+    model: &M,
+    inputs: &[Tensor],
+    loss: impl Fn(&Tensor) -> kiln::Result<Tensor>,
+    compiled: bool,
+) -> Tally {
     let mut tally = Tally::default();
     if let Err(e) = model.load_state_dict(&group(t, "state"), true) {
         tally.fail("load_state_dict", e);
         return tally;
     }
     let fast = compiled.then(|| kiln::compile::compile(model));
-    let forward = |x: &Tensor| -> Result<Tensor, String> {
-        let y = match &fast {
-            Some(f) => f.forward(x),
-            None => model.forward(x),
+    let forward = |xs: &[Tensor]| -> Result<Tensor, String> {
+        let ys = match &fast {
+            Some(f) => f.call(xs),
+            None => model.forward_many(&xs.iter().map(Some).collect::<Vec<_>>()),
         }
         .map_err(|e| e.to_string())?;
+        let y = ys.into_iter().next().ok_or("no output")?;
         if let Some(f) = &fast {
             if let Some(b) = f
                 .explain()
@@ -146,7 +165,7 @@ pub fn run_protocol<M: Module>(
     model.eval();
     {
         let _g = kiln::autograd::no_grad();
-        match forward(input) {
+        match forward(inputs) {
             Ok(y) => tally.check("eval/out", Some(&y), &t["eval/out"], rtol, atol),
             Err(e) => tally.fail("eval/out", e),
         }
@@ -164,7 +183,7 @@ pub fn run_protocol<M: Module>(
             return tally;
         }
     };
-    let out = match forward(input) {
+    let out = match forward(inputs) {
         Ok(y) => y,
         Err(e) => {
             tally.fail("train/out", e);
@@ -205,4 +224,39 @@ pub fn run_protocol<M: Module>(
         let _ = writeln!(err, "  real {name} {mode}: {f}");
     }
     tally
+}
+
+/// `torch.randint(0, high, (n,), generator=torch.Generator().manual_seed(seed))`
+/// on the CPU, for the targets gen_real.py draws but does not store: CPU
+/// generators are MT19937 seeded with the low 32 bits of the seed, and for
+/// a range below 2^32 each element is one 32-bit output modulo the range,
+/// drawn in row-major order.
+#[allow(dead_code)] // only the fixtures whose targets are drawn this way use it
+pub fn torch_randint_cpu(seed: u64, high: u32, n: usize) -> Vec<i64> {
+    const N: usize = 624;
+    let mut mt = [0u32; N];
+    mt[0] = seed as u32;
+    for i in 1..N {
+        mt[i] = 1812433253u32
+            .wrapping_mul(mt[i - 1] ^ (mt[i - 1] >> 30))
+            .wrapping_add(i as u32);
+    }
+    let mut idx = N;
+    let mut next = move || {
+        if idx == N {
+            for i in 0..N {
+                let y = (mt[i] & 0x8000_0000) | (mt[(i + 1) % N] & 0x7fff_ffff);
+                let mag = if y & 1 == 1 { 0x9908_b0df } else { 0 };
+                mt[i] = mt[(i + 397) % N] ^ (y >> 1) ^ mag;
+            }
+            idx = 0;
+        }
+        let mut y = mt[idx];
+        idx += 1;
+        y ^= y >> 11;
+        y ^= (y << 7) & 0x9d2c_5680;
+        y ^= (y << 15) & 0xefc6_0000;
+        y ^ (y >> 18)
+    };
+    (0..n).map(|_| (next() % high) as i64).collect()
 }

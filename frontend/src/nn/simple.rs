@@ -7,7 +7,8 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::{bail, Float, Result, UnaryOp};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// A pointwise activation as a module: ReLU, GELU, SiLU, Tanh, Sigmoid, LeakyReLU, ELU, Softplus.
+/// A pointwise activation as a module: ReLU, GELU, SiLU, Tanh, Sigmoid,
+/// Hardswish, Hardsigmoid, LeakyReLU, ELU, Softplus.
 pub struct Activation {
     op: UnaryOp,
 }
@@ -35,6 +36,18 @@ impl Activation {
     pub fn sigmoid() -> Self {
         Activation {
             op: UnaryOp::Sigmoid,
+        }
+    }
+    /// `nn.Hardswish()`: x * relu6(x + 3) / 6.
+    pub fn hardswish() -> Self {
+        Activation {
+            op: UnaryOp::Hardswish,
+        }
+    }
+    /// `nn.Hardsigmoid()`: relu6(x + 3) / 6.
+    pub fn hardsigmoid() -> Self {
+        Activation {
+            op: UnaryOp::Hardsigmoid,
         }
     }
     pub fn leaky_relu(slope: f64) -> Self {
@@ -74,6 +87,8 @@ impl Module for Activation {
             UnaryOp::Silu => "SiLU()".into(),
             UnaryOp::Tanh => "Tanh()".into(),
             UnaryOp::Sigmoid => "Sigmoid()".into(),
+            UnaryOp::Hardswish => "Hardswish()".into(),
+            UnaryOp::Hardsigmoid => "Hardsigmoid()".into(),
             UnaryOp::LeakyRelu { slope } => format!("LeakyReLU(negative_slope={slope})"),
             UnaryOp::Elu { alpha } => format!("ELU(alpha={alpha})"),
             UnaryOp::Softplus { beta, threshold } => {
