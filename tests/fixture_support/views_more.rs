@@ -203,7 +203,8 @@ fn where_(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         (None, None) if a["input"].is_null() => return cond.nonzero_tuple(),
         (None, None) => {
             let dt = kiln::ir::promote_types(number_dtype(&a["input"]), number_dtype(&a["other"]));
-            let full = Tensor::full(cond.dims(), as_f64(&a["input"]), dt);
+            let full =
+                Tensor::full(cond.dims(), as_f64(&a["input"]), dt).to_device(cond.device())?;
             Tensor::where_scalar(cond, &full, scalar("other"))?
         }
         (Some(i), Some(o)) => Tensor::where_(cond, i, o)?,

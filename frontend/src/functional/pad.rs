@@ -18,8 +18,8 @@ use kiln_ir::{bail, Result};
 /// let x = Tensor::from_vec(vec![1.0f32, 2.0, 3.0], &[1, 3])?;
 /// let y = F::pad(&x, &[1, 2], PaddingMode::Zeros, 9.0)?;
 /// assert_eq!(y.to_vec::<f32>()?, vec![9.0, 1.0, 2.0, 3.0, 9.0, 9.0]);
-/// let r = F::pad(&x, &[2, -1], PaddingMode::Reflect, 0.0)?;
-/// assert_eq!(r.to_vec::<f32>()?, vec![3.0, 2.0, 1.0, 2.0]);
+/// let r = F::pad(&x, &[1, -1], PaddingMode::Reflect, 0.0)?;
+/// assert_eq!(r.to_vec::<f32>()?, vec![2.0, 1.0, 2.0]);
 /// # Ok::<(), kiln_frontend::Error>(())
 /// ```
 pub fn pad(x: &Tensor, pad: &[i64], mode: PaddingMode, value: f64) -> Result<Tensor> {

@@ -26,9 +26,8 @@ fn insert_axis(x: &Tensor, at: usize) -> Result<Tensor> {
 pub(crate) fn positions(x: &Tensor, n: usize, rank: usize, axis: usize) -> Result<Tensor> {
     let mut shape = vec![1usize; rank];
     shape[axis] = n;
-    Tensor::arange(n, DType::I64)
-        .reshape_dims(&shape)?
-        .to_device(x.device())
+    // filled as i64 on the host (no cast: a traced op a device copy could not follow)
+    Tensor::from_vec((0..n as i64).collect::<Vec<i64>>(), &shape)?.to_device(x.device())
 }
 
 /// The window of a scan along `d` of `x`: `x` with its element `j` on axis
@@ -214,10 +213,7 @@ impl Tensor {
     fn cum_extreme(&self, op: &str, dim: i64, max: bool) -> Result<(Tensor, Tensor)> {
         let d = norm_dim(op, dim, self.rank())?;
         if self.rank() == 0 {
-            return Ok((
-                self.clone(),
-                Tensor::zeros(&[], DType::I64).to_device(self.device())?,
-            ));
+            return self.with_index_zero();
         }
         // integers compare exactly in i64 (the ±inf identities need a float or i64)
         let keys = if self.dtype().is_float() {

@@ -153,8 +153,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         let d = norm_dim("scatter_reduce", dim, self.rank())?;
         self.check_scatter("scatter_reduce", d, index, src)?;
-        let src = src.to_dtype(self.dtype())?;
-        let mut src = src;
+        let mut src = src.to_dtype(self.dtype())?;
         for k in 0..index.rank() {
             src = src.narrow(k as i64, 0, index.dims()[k])?;
         }

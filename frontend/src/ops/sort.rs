@@ -170,11 +170,10 @@ impl Tensor {
         }
         let idx = self.argsort(dim, false)?.narrow_any(d, k - 1, 1)?;
         let v = self.take_sorted(dim, &idx)?;
-        if keepdim || self.rank() == 0 {
+        if self.rank() == 0 {
             return Ok((v, idx));
         }
-        let dd = [d as i64];
-        Ok((v.squeeze(Some(&dd[..]))?, idx.squeeze(Some(&dd[..]))?))
+        squeezed((v, idx), d, keepdim)
     }
 
     /// `torch.median(x, dim, keepdim)`: the lower middle value along `dim`
@@ -224,10 +223,7 @@ impl Tensor {
     pub fn nanmedian_dim(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let d = norm_dim("nanmedian", dim, self.rank())?;
         if self.rank() == 0 {
-            return Ok((
-                self.clone(),
-                Tensor::zeros(&[], DType::I64).to_device(self.device())?,
-            ));
+            return self.with_index_zero();
         }
         let n = self.dims()[d] as i64;
         let order = self.argsort(dim, false)?;
@@ -243,12 +239,7 @@ impl Tensor {
         let some = c.binary_scalar(BinaryOp::Ne, 0i64, false)?;
         let k = Tensor::where_scalar(&some, &mid, all_nan)?;
         let idx = order.gather(dim, &k)?;
-        let v = self.gather(dim, &idx)?;
-        if keepdim {
-            return Ok((v, idx));
-        }
-        let dd = [dim];
-        Ok((v.squeeze(Some(&dd[..]))?, idx.squeeze(Some(&dd[..]))?))
+        squeezed((self.gather(dim, &idx)?, idx), d, keepdim)
     }
 
     /// `torch.mode(x, dim, keepdim)`: the most frequent value along `dim`
@@ -264,10 +255,7 @@ impl Tensor {
     pub fn mode(&self, dim: i64, keepdim: bool) -> Result<(Tensor, Tensor)> {
         let d = norm_dim("mode", dim, self.rank())?;
         if self.rank() == 0 {
-            return Ok((
-                self.clone(),
-                Tensor::zeros(&[], DType::I64).to_device(self.device())?,
-            ));
+            return self.with_index_zero();
         }
         let x = self.detach();
         let w = Window::new(&x, d)?;
@@ -279,12 +267,24 @@ impl Tensor {
             d
         ))?;
         let idx = idx.unsqueeze(dim)?;
-        let v = self.gather(dim, &idx)?;
-        if keepdim {
-            return Ok((v, idx));
-        }
-        let dd = [dim];
-        Ok((v.squeeze(Some(&dd[..]))?, idx.squeeze(Some(&dd[..]))?))
+        squeezed((self.gather(dim, &idx)?, idx), d, keepdim)
+    }
+}
+
+/// `(values, indices)` with dim `d` dropped unless `keepdim`.
+fn squeezed((v, i): (Tensor, Tensor), d: usize, keepdim: bool) -> Result<(Tensor, Tensor)> {
+    if keepdim {
+        return Ok((v, i));
+    }
+    let dd = [d as i64];
+    Ok((v.squeeze(Some(&dd[..]))?, i.squeeze(Some(&dd[..]))?))
+}
+
+impl Tensor {
+    /// A 0-dim tensor's value-and-index result: itself and index 0.
+    pub(crate) fn with_index_zero(&self) -> Result<(Tensor, Tensor)> {
+        let i = Tensor::zeros(&[], DType::I64).to_device(self.device())?;
+        Ok((self.clone(), i))
     }
 }
 

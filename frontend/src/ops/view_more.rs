@@ -314,6 +314,9 @@ impl Tensor {
             .iter()
             .map(|&d| norm_dim("movedim", d, r))
             .collect::<Result<Vec<_>>>()?;
+        if (1..src.len()).any(|k| src[..k].contains(&src[k])) {
+            bail!("movedim", "source dims {source:?} repeat a dim");
+        }
         let mut perm: Vec<Option<usize>> = vec![None; r];
         for (&s, &t) in src.iter().zip(&dst) {
             if perm[t].replace(s).is_some() {
@@ -462,8 +465,7 @@ impl Tensor {
             0 | 1 if xy && tensors.len() > 1 => 1 - k,
             k => k,
         };
-        let mut grid: Vec<usize> = (0..sizes.len()).map(|a| sizes[axis(a)]).collect();
-        grid.truncate(sizes.len());
+        let grid: Vec<usize> = (0..sizes.len()).map(|a| sizes[axis(a)]).collect();
         tensors
             .iter()
             .enumerate()
