@@ -12,7 +12,7 @@
 use super::composite::fused_or_recorded;
 use super::scan::{positions, Window};
 use crate::Tensor;
-use kiln_ir::shape::norm_dim;
+use kiln_ir::shape::{fmt_dims, norm_dim};
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 use kiln_passes::decompose::Builder;
 
@@ -132,8 +132,8 @@ impl Tensor {
         if k > n {
             bail!(
                 "topk",
-                "k ({k}) is out of range for dimension {d} of size {n} (shape {:?})",
-                self.dims()
+                "k ({k}) is out of range for dimension {d} of size {n} (shape {})",
+                fmt_dims(self.dims())
             );
         }
         let idx = self.argsort(dim, largest)?.narrow_any(d, 0, k)?;
@@ -164,8 +164,8 @@ impl Tensor {
         if k == 0 || k > n {
             bail!(
                 "kthvalue",
-                "k ({k}) is out of range for dimension {d} of size {n} (shape {:?})",
-                self.dims()
+                "k ({k}) is out of range for dimension {d} of size {n} (shape {})",
+                fmt_dims(self.dims())
             );
         }
         let idx = self.argsort(dim, false)?.narrow_any(d, k - 1, 1)?;
@@ -191,8 +191,8 @@ impl Tensor {
         if n == 0 {
             bail!(
                 "median",
-                "cannot compute the median of an empty dim {d} (shape {:?})",
-                self.dims()
+                "cannot compute the median of an empty dim {d} (shape {})",
+                fmt_dims(self.dims())
             );
         }
         self.kthvalue((n - 1) / 2 + 1, dim, keepdim)
