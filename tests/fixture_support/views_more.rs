@@ -2,19 +2,12 @@
 //! repeats, strided views, padding, scatters and index writes, masked ops,
 //! data-dependent ops, factories, splits, broadcasts) onto kiln's API.
 
+use super::ops_more::{req, role};
 use super::Case;
 use kiln::functional as F;
 use kiln::nn::PaddingMode;
 use kiln::{DType, Result, Scalar, ScatterReduce, Tensor};
 use serde_json::Value;
-
-fn role<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Option<&'a Tensor> {
-    c.roles.iter().position(|x| x == r).map(|i| &inputs[i])
-}
-
-fn req<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Result<&'a Tensor> {
-    role(c, inputs, r).ok_or_else(|| kiln::Error::op(&c.op, format!("no input with role {r}")))
-}
 
 fn int(a: &Value, k: &str) -> i64 {
     a[k].as_i64().unwrap_or(0)

@@ -76,17 +76,21 @@ fn windowed_scatter<B: Builder>(
 
 /// `t` grown to `dims` off `d` (its own extent kept along `d`) with `value`.
 fn pad_region(t: &Tensor, dims: &[usize], d: usize, value: f64) -> Result<Tensor> {
-    let mut out = t.clone();
-    for k in (0..dims.len()).filter(|&k| k != d) {
-        let have = out.dims()[k];
-        if have < dims[k] {
-            let mut shape = out.dims_vec();
-            shape[k] = dims[k] - have;
-            let fill = Tensor::full(&shape, value, t.dtype()).to_device(t.device())?;
-            out = Tensor::cat(&[&out, &fill], k as i64)?;
-        }
-    }
-    Ok(out)
+    // F.pad's (before, after) pairs from the last dim: nothing before
+    let pads: Vec<i64> = (0..dims.len())
+        .rev()
+        .flat_map(|k| {
+            [
+                0,
+                if k == d {
+                    0
+                } else {
+                    (dims[k] - t.dims()[k]) as i64
+                },
+            ]
+        })
+        .collect();
+    crate::functional::pad(t, &pads, crate::nn::PaddingMode::Zeros, value)
 }
 
 impl Tensor {
