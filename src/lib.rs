@@ -42,7 +42,9 @@ pub use kiln_frontend::random::manual_seed;
 /// `torch.utils`: `utils::checkpoint` and the `utils::Checkpointed` wrapper.
 pub use kiln_frontend::utils;
 pub use kiln_frontend::{data, random, serialize};
-pub use kiln_frontend::{host_fallbacks, DType, Device, Element, Error, Result, Scalar, Tensor};
+pub use kiln_frontend::{
+    host_fallbacks, DType, Device, Element, Error, NormOrd, Result, Scalar, ScatterReduce, Tensor,
+};
 pub use kiln_passes::{ClassLossOpts, Reduction};
 pub use kiln_runtime::cuda;
 /// `torch.use_deterministic_algorithms`; see [`runtime::deterministic`] for what it changes.

@@ -22,4 +22,6 @@ pub use device::host_fallbacks;
 pub use kiln_ir::{DType, Error, Result};
 pub use kiln_runtime::Device;
 pub use ops::pointwise::Scalar;
+pub use ops::reduce_more::NormOrd;
+pub use ops::scatter::ScatterReduce;
 pub use tensor::{Element, Tensor};

@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Domain, Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 41;
+const VARIANTS: usize = 43;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -90,6 +90,16 @@ fn variant(op: &Op) -> usize {
         } => 35,
         Op::LseParts { dims: _ } => 36,
         Op::Moments { dims: _, eps: _ } => 37,
+        Op::Diagonal {
+            offset: _,
+            dim1: _,
+            dim2: _,
+        } => 41,
+        Op::Unfold {
+            dim: _,
+            size: _,
+            step: _,
+        } => 42,
     }
 }
 
@@ -211,6 +221,8 @@ fn every_op() -> Graph {
     add(&mut g, Op::Slice { dim: 1, start: Some(1), stop: None, step: 2 }, &[m]);
     add(&mut g, Op::Slice { dim: 0, start: None, stop: Some(-1), step: 1 }, &[m]);
     add(&mut g, Op::Select { dim: 0, index: -1 }, &[m]);
+    add(&mut g, Op::Diagonal { offset: -1, dim1: 1, dim2: 0 }, &[m]);
+    add(&mut g, Op::Unfold { dim: 1, size: 2, step: 2 }, &[m]);
     add(&mut g, Op::Cat { dim: 0 }, &[m, y, m]);
     add(&mut g, Op::IndexSelect { dim: 1 }, &[m, idx]);
     add(&mut g, Op::Gather { dim: 1 }, &[m, idx2]);

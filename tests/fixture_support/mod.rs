@@ -10,6 +10,8 @@ pub mod modules;
 pub mod ops;
 pub mod ops_more;
 pub mod optim;
+pub mod reduce_more;
+pub mod views_more;
 
 use kiln::{DType, Tensor};
 use serde_json::Value;
@@ -17,7 +19,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The fixture suites with forward cases (`forward SUITE: P/T`, ...).
-pub const FORWARD_SUITES: [&str; 12] = [
+pub const FORWARD_SUITES: [&str; 14] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -30,10 +32,12 @@ pub const FORWARD_SUITES: [&str; 12] = [
     "embedding",
     "half",
     "ops_more",
+    "reduce_more",
+    "views_more",
 ];
 
 /// The suites with gradient cases: all forward suites but `half`.
-pub const BACKWARD_SUITES: [&str; 11] = [
+pub const BACKWARD_SUITES: [&str; 13] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -45,7 +49,29 @@ pub const BACKWARD_SUITES: [&str; 11] = [
     "loss",
     "embedding",
     "ops_more",
+    "reduce_more",
+    "views_more",
 ];
+
+/// Forward cases whose output shape depends on the input's values
+/// (`nonzero`, `masked_select`, ...): a trace stops at them with a graph
+/// break naming that reason, as `torch.compile` does by default, and the
+/// function runs eagerly. The compiled harnesses accept exactly that break,
+/// for exactly these cases (their outputs are still checked).
+pub const DATA_DEPENDENT: [&str; 6] = [
+    "views_more/nonzero",
+    "views_more/argwhere",
+    "views_more/where_cond_only",
+    "views_more/masked_select",
+    "views_more/one_hot_inferred",
+    "views_more/repeat_interleave_tensor",
+];
+
+/// Whether graph break `why` of case `c` is the data-dependent one it is listed for.
+pub fn expected_break(c: &Case, why: &str) -> bool {
+    DATA_DEPENDENT.contains(&format!("{}/{}", c.suite, c.case).as_str())
+        && why.contains("output shape depends on the input's values")
+}
 
 pub struct Fixtures {
     pub cases: Vec<Value>,
@@ -67,6 +93,8 @@ pub struct Case {
     pub rtol: f64,
     pub atol: f64,
     pub expect_error: bool,
+    /// An error case's inputs (`error_inputs`, in order): shape and dtype.
+    pub error_inputs: Vec<(Vec<usize>, String)>,
     pub views: Vec<Value>,
 }
 
@@ -205,15 +233,35 @@ pub fn load_suite(fx: &Fixtures, suite: &str) -> Vec<Case> {
                 op: c["op"].as_str().unwrap().to_string(),
                 attrs: c["attrs"].clone(),
                 inputs: strs("inputs"),
-                roles: strs("roles"),
+                roles: if c["expect_error"] == true {
+                    strs("error_roles")
+                } else {
+                    strs("roles")
+                },
                 outputs: strs("outputs"),
                 dtypes: map("dtypes"),
                 input_view: map("input_view"),
                 rtol: c["rtol"].as_f64().unwrap_or(0.0),
                 atol: c["atol"].as_f64().unwrap_or(0.0),
                 expect_error: c["expect_error"] == true,
+                error_inputs: error_inputs(c),
                 views: c["views"].as_array().cloned().unwrap_or_default(),
             }
+        })
+        .collect()
+}
+
+/// `error_inputs` as (shape, dtype) pairs in input order.
+fn error_inputs(c: &Value) -> Vec<(Vec<usize>, String)> {
+    let Some(m) = c["error_inputs"].as_object() else {
+        return vec![];
+    };
+    (0..m.len())
+        .filter_map(|k| m.get(&format!("in{k}")))
+        .map(|v| {
+            let shape = v["shape"].as_array().unwrap();
+            let shape = shape.iter().map(|d| d.as_u64().unwrap() as usize).collect();
+            (shape, v["dtype"].as_str().unwrap().to_string())
         })
         .collect()
 }

@@ -64,9 +64,37 @@ fn reduction(a: &Value) -> Result<Reduction> {
     Reduction::parse(a["reduction"].as_str().unwrap_or("mean"))
 }
 
-/// The `view_noncontig_error` case: `x.t().view(-1)` must fail for a contiguous (4,6) x.
+/// An error case: `view_noncontig_error` (`x.t().view(-1)` must fail for a
+/// contiguous (4,6) x, suggesting reshape), or a case with `error_inputs`
+/// (zeros of those shapes and dtypes, on `device`), whose op must fail with
+/// an error naming it.
 pub fn expect_error(c: &Case) -> Result<(), String> {
-    let x = Tensor::zeros(&[4, 6], DType::F32);
+    expect_error_on(c, kiln::Device::Cpu)
+}
+
+pub fn expect_error_on(c: &Case, device: kiln::Device) -> Result<(), String> {
+    if !c.error_inputs.is_empty() {
+        let inputs = c
+            .error_inputs
+            .iter()
+            .map(|(shape, dt)| {
+                let dt = DType::parse(dt).map_err(|e| e.to_string())?;
+                Tensor::zeros(shape, dt)
+                    .to_device(device)
+                    .map_err(|e| e.to_string())
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        // the error must come from the op itself (naming it), not the harness
+        let op = c.op.rsplit('.').next().unwrap_or(&c.op);
+        return match run(c, &inputs) {
+            Err(e) if e.to_string().contains(op) && !e.to_string().contains("not mapped") => Ok(()),
+            Err(e) => Err(format!("{}: error does not come from {op}: {e}", c.case)),
+            Ok(_) => Err(format!("{}: expected an error, the op succeeded", c.case)),
+        };
+    }
+    let x = Tensor::zeros(&[4, 6], DType::F32)
+        .to_device(device)
+        .map_err(|e| e.to_string())?;
     match x.t().and_then(|t| t.view_as_shape(&[-1])) {
         Err(e) if e.to_string().contains("reshape") => Ok(()),
         Err(e) => Err(format!("{}: error does not suggest reshape: {e}", c.case)),
@@ -117,7 +145,7 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         "elu" => one(x().elu(f(&a["alpha"], 1.0))),
         "add" | "sub" | "mul" | "div" | "pow" | "maximum" | "minimum" | "eq" | "ne" | "lt"
         | "le" | "gt" | "ge" | "floor_divide" | "remainder" | "fmod" => one(binary(c, op, inputs)),
-        "where" => {
+        "where" if role(c, inputs, "input").is_some() => {
             let cond = req(c, inputs, "condition");
             let t = req(c, inputs, "input");
             one(match role(c, inputs, "other") {
@@ -393,12 +421,15 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             role(c, inputs, "weight"),
             reduction(a)?,
         )),
-        other => super::ops_more::run(c, other, inputs).unwrap_or_else(|| {
-            Err(kiln::Error::op(
-                other,
-                format!("fixture op {} is not mapped", c.op),
-            ))
-        }),
+        other => super::reduce_more::run(c, other, inputs)
+            .or_else(|| super::views_more::run(c, other, inputs))
+            .or_else(|| super::ops_more::run(c, other, inputs))
+            .unwrap_or_else(|| {
+                Err(kiln::Error::op(
+                    other,
+                    format!("fixture op {} is not mapped", c.op),
+                ))
+            }),
     }
 }
 

@@ -7,11 +7,11 @@ use kiln::functional as F;
 use kiln::{Result, Tensor};
 use serde_json::Value;
 
-fn role<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Option<&'a Tensor> {
+pub(super) fn role<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Option<&'a Tensor> {
     c.roles.iter().position(|x| x == r).map(|i| &inputs[i])
 }
 
-fn req<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Result<&'a Tensor> {
+pub(super) fn req<'a>(c: &Case, inputs: &'a [Tensor], r: &str) -> Result<&'a Tensor> {
     role(c, inputs, r).ok_or_else(|| kiln::Error::op(&c.op, format!("no input with role {r}")))
 }
 

@@ -206,6 +206,8 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
             step,
         } => one(x.slice(*dim, *start, *stop, *step)),
         Op::Select { dim, index } => one(x.select(*dim, *index)),
+        Op::Diagonal { offset, dim1, dim2 } => one(x.diagonal(*offset, *dim1, *dim2)),
+        Op::Unfold { dim, size, step } => one(x.unfold(*dim, *size, *step)),
         Op::Cat { dim } => one(Tensor::cat(&ins.iter().collect::<Vec<_>>(), *dim)),
         Op::IndexSelect { dim } => one(x.index_select(*dim, &ins[1])),
         Op::Gather { dim } => one(x.gather(*dim, &ins[1])),

@@ -6,11 +6,13 @@
 mod activation;
 mod loss;
 mod norm;
+mod pad;
 
 pub use activation::*;
 pub use conv_grad::conv2d_weight_grad;
 pub use loss::*;
 pub use norm::*;
+pub use pad::pad;
 
 use crate::amp::{self, Policy};
 use crate::autograd::rules::nn as rules;

@@ -47,7 +47,7 @@ impl PaddingMode {
     }
 
     /// Source index of padded position `i` (in `-pad .. n + pad`) of a dim of size `n`.
-    fn source(self, i: i64, n: i64) -> i64 {
+    pub(crate) fn source(self, i: i64, n: i64) -> i64 {
         match self {
             PaddingMode::Reflect if i < 0 => -i,
             PaddingMode::Reflect if i >= n => 2 * (n - 1) - i,

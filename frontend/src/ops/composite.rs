@@ -32,6 +32,26 @@ macro_rules! decomposed {
 }
 pub(crate) use decomposed;
 
+/// `fused_or_recorded!(inputs, |b, cv| body)`: as [`decomposed!`] for a
+/// composite without a graph node of its own (scans, sorts): while tracing
+/// it also runs as recorded primitive ops, which the trace records one by
+/// one and `compile` fuses back together; eagerly without a gradient it
+/// runs through the fusing builder.
+macro_rules! fused_or_recorded {
+    ($inputs:expr, |$b:ident, $cv:ident| $body:expr) => {{
+        if $crate::autograd::needs_grad($inputs) || $crate::compile::trace::is_tracing() {
+            let $b = &mut $crate::autograd::rules::builder::TensorBuilder;
+            let $cv = |t: &$crate::Tensor| t.clone();
+            $body
+        } else {
+            let $b = &mut $crate::ops::fuse::Fuser;
+            let $cv = |t: &$crate::Tensor| $crate::ops::fuse::Lazy::tensor(t);
+            ($body).and_then(|l| l.materialize())
+        }
+    }};
+}
+pub(crate) use fused_or_recorded;
+
 /// Runs a decomposition on `x` and materialises the result (no autograd).
 pub(crate) fn run(x: &Tensor, f: impl FnOnce(&mut Fuser, &Lazy) -> Result<Lazy>) -> Result<Tensor> {
     f(&mut Fuser, &Lazy::tensor(x))?.materialize()

@@ -207,6 +207,12 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             ("step", AttrValue::Int(*step)),
         ],
         Op::Select { dim, index } => vec![("dim", AttrValue::Int(*dim)), ("index", AttrValue::Int(*index))],
+        Op::Diagonal { offset, dim1, dim2 } => vec![
+            ("dim1", AttrValue::Int(*dim1)), ("dim2", AttrValue::Int(*dim2)), ("offset", AttrValue::Int(*offset)),
+        ],
+        Op::Unfold { dim, size, step } => vec![
+            ("dim", AttrValue::Int(*dim)), ("size", AttrValue::Int(*size as i64)), ("step", AttrValue::Int(*step as i64)),
+        ],
         Op::PairLoss { name, reduction: r, has_weight, has_pos_weight } => {
             // only the bce losses take weights, so only they print the flags
             let mut v = vec![("reduction", reduction(*r))];
@@ -235,7 +241,8 @@ pub fn arity(op: &Op) -> (usize, usize) {
         | Op::LseParts { .. } | Op::Moments { .. }
         | Op::LogSoftmax { .. } | Op::MaxPool2d(_) | Op::AvgPool2d { .. } | Op::AvgPool2dBackward { .. }
         | Op::AdaptiveAvgPool2d(_) | Op::AdaptiveMaxPool2d(_) | Op::View(_) | Op::Permute(_)
-        | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } => (1, 1),
+        | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } | Op::Diagonal { .. }
+        | Op::Unfold { .. } => (1, 1),
         Op::Binary(_) | Op::Matmul | Op::Embedding | Op::IndexSelect { .. } | Op::Gather { .. } => (2, 2),
         Op::Where => (3, 3),
         // x, then weight and bias

@@ -325,6 +325,16 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
             dim: a.int("dim")?,
             index: a.int("index")?,
         },
+        "diagonal" => Op::Diagonal {
+            offset: a.int("offset")?,
+            dim1: a.int("dim1")?,
+            dim2: a.int("dim2")?,
+        },
+        "unfold" => Op::Unfold {
+            dim: a.int("dim")?,
+            size: a.int("size")? as usize,
+            step: a.int("step")? as usize,
+        },
         "cat" => Op::Cat { dim: a.int("dim")? },
         "index_select" => Op::IndexSelect { dim: a.int("dim")? },
         "gather" => Op::Gather { dim: a.int("dim")? },

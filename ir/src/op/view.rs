@@ -288,6 +288,70 @@ pub fn select(l: &Layout, dim: i64, index: i64) -> Result<Layout> {
     Ok(out)
 }
 
+/// `diagonal(offset, dim1, dim2)`: both dims removed, the diagonal
+/// (`j - i == offset`) appended as the last dim, stride `s1 + s2`.
+pub fn diagonal(l: &Layout, offset: i64, dim1: i64, dim2: i64) -> Result<Layout> {
+    let d1 = norm_dim("diagonal", dim1, l.rank())?;
+    let d2 = norm_dim("diagonal", dim2, l.rank())?;
+    if d1 == d2 {
+        bail!(
+            "diagonal",
+            "dim1 and dim2 are both {d1} (shape {})",
+            fmt_dims(&l.dims)
+        );
+    }
+    let (n1, n2) = (l.dims[d1] as i64, l.dims[d2] as i64);
+    let len = if offset >= 0 {
+        n1.min(n2 - offset)
+    } else {
+        (n1 + offset).min(n2)
+    }
+    .max(0);
+    let mut out = l.clone();
+    if len > 0 {
+        let start = if offset >= 0 {
+            offset * l.strides[d2] as i64
+        } else {
+            -offset * l.strides[d1] as i64
+        };
+        out.offset = (l.offset as i64 + start) as usize;
+    }
+    let step = l.strides[d1] + l.strides[d2];
+    for d in [d1.max(d2), d1.min(d2)] {
+        out.dims.remove(d);
+        out.strides.remove(d);
+    }
+    out.dims.push(len as usize);
+    out.strides.push(step);
+    Ok(out)
+}
+
+/// `x.unfold(dim, size, step)`: dim `dim` becomes the window count, a new
+/// last dim of `size` walks one window (windows overlap when `step < size`).
+pub fn unfold(l: &Layout, dim: i64, size: usize, step: usize) -> Result<Layout> {
+    let d = norm_dim("unfold", dim, l.rank())?;
+    let n = l.dims.get(d).copied().unwrap_or(1);
+    if size > n || step == 0 {
+        bail!(
+            "unfold",
+            "size {size} (at most {n}) and step {step} (positive) do not fit dim {d} of shape {}",
+            fmt_dims(&l.dims)
+        );
+    }
+    let mut out = l.clone();
+    let s = l.strides.get(d).copied().unwrap_or(1);
+    if l.rank() == 0 {
+        out.dims.push(size);
+        out.strides.push(1);
+        return Ok(out);
+    }
+    out.dims[d] = (n - size) / step + 1;
+    out.strides[d] = s * step as isize;
+    out.dims.push(size);
+    out.strides.push(s);
+    Ok(out)
+}
+
 pub fn unsqueeze(l: &Layout, dim: i64) -> Result<Layout> {
     let d = norm_dim("unsqueeze", dim, l.rank() + 1)?;
     let mut out = l.clone();

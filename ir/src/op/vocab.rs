@@ -132,6 +132,18 @@ pub enum Op {
         dim: i64,
         index: i64,
     },
+    /// The diagonal view of dims `dim1`, `dim2` (appended last).
+    Diagonal {
+        offset: i64,
+        dim1: i64,
+        dim2: i64,
+    },
+    /// `x.unfold(dim, size, step)`: the sliding windows view.
+    Unfold {
+        dim: i64,
+        size: usize,
+        step: usize,
+    },
     Cat {
         dim: i64,
     },

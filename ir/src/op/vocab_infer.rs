@@ -81,6 +81,8 @@ impl Op {
             | Op::Expand { .. }
             | Op::Slice { .. }
             | Op::Select { .. }
+            | Op::Diagonal { .. }
+            | Op::Unfold { .. }
             | Op::Cat { .. }
             | Op::IndexSelect { .. }
             | Op::Gather { .. }
@@ -272,6 +274,12 @@ impl Op {
                 step,
             } => layout_op(ins, |l| view::slice(l, *dim, *start, *stop, *step)),
             Op::Select { dim, index } => layout_op(ins, |l| view::select(l, *dim, *index)),
+            Op::Diagonal { offset, dim1, dim2 } => {
+                layout_op(ins, |l| view::diagonal(l, *offset, *dim1, *dim2))
+            }
+            Op::Unfold { dim, size, step } => {
+                layout_op(ins, |l| view::unfold(l, *dim, *size, *step))
+            }
             Op::Cat { dim } => {
                 need(&name, ins, 1)?;
                 let d = crate::shape::norm_dim("cat", *dim, ins[0].dims.len())?;

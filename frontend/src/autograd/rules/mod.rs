@@ -43,6 +43,10 @@ pub(crate) fn embed(
     region: impl Fn(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let z = Tensor::zeros_on(dims, g.dtype(), g.device())?;
+    // an empty region (a zero-length narrow) adds nothing
+    if g.numel() == 0 {
+        return Ok(z);
+    }
     if !crate::compile::trace::is_tracing() {
         crate::ops::pointwise::copy_into(g, &region(&z)?)?;
         return Ok(z);
