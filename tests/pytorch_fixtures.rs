@@ -118,7 +118,7 @@ fn pytorch_optim_sched_fixtures() {
     let fx = Fixtures::load();
     let mut failed = vec![];
     let mut err = std::io::stderr();
-    for suite in ["optim", "sched"] {
+    for suite in ["optim", "sched", "optim_more", "sched_more"] {
         let (pass, total, fails) = fixture_support::optim::run_suite(&fx, suite);
         let _ = writeln!(err, "{suite}: {pass}/{total}");
         assert!(total > 0, "suite {suite} has no cases");

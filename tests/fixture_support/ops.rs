@@ -393,7 +393,9 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             role(c, inputs, "weight"),
             reduction(a)?,
         )),
-        other => super::ops_more::run(c, other, inputs).unwrap_or_else(|| {
+        other => super::loss_more::run(c, other, inputs)
+            .or_else(|| super::ops_more::run(c, other, inputs))
+            .unwrap_or_else(|| {
             Err(kiln::Error::op(
                 other,
                 format!("fixture op {} is not mapped", c.op),

@@ -4,12 +4,22 @@
 //! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod activation;
+mod ctc;
 mod loss;
+mod loss_index;
+mod loss_more;
 mod norm;
 
 pub use activation::*;
 pub use conv_grad::conv2d_weight_grad;
+pub use ctc::{ctc_loss, CtcOpts};
 pub use loss::*;
+pub use loss_index::{gaussian_nll_loss, multi_margin_loss, multilabel_margin_loss};
+pub use loss_more::{
+    cosine_embedding_loss, hinge_embedding_loss, kl_div, margin_ranking_loss,
+    multilabel_soft_margin_loss, pairwise_distance, poisson_nll_loss, soft_margin_loss,
+    triplet_margin_loss, TripletOpts,
+};
 pub use norm::*;
 
 use crate::amp::{self, Policy};
