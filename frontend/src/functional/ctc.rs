@@ -8,8 +8,8 @@
 //! of -inf, so no `-inf - -inf` NaN reaches a gradient; a loss that stays
 //! at that level is infeasible and reported as inf, as PyTorch does.
 
+use super::loss_index::{host_ints, ints_on as ints};
 use super::op_scope;
-use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
@@ -28,15 +28,9 @@ pub struct CtcOpts {
     pub zero_infinity: bool,
 }
 
-/// A constant host tensor (shape-derived indices and masks).
-fn ints(v: Vec<i64>) -> Result<Tensor> {
-    let n = v.len();
-    Tensor::from_vec(v, &[n])
-}
-
-/// The values of an integer tensor, for argument checks only.
-fn host_ints(t: &Tensor) -> Result<Vec<i64>> {
-    trace::untraced(|| t.detach().to_dtype(DType::I64)?.on_host()?.to_vec::<i64>())
+/// `[f(0), f(1), ...]` over `s` extended states: a bool mask on `like`'s device.
+fn state_mask(s: usize, like: &Tensor, f: impl Fn(i64) -> bool) -> Result<Tensor> {
+    ints((0..s as i64).map(|i| i64::from(f(i))).collect(), like)?.eq(&Tensor::scalar(1i64))
 }
 
 /// `F.ctc_loss(log_probs, targets, input_lengths, target_lengths, ...)`:
@@ -117,7 +111,7 @@ pub fn ctc_loss(
 
 /// `(T, N, 1)`: frame t belongs to sample n (t < input_lengths[n]).
 fn frame_mask(t: usize, il: &Tensor) -> Result<Tensor> {
-    let ts = Tensor::arange(t, DType::I64).unsqueeze(1)?;
+    let ts = ints((0..t as i64).collect(), il)?.unsqueeze(1)?;
     ts.lt(&il.unsqueeze(0)?)?.unsqueeze(2)
 }
 
@@ -169,15 +163,15 @@ fn labels(lp: &Tensor, targets: &Tensor, il: &Tensor, tl: &Tensor, blank: i64) -
         targets
     } else {
         // offsets: the exclusive running sum of the target lengths
-        let ids = Tensor::arange(n, DType::I64);
+        let ids = ints((0..n as i64).collect(), tl)?;
         let before = ids.unsqueeze(1)?.gt(&ids.unsqueeze(0)?)?.to_dtype(DType::I64)?;
         let offs = before.mul(&tl.unsqueeze(0)?)?.sum(Some(&[1]), false)?;
-        let k = Tensor::arange(width, DType::I64).unsqueeze(0)?;
+        let k = ints((0..width as i64).collect(), tl)?.unsqueeze(0)?;
         let idx = offs.unsqueeze(1)?.add(&k)?.clamp(None, Some(width.max(1) as f64 - 1.0))?;
         let flat = if width == 0 { targets } else { targets.index_select(0, &idx.reshape(&[-1])?)? };
         flat.reshape(&[n as i64, width as i64])?
     };
-    let pad = Tensor::full(&[n, 1], blank as f64, DType::I64);
+    let pad = Tensor::full(&[n, 1], blank as f64, DType::I64).to_device(labels.device())?;
     Tensor::cat(&[&labels, &pad], 1)
 }
 
@@ -194,28 +188,28 @@ fn alpha_recursion(
     let s = 2 * (labels.dims()[1] - 1) + 1;
     let dt = lp.dtype();
     // label position k of extended state s (odd s), and the state masks
-    let kidx = ints((0..s as i64).map(|s| (s - 1).max(0) / 2).collect())?;
-    let odd = ints((0..s as i64).map(|s| s % 2).collect())?.eq(&Tensor::scalar(1i64))?;
+    let kidx = ints((0..s as i64).map(|s| (s - 1).max(0) / 2).collect(), lp)?;
+    let odd = state_mask(s, lp, |s| s % 2 == 1)?;
     let lab = labels.gather(1, &kidx.unsqueeze(0)?.expand(&[n as i64, s as i64])?)?;
     let used = kidx.unsqueeze(0)?.lt(&tl.unsqueeze(1)?)?.logical_and(&odd.unsqueeze(0)?)?;
     let ext = Tensor::where_(&used, &lab, &Tensor::scalar(blank))?;
     let emit = lp.gather(2, &ext.unsqueeze(0)?.expand(&[t_max as i64, n as i64, s as i64])?)?;
     // a label may skip the blank before it unless it repeats the label two back
-    let back2 = ints((0..s as i64).map(|s| (s - 2).max(0)).collect())?;
+    let back2 = ints((0..s as i64).map(|s| (s - 2).max(0)).collect(), lp)?;
     let prev2 = ext.gather(1, &back2.unsqueeze(0)?.expand(&[n as i64, s as i64])?)?;
-    let from2 = ints((0..s as i64).map(|s| i64::from(s >= 2)).collect())?.eq(&Tensor::scalar(1i64))?;
+    let from2 = state_mask(s, lp, |s| s >= 2)?;
     let skip = ext.ne(&prev2)?.logical_and(&odd.logical_and(&from2)?.unsqueeze(0)?)?;
-    let neg = |w: usize| Tensor::full(&[n, w], NEG, dt);
+    let neg = |w: usize| Tensor::full(&[n, w], NEG, dt).to_device(lp.device());
     let shift = |a: &Tensor, by: usize| -> Result<Tensor> {
         if by >= s {
-            return Ok(neg(s));
+            return neg(s);
         }
-        Tensor::cat(&[&neg(by), &a.narrow(1, 0, s - by)?], 1)
+        Tensor::cat(&[&neg(by)?, &a.narrow(1, 0, s - by)?], 1)
     };
-    let first2 = ints((0..s as i64).map(|s| i64::from(s < 2)).collect())?.eq(&Tensor::scalar(1i64))?;
-    let mut alpha = Tensor::where_(&first2.unsqueeze(0)?, &emit.select(0, 0)?, &neg(1))?;
+    let first2 = state_mask(s, lp, |s| s < 2)?;
+    let mut alpha = Tensor::where_(&first2.unsqueeze(0)?, &emit.select(0, 0)?, &neg(1)?)?;
     for t in 1..t_max {
-        let a2 = Tensor::where_(&skip, &shift(&alpha, 2)?, &neg(1))?;
+        let a2 = Tensor::where_(&skip, &shift(&alpha, 2)?, &neg(1)?)?;
         let paths = Tensor::stack(&[&alpha, &shift(&alpha, 1)?, &a2], 0)?;
         let next = paths.logsumexp(&[0], false)?.add(&emit.select(0, t as i64)?)?;
         let live = il.gt(&Tensor::scalar(t as i64))?.unsqueeze(1)?;
@@ -226,7 +220,7 @@ fn alpha_recursion(
     let end_blank = alpha.gather(1, &last)?;
     let end_label = alpha.gather(1, &last.sub_scalar(1i64)?.clamp_min(0.0)?)?;
     let has_label = tl.gt(&Tensor::scalar(0i64))?.unsqueeze(1)?;
-    let end_label = Tensor::where_(&has_label, &end_label, &neg(1))?;
+    let end_label = Tensor::where_(&has_label, &end_label, &neg(1)?)?;
     let ll = Tensor::stack(&[&end_blank, &end_label], 0)?
         .logsumexp(&[0], false)?
         .reshape(&[n as i64])?;

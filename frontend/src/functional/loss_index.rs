@@ -21,8 +21,22 @@ fn reduce(loss: Tensor, r: Reduction) -> Result<Tensor> {
 
 /// The values of an integer tensor, for argument checks only (never for
 /// what is computed, so a compiled graph does not depend on them).
-fn host_ints(t: &Tensor) -> Result<Vec<i64>> {
+pub(super) fn host_ints(t: &Tensor) -> Result<Vec<i64>> {
     trace::untraced(|| t.detach().to_dtype(DType::I64)?.on_host()?.to_vec::<i64>())
+}
+
+/// Shape-derived int64 constants (indices, masks) made on the host and
+/// placed on `like`'s device; made as int64 directly, since
+/// `Tensor::arange` casts, which a tracer records, and a traced value
+/// cannot move devices.
+pub(super) fn ints_on(v: Vec<i64>, like: &Tensor) -> Result<Tensor> {
+    let n = v.len();
+    Tensor::from_vec(v, &[n])?.to_device(like.device())
+}
+
+/// `arange(n)` as [`ints_on`].
+fn arange_like(n: usize, like: &Tensor) -> Result<Tensor> {
+    ints_on((0..n as i64).collect(), like)
 }
 
 /// `(N, C)` input and `(N)` integer target of the class-index losses (a
@@ -89,7 +103,7 @@ pub fn multi_margin_loss(
     let yi = y.reshape(&[n as i64, 1])?;
     let z = x2.sub(&x2.gather(1, &yi)?)?.add_scalar(margin)?.relu()?;
     let z = if p == 2 { z.mul(&z)? } else { z };
-    let is_y = Tensor::arange(c, DType::I64).unsqueeze(0)?.eq(&yi)?;
+    let is_y = arange_like(c, &yi)?.unsqueeze(0)?.eq(&yi)?;
     let mut z = z.masked_fill(&is_y, 0.0)?;
     if let Some(w) = weight {
         // applied after the power, as PyTorch does
@@ -132,7 +146,7 @@ pub fn multilabel_margin_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Te
     }
     // entry k is listed when no -1 comes at or before it: count the -1s
     // up to k with a lower-triangular mask
-    let pos = Tensor::arange(c, DType::I64);
+    let pos = arange_like(c, &y)?;
     let upto = pos.unsqueeze(1)?.ge(&pos.unsqueeze(0)?)?.to_dtype(x2.dtype())?;
     let ends = y.lt(&Tensor::scalar(0i64))?.to_dtype(x2.dtype())?;
     let seen = ends.unsqueeze(1)?.mul(&upto.unsqueeze(0)?)?.sum(Some(&[2]), false)?;
