@@ -322,7 +322,11 @@ pub fn triplet_margin_loss<B: Builder>(
     same_rank(
         b,
         op,
-        &[("anchor", anchor), ("positive", positive), ("negative", negative)],
+        &[
+            ("anchor", anchor),
+            ("positive", positive),
+            ("negative", negative),
+        ],
     )?;
     let d_pos = pairwise_distance(b, anchor, positive, o.p, o.eps)?;
     let mut d_neg = pairwise_distance(b, anchor, negative, o.p, o.eps)?;

@@ -396,11 +396,11 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
         other => super::loss_more::run(c, other, inputs)
             .or_else(|| super::ops_more::run(c, other, inputs))
             .unwrap_or_else(|| {
-            Err(kiln::Error::op(
-                other,
-                format!("fixture op {} is not mapped", c.op),
-            ))
-        }),
+                Err(kiln::Error::op(
+                    other,
+                    format!("fixture op {} is not mapped", c.op),
+                ))
+            }),
     }
 }
 

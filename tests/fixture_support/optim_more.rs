@@ -10,7 +10,8 @@ use kiln::Tensor;
 use serde_json::Value;
 
 fn f(a: &Value, k: &str) -> f64 {
-    a[k].as_f64().unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
+    a[k].as_f64()
+        .unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
 }
 
 fn b(a: &Value, k: &str) -> bool {
@@ -19,7 +20,9 @@ fn b(a: &Value, k: &str) -> bool {
 
 /// A JSON pair of numbers (`betas`, `etas`, `step_sizes`).
 fn pair(a: &Value, k: &str) -> (f64, f64) {
-    let v = a[k].as_array().unwrap_or_else(|| panic!("attr {k}: {}", a[k]));
+    let v = a[k]
+        .as_array()
+        .unwrap_or_else(|| panic!("attr {k}: {}", a[k]));
     (v[0].as_f64().unwrap(), v[1].as_f64().unwrap())
 }
 
@@ -28,7 +31,11 @@ fn boxed<O: Optimizer + 'static>(r: kiln::Result<O>) -> kiln::Result<Box<dyn Opt
 }
 
 /// The optimizer `name` over `params`, or `None` when it is not one of these.
-pub fn make(name: &str, a: &Value, params: Vec<Tensor>) -> Option<kiln::Result<Box<dyn Optimizer>>> {
+pub fn make(
+    name: &str,
+    a: &Value,
+    params: Vec<Tensor>,
+) -> Option<kiln::Result<Box<dyn Optimizer>>> {
     Some(match name {
         "Adamax" => boxed(Adamax::with_params(
             params,

@@ -11,11 +11,13 @@ use serde_json::Value;
 use std::sync::Arc;
 
 fn f(a: &Value, k: &str) -> f64 {
-    a[k].as_f64().unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
+    a[k].as_f64()
+        .unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
 }
 
 fn i(a: &Value, k: &str) -> i64 {
-    a[k].as_i64().unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
+    a[k].as_i64()
+        .unwrap_or_else(|| panic!("attr {k}: {}", a[k]))
 }
 
 /// The Python `lr_lambda` sources of the suite, as Rust functions.
@@ -23,7 +25,9 @@ fn lambda(src: &str) -> kiln::Result<LrLambda> {
     Ok(match src {
         "lambda epoch: 0.95" => Arc::new(|_| 0.95),
         "lambda epoch: 0.9 ** epoch" => Arc::new(|e| 0.9f64.powf(e as f64)),
-        "lambda epoch: min(1.0, (epoch + 1) / 10)" => Arc::new(|e| f64::min(1.0, (e + 1) as f64 / 10.0)),
+        "lambda epoch: min(1.0, (epoch + 1) / 10)" => {
+            Arc::new(|e| f64::min(1.0, (e + 1) as f64 / 10.0))
+        }
         other => {
             return Err(kiln::Error::op(
                 "sched fixture",

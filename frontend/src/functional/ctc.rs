@@ -87,7 +87,9 @@ pub fn ctc_loss(
     let nll = if lp.requires_grad() {
         let frames = frame_mask(lp.dims()[0], &il)?;
         let e = lp.exp()?;
-        let zero = e.sub(&e.detach())?.masked_fill(&frames.logical_not()?, 0.0)?;
+        let zero = e
+            .sub(&e.detach())?
+            .masked_fill(&frames.logical_not()?, 0.0)?;
         nll.add(&zero.sum(Some(&[0, 2]), false)?)?
     } else {
         nll
@@ -143,11 +145,19 @@ fn labels(lp: &Tensor, targets: &Tensor, il: &Tensor, tl: &Tensor, blank: i64) -
     }
     let (ils, tls) = (host_ints(il)?, host_ints(tl)?);
     if let Some(&l) = ils.iter().find(|&&l| l < 0 || l as usize > t_max) {
-        bail!(OP, "input length {l} is outside [0, {t_max}] (log_probs {})", fmt_dims(lp.dims()));
+        bail!(
+            OP,
+            "input length {l} is outside [0, {t_max}] (log_probs {})",
+            fmt_dims(lp.dims())
+        );
     }
     let targets = targets.to_dtype(DType::I64)?;
     let padded = targets.rank() == 2;
-    let width = if padded { targets.dims()[1] } else { targets.numel() };
+    let width = if padded {
+        targets.dims()[1]
+    } else {
+        targets.numel()
+    };
     let total: i64 = tls.iter().sum();
     if tls.iter().any(|&l| l < 0 || l as usize > width) || !padded && total as usize > width {
         bail!(
@@ -158,17 +168,31 @@ fn labels(lp: &Tensor, targets: &Tensor, il: &Tensor, tl: &Tensor, blank: i64) -
     }
     let labels = if padded {
         if targets.dims()[0] != n {
-            bail!(OP, "targets {} must have {n} rows", fmt_dims(targets.dims()));
+            bail!(
+                OP,
+                "targets {} must have {n} rows",
+                fmt_dims(targets.dims())
+            );
         }
         targets
     } else {
         // offsets: the exclusive running sum of the target lengths
         let ids = ints((0..n as i64).collect(), tl)?;
-        let before = ids.unsqueeze(1)?.gt(&ids.unsqueeze(0)?)?.to_dtype(DType::I64)?;
+        let before = ids
+            .unsqueeze(1)?
+            .gt(&ids.unsqueeze(0)?)?
+            .to_dtype(DType::I64)?;
         let offs = before.mul(&tl.unsqueeze(0)?)?.sum(Some(&[1]), false)?;
         let k = ints((0..width as i64).collect(), tl)?.unsqueeze(0)?;
-        let idx = offs.unsqueeze(1)?.add(&k)?.clamp(None, Some(width.max(1) as f64 - 1.0))?;
-        let flat = if width == 0 { targets } else { targets.index_select(0, &idx.reshape(&[-1])?)? };
+        let idx = offs
+            .unsqueeze(1)?
+            .add(&k)?
+            .clamp(None, Some(width.max(1) as f64 - 1.0))?;
+        let flat = if width == 0 {
+            targets
+        } else {
+            targets.index_select(0, &idx.reshape(&[-1])?)?
+        };
         flat.reshape(&[n as i64, width as i64])?
     };
     let pad = Tensor::full(&[n, 1], blank as f64, DType::I64).to_device(labels.device())?;
@@ -191,14 +215,23 @@ fn alpha_recursion(
     let kidx = ints((0..s as i64).map(|s| (s - 1).max(0) / 2).collect(), lp)?;
     let odd = state_mask(s, lp, |s| s % 2 == 1)?;
     let lab = labels.gather(1, &kidx.unsqueeze(0)?.expand(&[n as i64, s as i64])?)?;
-    let used = kidx.unsqueeze(0)?.lt(&tl.unsqueeze(1)?)?.logical_and(&odd.unsqueeze(0)?)?;
+    let used = kidx
+        .unsqueeze(0)?
+        .lt(&tl.unsqueeze(1)?)?
+        .logical_and(&odd.unsqueeze(0)?)?;
     let ext = Tensor::where_(&used, &lab, &Tensor::scalar(blank))?;
-    let emit = lp.gather(2, &ext.unsqueeze(0)?.expand(&[t_max as i64, n as i64, s as i64])?)?;
+    let emit = lp.gather(
+        2,
+        &ext.unsqueeze(0)?
+            .expand(&[t_max as i64, n as i64, s as i64])?,
+    )?;
     // a label may skip the blank before it unless it repeats the label two back
     let back2 = ints((0..s as i64).map(|s| (s - 2).max(0)).collect(), lp)?;
     let prev2 = ext.gather(1, &back2.unsqueeze(0)?.expand(&[n as i64, s as i64])?)?;
     let from2 = state_mask(s, lp, |s| s >= 2)?;
-    let skip = ext.ne(&prev2)?.logical_and(&odd.logical_and(&from2)?.unsqueeze(0)?)?;
+    let skip = ext
+        .ne(&prev2)?
+        .logical_and(&odd.logical_and(&from2)?.unsqueeze(0)?)?;
     let neg = |w: usize| Tensor::full(&[n, w], NEG, dt).to_device(lp.device());
     let shift = |a: &Tensor, by: usize| -> Result<Tensor> {
         if by >= s {
@@ -211,7 +244,9 @@ fn alpha_recursion(
     for t in 1..t_max {
         let a2 = Tensor::where_(&skip, &shift(&alpha, 2)?, &neg(1)?)?;
         let paths = Tensor::stack(&[&alpha, &shift(&alpha, 1)?, &a2], 0)?;
-        let next = paths.logsumexp(&[0], false)?.add(&emit.select(0, t as i64)?)?;
+        let next = paths
+            .logsumexp(&[0], false)?
+            .add(&emit.select(0, t as i64)?)?;
         let live = il.gt(&Tensor::scalar(t as i64))?.unsqueeze(1)?;
         alpha = Tensor::where_(&live, &next, &alpha)?;
     }

@@ -44,7 +44,11 @@ fn arange_like(n: usize, like: &Tensor) -> Result<Tensor> {
 /// was unbatched.
 fn batch_of(op: &str, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor, bool)> {
     let unbatched = x.rank() == 1;
-    let x2 = if unbatched { x.unsqueeze(0)? } else { x.clone() };
+    let x2 = if unbatched {
+        x.unsqueeze(0)?
+    } else {
+        x.clone()
+    };
     if x2.rank() != 2 || x2.dims()[1] == 0 {
         bail!(
             op,
@@ -94,11 +98,19 @@ pub fn multi_margin_loss(
     }
     if let Some(w) = weight {
         if w.dims() != [c] {
-            bail!(OP, "weight {} must have one entry per class ({c})", fmt_dims(w.dims()));
+            bail!(
+                OP,
+                "weight {} must have one entry per class ({c})",
+                fmt_dims(w.dims())
+            );
         }
     }
     if let Some(t) = host_ints(&y)?.into_iter().find(|&t| t < 0 || t >= c as i64) {
-        bail!(OP, "target {t} out of range for {c} classes (input {})", fmt_dims(x.dims()));
+        bail!(
+            OP,
+            "target {t} out of range for {c} classes (input {})",
+            fmt_dims(x.dims())
+        );
     }
     let yi = y.reshape(&[n as i64, 1])?;
     let z = x2.sub(&x2.gather(1, &yi)?)?.add_scalar(margin)?.relu()?;
@@ -141,24 +153,43 @@ pub fn multilabel_margin_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Te
             fmt_dims(x.dims())
         );
     }
-    if let Some(t) = host_ints(&y)?.into_iter().find(|&t| t < -1 || t >= c as i64) {
-        bail!(OP, "target {t} out of range for {c} classes (input {})", fmt_dims(x.dims()));
+    if let Some(t) = host_ints(&y)?
+        .into_iter()
+        .find(|&t| t < -1 || t >= c as i64)
+    {
+        bail!(
+            OP,
+            "target {t} out of range for {c} classes (input {})",
+            fmt_dims(x.dims())
+        );
     }
     // entry k is listed when no -1 comes at or before it: count the -1s
     // up to k with a lower-triangular mask
     let pos = arange_like(c, &y)?;
-    let upto = pos.unsqueeze(1)?.ge(&pos.unsqueeze(0)?)?.to_dtype(x2.dtype())?;
+    let upto = pos
+        .unsqueeze(1)?
+        .ge(&pos.unsqueeze(0)?)?
+        .to_dtype(x2.dtype())?;
     let ends = y.lt(&Tensor::scalar(0i64))?.to_dtype(x2.dtype())?;
-    let seen = ends.unsqueeze(1)?.mul(&upto.unsqueeze(0)?)?.sum(Some(&[2]), false)?;
+    let seen = ends
+        .unsqueeze(1)?
+        .mul(&upto.unsqueeze(0)?)?
+        .sum(Some(&[2]), false)?;
     let listed = seen.eq(&Tensor::scalar(0.0).to_dtype(x2.dtype())?)?;
     let ys = Tensor::where_(&listed, &y, &Tensor::scalar(0i64))?;
     // is_target[n, i]: class i appears among row n's listed entries
     let hit = ys.unsqueeze(2)?.eq(&pos.reshape(&[1, 1, c as i64])?)?;
-    let hit = hit.logical_and(&listed.unsqueeze(2)?)?.to_dtype(x2.dtype())?;
-    let is_target = hit.sum(Some(&[1]), false)?.gt(&Tensor::scalar(0.0).to_dtype(x2.dtype())?)?;
+    let hit = hit
+        .logical_and(&listed.unsqueeze(2)?)?
+        .to_dtype(x2.dtype())?;
+    let is_target = hit
+        .sum(Some(&[1]), false)?
+        .gt(&Tensor::scalar(0.0).to_dtype(x2.dtype())?)?;
     let xj = x2.gather(1, &ys)?.unsqueeze(2)?;
     let term = x2.unsqueeze(1)?.sub(&xj)?.add_scalar(1.0)?.relu()?;
-    let keep = listed.unsqueeze(2)?.logical_and(&is_target.logical_not()?.unsqueeze(1)?)?;
+    let keep = listed
+        .unsqueeze(2)?
+        .logical_and(&is_target.logical_not()?.unsqueeze(1)?)?;
     let term = term.masked_fill(&keep.logical_not()?, 0.0)?;
     let per = term.sum(Some(&[1, 2]), false)?.div_scalar(c as f64)?;
     let per = if unbatched { per.reshape(&[])? } else { per };

@@ -40,12 +40,23 @@ macro_rules! loss_ops {
 /// let kl = F::kl_div(&logp, &t, "batchmean", false).unwrap();
 /// assert!(kl.item().unwrap().abs() < 1e-6);
 /// ```
-pub fn kl_div(input: &Tensor, target: &Tensor, reduction: &str, log_target: bool) -> Result<Tensor> {
+pub fn kl_div(
+    input: &Tensor,
+    target: &Tensor,
+    reduction: &str,
+    log_target: bool,
+) -> Result<Tensor> {
     let r = KlReduction::parse(reduction)?;
     let _p = op_scope("kl_div", &[input, target]);
     let c = amp::cast_for(Policy::F32, (input, target))?;
     let (x, t) = c.as_ref().map_or((input, target), |(x, t)| (x, t));
-    loss_ops!(&[x, t], |b, cv| loss::kl_div(b, &cv(x), &cv(t), r, log_target))
+    loss_ops!(&[x, t], |b, cv| loss::kl_div(
+        b,
+        &cv(x),
+        &cv(t),
+        r,
+        log_target
+    ))
 }
 
 /// `F.poisson_nll_loss(input, target, log_input, full, eps, reduction)`.
@@ -141,7 +152,12 @@ pub fn hinge_embedding_loss(x: &Tensor, y: &Tensor, margin: f64, r: Reduction) -
 /// ```
 pub fn soft_margin_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> {
     let _p = op_scope("soft_margin_loss", &[x, y]);
-    loss_ops!(&[x, y], |b, cv| loss::soft_margin_loss(b, &cv(x), &cv(y), r))
+    loss_ops!(&[x, y], |b, cv| loss::soft_margin_loss(
+        b,
+        &cv(x),
+        &cv(y),
+        r
+    ))
 }
 
 /// `F.multilabel_soft_margin_loss(input, target, weight, reduction)`: per
@@ -235,11 +251,7 @@ pub fn triplet_margin_loss(
     o: TripletOpts,
 ) -> Result<Tensor> {
     let _p = op_scope("triplet_margin_loss", &[anchor, positive, negative]);
-    loss_ops!(&[anchor, positive, negative], |b, cv| loss::triplet_margin_loss(
-        b,
-        &cv(anchor),
-        &cv(positive),
-        &cv(negative),
-        o
-    ))
+    loss_ops!(&[anchor, positive, negative], |b, cv| {
+        loss::triplet_margin_loss(b, &cv(anchor), &cv(positive), &cv(negative), o)
+    })
 }

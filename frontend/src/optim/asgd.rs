@@ -90,6 +90,9 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
     st.insert("ax".into(), ax);
     let new_eta = lr / (1.0 + lambd * lr * step).powf(alpha);
     st.insert("eta".into(), Tensor::scalar(new_eta as f32));
-    st.insert("mu".into(), Tensor::scalar((1.0 / (step - t0).max(1.0)) as f32));
+    st.insert(
+        "mu".into(),
+        Tensor::scalar((1.0 / (step - t0).max(1.0)) as f32),
+    );
     p.copy_(&new_p)
 }

@@ -97,8 +97,16 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
     let bc2 = 1.0 - b2.powf(step);
     let denom = add_scalar(&v.binary_scalar(BinaryOp::Div, bc2, false)?.sqrt()?, eps)?;
     let new_p = param
-        .add_scaled(&grad.div(&denom)?, lr * (1.0 - mu_t) / (1.0 - mu_product), true)?
-        .add_scaled(&m.div(&denom)?, lr * mu_next / (1.0 - mu_product * mu_next), true)?;
+        .add_scaled(
+            &grad.div(&denom)?,
+            lr * (1.0 - mu_t) / (1.0 - mu_product),
+            true,
+        )?
+        .add_scaled(
+            &m.div(&denom)?,
+            lr * mu_next / (1.0 - mu_product * mu_next),
+            true,
+        )?;
     st.insert("exp_avg".into(), m);
     st.insert("exp_avg_sq".into(), v);
     p.copy_(&new_p)

@@ -3,8 +3,8 @@
 
 use super::adamax::check_betas;
 use super::core::{
-    add_scalar, bump_step, decayed, lerp, non_negative, scale, single_tensor_optimizer,
-    state_or, ParamState,
+    add_scalar, bump_step, decayed, lerp, non_negative, scale, single_tensor_optimizer, state_or,
+    ParamState,
 };
 use super::group::{Dict, ParamGroup};
 use crate::Tensor;

@@ -87,7 +87,11 @@ fn update(g: &ParamGroup, p: &Tensor, grad: &Tensor, st: &mut ParamState) -> Res
     let zero = Tensor::scalar(0.0).to_dtype(grad.dtype())?;
     let (up, down) = (agree.gt(&zero)?, agree.lt(&zero)?);
     let full = |v: f64| full_like(p, v);
-    let eta = Tensor::where_(&up, &full(etaplus)?, &Tensor::where_(&down, &full(etaminus)?, &full(1.0)?)?)?;
+    let eta = Tensor::where_(
+        &up,
+        &full(etaplus)?,
+        &Tensor::where_(&down, &full(etaminus)?, &full(1.0)?)?,
+    )?;
     let size = size0.mul(&eta)?.clamp(Some(lo), Some(hi))?;
     // after a sign change the gradient is forgotten: no step, and no memory of it
     let grad = Tensor::where_(&down, &full(0.0)?, &grad)?;

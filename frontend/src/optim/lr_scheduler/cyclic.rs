@@ -31,7 +31,10 @@ impl CyclicMode {
             "triangular" => CyclicMode::Triangular,
             "triangular2" => CyclicMode::Triangular2,
             "exp_range" => CyclicMode::ExpRange,
-            other => bail!("CyclicLR", "mode is invalid and scale_fn is None: '{other}'"),
+            other => bail!(
+                "CyclicLR",
+                "mode is invalid and scale_fn is None: '{other}'"
+            ),
         })
     }
     /// `scale_fn(cycle)` for the cycle modes, `scale_fn(last_epoch)` for exp_range.
@@ -112,8 +115,14 @@ impl Rule for CyclicRule {
         d.insert("mode".into(), Value::Str(self.mode.name().into()));
         d.insert("gamma".into(), Value::Float(self.gamma));
         d.insert("cycle_momentum".into(), Value::Bool(self.cycle_momentum));
-        d.insert("base_momentums".into(), Value::Floats(self.base_momentums.clone()));
-        d.insert("max_momentums".into(), Value::Floats(self.max_momentums.clone()));
+        d.insert(
+            "base_momentums".into(),
+            Value::Floats(self.base_momentums.clone()),
+        );
+        d.insert(
+            "max_momentums".into(),
+            Value::Floats(self.max_momentums.clone()),
+        );
     }
     fn load(&mut self, d: &Dict) -> Result<()> {
         self.max_lrs = get_floats(d, Self::NAME, "max_lrs")?;

@@ -28,7 +28,11 @@ impl Rule for ConstantRule {
         }
     }
     fn closed_form(&self, s: &SchedState) -> Option<Vec<f64>> {
-        let done = if s.last_epoch >= self.total_iters { 1.0 } else { 0.0 };
+        let done = if s.last_epoch >= self.total_iters {
+            1.0
+        } else {
+            0.0
+        };
         let f = self.factor + done * (1.0 - self.factor);
         Some(s.base_lrs.iter().map(|b| b * f).collect())
     }
@@ -67,7 +71,13 @@ impl ConstantLR {
                 "Constant multiplicative factor expected to be between 0 and 1, got {factor}"
             );
         }
-        Scheduler::start(opt, ConstantRule { factor, total_iters })
+        Scheduler::start(
+            opt,
+            ConstantRule {
+                factor,
+                total_iters,
+            },
+        )
     }
 }
 
@@ -219,7 +229,10 @@ impl PolynomialLR {
     /// ```
     pub fn new(opt: &mut dyn HasParamGroups, total_iters: i64, power: f64) -> Result<PolynomialLR> {
         if total_iters <= 0 {
-            bail!("PolynomialLR", "total_iters must be positive, got {total_iters}");
+            bail!(
+                "PolynomialLR",
+                "total_iters must be positive, got {total_iters}"
+            );
         }
         Scheduler::start(opt, PolynomialRule { total_iters, power })
     }
