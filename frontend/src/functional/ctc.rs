@@ -46,7 +46,7 @@ fn state_mask(s: usize, like: &Tensor, f: impl Fn(i64) -> bool) -> Result<Tensor
 /// let lp = Tensor::from_vec(vec![0.25f32.ln(), 0.75f32.ln()], &[1, 1, 2]).unwrap();
 /// let tg = Tensor::from_vec(vec![1i64], &[1, 1]).unwrap();
 /// let one = Tensor::from_vec(vec![1i64], &[1]).unwrap();
-/// let o = CtcOpts { reduction: kiln_frontend::Reduction::Sum, ..Default::default() };
+/// let o = CtcOpts { reduction: F::Reduction::Sum, ..Default::default() };
 /// let l = F::ctc_loss(&lp, &tg, &one, &one, o).unwrap();
 /// assert!((l.item().unwrap() + 0.75f64.ln()).abs() < 1e-6);
 /// ```

@@ -66,7 +66,8 @@ fn batch_of(op: &str, x: &Tensor, y: &Tensor) -> Result<(Tensor, Tensor, bool)> 
 /// sample `sum_{i != y} max(0, margin - x[y] + x[i])^p * weight[y] / C`.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.1f32, 0.2, 0.4, 0.8], &[1, 4]).unwrap();
 /// let y = Tensor::from_vec(vec![3i64], &[1]).unwrap();
 /// let l = F::multi_margin_loss(&x, &y, 1, 1.0, None, Reduction::Mean).unwrap();
@@ -131,7 +132,8 @@ pub fn multi_margin_loss(
 /// `sum_{j listed} sum_{i not listed} max(0, 1 - (x[j] - x[i])) / C`.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.1f32, 0.2, 0.4, 0.8], &[1, 4]).unwrap();
 /// let y = Tensor::from_vec(vec![3i64, 0, -1, 1], &[1, 4]).unwrap();
 /// let l = F::multilabel_margin_loss(&x, &y, Reduction::Mean).unwrap();
@@ -202,7 +204,8 @@ pub fn multilabel_margin_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Te
 /// last dim or have size 1 there (one variance per sample).
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![1.0f32, 2.0], &[2]).unwrap();
 /// let v = Tensor::from_vec(vec![1.0f32, 1.0], &[2]).unwrap();
 /// let l = F::gaussian_nll_loss(&x, &x, &v, false, 1e-6, Reduction::Sum).unwrap();

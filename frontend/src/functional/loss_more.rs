@@ -62,7 +62,8 @@ pub fn kl_div(
 /// `F.poisson_nll_loss(input, target, log_input, full, eps, reduction)`.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.0f32], &[1]).unwrap();
 /// let t = Tensor::from_vec(vec![2.0f32], &[1]).unwrap();
 /// // exp(0) - 2 * 0
@@ -95,7 +96,8 @@ pub fn poisson_nll_loss(
 /// `max(0, -y (x1 - x2) + margin)`.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let a = Tensor::from_vec(vec![1.0f32, 0.0], &[2]).unwrap();
 /// let b = Tensor::from_vec(vec![0.0f32, 1.0], &[2]).unwrap();
 /// let y = Tensor::from_vec(vec![1.0f32, 1.0], &[2]).unwrap();
@@ -123,7 +125,8 @@ pub fn margin_ranking_loss(
 /// `F.hinge_embedding_loss(input, target, margin, reduction)` for targets ±1.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.3f32, 0.3], &[2]).unwrap();
 /// let y = Tensor::from_vec(vec![1.0f32, -1.0], &[2]).unwrap();
 /// let l = F::hinge_embedding_loss(&x, &y, 1.0, Reduction::None).unwrap();
@@ -144,7 +147,8 @@ pub fn hinge_embedding_loss(x: &Tensor, y: &Tensor, margin: f64, r: Reduction) -
 /// `F.soft_margin_loss(input, target, reduction)`: `log(1 + exp(-y x))`.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.0f32], &[1]).unwrap();
 /// let y = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
 /// let l = F::soft_margin_loss(&x, &y, Reduction::Mean).unwrap();
@@ -164,7 +168,8 @@ pub fn soft_margin_loss(x: &Tensor, y: &Tensor, r: Reduction) -> Result<Tensor> 
 /// sample the class mean of the binary cross-entropy with logits.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let x = Tensor::from_vec(vec![0.0f32, 0.0], &[1, 2]).unwrap();
 /// let y = Tensor::from_vec(vec![1.0f32, 0.0], &[1, 2]).unwrap();
 /// let l = F::multilabel_soft_margin_loss(&x, &y, None, Reduction::Mean).unwrap();
@@ -188,7 +193,8 @@ pub fn multilabel_soft_margin_loss(
 /// `1 - cos` for y = 1, `max(0, cos - margin)` for y = -1.
 ///
 /// ```
-/// use kiln_frontend::{functional as F, Reduction, Tensor};
+/// use kiln_frontend::functional::{self as F, Reduction};
+/// use kiln_frontend::Tensor;
 /// let a = Tensor::from_vec(vec![1.0f32, 0.0], &[1, 2]).unwrap();
 /// let y = Tensor::from_vec(vec![1.0f32], &[1]).unwrap();
 /// let l = F::cosine_embedding_loss(&a, &a, &y, 0.0, Reduction::Mean).unwrap();

@@ -13,6 +13,8 @@ mod norm;
 pub use activation::*;
 pub use conv_grad::conv2d_weight_grad;
 pub use ctc::{ctc_loss, CtcOpts};
+/// The losses' `reduction=` and the class losses' options (also `kiln::Reduction`).
+pub use kiln_passes::decompose_loss::{ClassLossOpts, Reduction};
 pub use loss::*;
 pub use loss_index::{gaussian_nll_loss, multi_margin_loss, multilabel_margin_loss};
 pub use loss_more::{

@@ -22,7 +22,8 @@ impl ChainedScheduler {
     /// let mut opt = SGD::with_params(vec![w], SgdConfig { lr: 1.0, ..Default::default() }).unwrap();
     /// let a = ExponentialLR::new(&mut opt, 0.5).unwrap();
     /// let b = StepLR::new(&mut opt, 2, 0.1).unwrap();
-    /// let mut s = ChainedScheduler::new(&opt, vec![Box::new(a), Box::new(b)]).unwrap();
+    /// let subs: Vec<Box<dyn LRScheduler>> = vec![Box::new(a), Box::new(b)];
+    /// let mut s = ChainedScheduler::new(&opt, subs).unwrap();
     /// s.step(&mut opt).unwrap();
     /// s.step(&mut opt).unwrap();
     /// assert!((opt.param_groups()[0].lr() - 0.025).abs() < 1e-12);

@@ -124,7 +124,7 @@ impl LambdaLR {
     /// use std::sync::Arc;
     /// let w = Tensor::zeros(&[1], DType::F32).requires_grad_(true);
     /// let mut opt = SGD::with_params(vec![w], SgdConfig { lr: 0.1, ..Default::default() }).unwrap();
-    /// let mut s = LambdaLR::new(&mut opt, vec![Arc::new(|e| 0.5f64.powi(e as i32))]).unwrap();
+    /// let mut s = LambdaLR::new(&mut opt, vec![Arc::new(|e: i64| 0.5f64.powi(e as i32))]).unwrap();
     /// s.step(&mut opt).unwrap();
     /// assert_eq!(opt.param_groups()[0].lr(), 0.05);
     /// ```
@@ -165,7 +165,7 @@ impl MultiplicativeLR {
     /// use std::sync::Arc;
     /// let w = Tensor::zeros(&[1], DType::F32).requires_grad_(true);
     /// let mut opt = SGD::with_params(vec![w], SgdConfig { lr: 0.1, ..Default::default() }).unwrap();
-    /// let mut s = MultiplicativeLR::new(&mut opt, vec![Arc::new(|_| 0.5)]).unwrap();
+    /// let mut s = MultiplicativeLR::new(&mut opt, vec![Arc::new(|_: i64| 0.5)]).unwrap();
     /// s.step(&mut opt).unwrap();
     /// s.step(&mut opt).unwrap();
     /// assert_eq!(opt.param_groups()[0].lr(), 0.025);
