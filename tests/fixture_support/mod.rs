@@ -8,6 +8,7 @@ pub mod layers;
 pub mod layers_recurrent;
 pub mod loss_more;
 pub mod modules;
+pub mod nn_more;
 pub mod ops;
 pub mod ops_more;
 pub mod optim;

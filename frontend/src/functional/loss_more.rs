@@ -218,25 +218,36 @@ pub fn cosine_embedding_loss(
     ))
 }
 
-/// `F.pairwise_distance(x1, x2, p, eps)`: the p-norm of `x1 - x2 + eps`
-/// over the last dim.
+/// `F.pairwise_distance(x1, x2, p, eps, keepdim)`: the p-norm of
+/// `x1 - x2 + eps` over the last dim.
 ///
 /// ```
 /// use kiln_frontend::{functional as F, Tensor};
 /// let a = Tensor::from_vec(vec![3.0f32, 0.0], &[1, 2]).unwrap();
 /// let b = Tensor::from_vec(vec![0.0f32, 4.0], &[1, 2]).unwrap();
-/// let d = F::pairwise_distance(&a, &b, 2.0, 0.0).unwrap();
+/// let d = F::pairwise_distance(&a, &b, 2.0, 0.0, false).unwrap();
 /// assert_eq!(d.to_f64_vec(), vec![5.0]);
 /// ```
-pub fn pairwise_distance(x1: &Tensor, x2: &Tensor, p: f64, eps: f64) -> Result<Tensor> {
+pub fn pairwise_distance(
+    x1: &Tensor,
+    x2: &Tensor,
+    p: f64,
+    eps: f64,
+    keepdim: bool,
+) -> Result<Tensor> {
     let _p = op_scope("pairwise_distance", &[x1, x2]);
-    loss_ops!(&[x1, x2], |b, cv| loss::pairwise_distance(
+    let d = loss_ops!(&[x1, x2], |b, cv| loss::pairwise_distance(
         b,
         &cv(x1),
         &cv(x2),
         p,
         eps
-    ))
+    ))?;
+    if keepdim {
+        d.unsqueeze(-1)
+    } else {
+        Ok(d)
+    }
 }
 
 /// `F.triplet_margin_loss(anchor, positive, negative, ...)`.

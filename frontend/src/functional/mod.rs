@@ -4,6 +4,7 @@
 //! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod activation;
+mod blas_more;
 mod ctc;
 mod loss;
 mod loss_index;
@@ -11,6 +12,7 @@ mod loss_more;
 mod norm;
 
 pub use activation::*;
+pub use blas_more::{addbmm, addmm, baddbmm, cosine_similarity, glu, normalize, outer, softmin};
 pub use conv_grad::conv2d_weight_grad;
 pub use ctc::{ctc_loss, CtcOpts};
 /// The losses' `reduction=` and the class losses' options (also `kiln::Reduction`).
