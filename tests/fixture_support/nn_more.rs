@@ -1,5 +1,6 @@
 //! Maps the `nn_more` cases kiln has the ops for (addmm, baddbmm, addbmm,
-//! outer, normalize, cosine_similarity, pairwise_distance, glu, softmin)
+//! outer, normalize, cosine_similarity, pairwise_distance, glu, softmin,
+//! pixel_shuffle/unshuffle, conv3d with one stride/padding/dilation)
 //! onto its API; the rest of the suite is not mapped yet.
 
 use super::Case;
@@ -63,6 +64,22 @@ pub fn run(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Vec<Tensor>>>
                 a["keepdim"] == true,
             )?,
             "glu" => F::glu(x()?, dim())?,
+            "pixel_shuffle" => F::pixel_shuffle(x()?, num(a, "upscale_factor")? as usize)?,
+            "pixel_unshuffle" => F::pixel_unshuffle(x()?, num(a, "downscale_factor")? as usize)?,
+            "conv3d" => {
+                let k = |key| num(a, key).map(|v| v as usize);
+                let w = req(c, inputs, "weight")?;
+                let bias = c.roles.iter().position(|r| r == "bias").map(|i| &inputs[i]);
+                F::conv3d(
+                    x()?,
+                    w,
+                    bias,
+                    k("stride")?,
+                    k("padding")?,
+                    k("dilation")?,
+                    k("groups")?,
+                )?
+            }
             "softmin" => F::softmin(x()?, dim())?,
             _ => return Ok(None),
         }))

@@ -11,6 +11,8 @@ mod loss_index;
 mod loss_more;
 mod norm;
 
+pub use crate::nn::conv3d::conv3d;
+pub use crate::nn::pixel_shuffle::{pixel_shuffle, pixel_unshuffle};
 pub use activation::*;
 pub use blas_more::{addbmm, addmm, baddbmm, cosine_similarity, glu, normalize, outer, softmin};
 pub use conv_grad::conv2d_weight_grad;
