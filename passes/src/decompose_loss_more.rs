@@ -31,15 +31,10 @@ impl KlReduction {
     }
 }
 
-/// `1 - x` and the like: `s op x` for a Python float `s`.
-fn rscalar<B: Builder>(b: &mut B, s: f64, op: BinaryOp, x: &B::T) -> Result<B::T> {
-    match op {
-        BinaryOp::Sub => {
-            let n = b.unary(UnaryOp::Neg, x)?;
-            b.scalar(BinaryOp::Add, &n, s)
-        }
-        _ => b.scalar(op, x, s),
-    }
+/// `s - x` for a Python float `s` (`1 - x`, `margin - x`).
+fn rsub<B: Builder>(b: &mut B, s: f64, x: &B::T) -> Result<B::T> {
+    let n = b.unary(UnaryOp::Neg, x)?;
+    b.scalar(BinaryOp::Add, &n, s)
 }
 
 /// `F.kl_div(input, target)`: input holds log-probabilities; the target
@@ -141,7 +136,7 @@ pub fn margin_ranking_loss<B: Builder>(
     same_rank(b, op, &[("input1", x1), ("input2", x2), ("target", y)])?;
     let d = b.binary(BinaryOp::Sub, x1, x2)?;
     let yd = b.binary(BinaryOp::Mul, y, &d)?;
-    let z = rscalar(b, margin, BinaryOp::Sub, &yd)?;
+    let z = rsub(b, margin, &yd)?;
     let loss = b.unary(UnaryOp::Relu, &z)?;
     reduce(b, &loss, r)
 }
@@ -156,7 +151,7 @@ pub fn hinge_embedding_loss<B: Builder>(
     r: Reduction,
 ) -> Result<B::T> {
     broadcastable(b, "hinge_embedding_loss", x, y)?;
-    let m = rscalar(b, margin, BinaryOp::Sub, x)?;
+    let m = rsub(b, margin, x)?;
     let m = b.unary(UnaryOp::Relu, &m)?;
     let not_pos = b.scalar(BinaryOp::Ne, y, 1.0)?;
     let not_neg = b.scalar(BinaryOp::Ne, y, -1.0)?;
@@ -197,7 +192,7 @@ pub fn multilabel_soft_margin_loss<B: Builder>(
     let nx = b.unary(UnaryOp::Neg, x)?;
     let neg = b.unary(UnaryOp::LogSigmoid, &nx)?;
     let a = b.binary(BinaryOp::Mul, y, &pos)?;
-    let one_minus_y = rscalar(b, 1.0, BinaryOp::Sub, y)?;
+    let one_minus_y = rsub(b, 1.0, y)?;
     let c2 = b.binary(BinaryOp::Mul, &one_minus_y, &neg)?;
     let s = b.binary(BinaryOp::Add, &a, &c2)?;
     let mut loss = b.unary(UnaryOp::Neg, &s)?;
@@ -243,7 +238,7 @@ pub fn cosine_embedding_loss<B: Builder>(
     let m = b.binary(BinaryOp::Mul, &mags[0], &mags[1])?;
     let denom = b.unary(UnaryOp::Sqrt, &m)?;
     let cos = b.binary(BinaryOp::Div, &dot, &denom)?;
-    let pos = rscalar(b, 1.0, BinaryOp::Sub, &cos)?;
+    let pos = rsub(b, 1.0, &cos)?;
     let neg = b.scalar(BinaryOp::Sub, &cos, margin)?;
     let neg = b.unary(UnaryOp::Relu, &neg)?;
     let is_pos = b.scalar(BinaryOp::Eq, y, 1.0)?;
