@@ -120,3 +120,123 @@ fn operator_overloads_panic_with_the_same_message() {
         "add: shapes [2] and [3] cannot broadcast at dim 0 (2 vs 3)"
     );
 }
+
+fn ints(v: Vec<i64>, d: &[usize]) -> Tensor {
+    Tensor::from_vec(v, d).unwrap()
+}
+
+#[test]
+fn loss_arguments() {
+    use kiln::Reduction::Mean;
+    let e = err(F::kl_div(&zeros(&[2, 3]), &zeros(&[2, 3]), "avg", false));
+    assert!(e.starts_with("kl_div:") && e.contains("'batchmean'"), "{e}");
+    let (x, y) = (zeros(&[2, 3]), ints(vec![0, 1], &[2]));
+    let e = err(F::multi_margin_loss(&x, &y, 3, 1.0, None, Mean));
+    assert!(
+        e.starts_with("multi_margin_loss:") && e.contains("p = 3"),
+        "{e}"
+    );
+    let e = err(F::multi_margin_loss(
+        &x,
+        &ints(vec![0, 3], &[2]),
+        1,
+        1.0,
+        None,
+        Mean,
+    ));
+    assert!(e.contains("target 3 out of range for 3 classes"), "{e}");
+    let e = err(F::multilabel_margin_loss(&x, &ints(vec![0, 1], &[2]), Mean));
+    assert!(
+        e.starts_with("multilabel_margin_loss:") && e.contains("[2]"),
+        "{e}"
+    );
+    let var = Tensor::full(&[2, 3], -1.0, DType::F32);
+    let e = err(F::gaussian_nll_loss(&x, &x, &var, false, 1e-6, Mean));
+    assert!(e.contains("var has negative entry"), "{e}");
+    let e = err(F::gaussian_nll_loss(
+        &x,
+        &x,
+        &zeros(&[3]),
+        false,
+        1e-6,
+        Mean,
+    ));
+    assert!(
+        e.contains("var is of incorrect size") && e.contains("[3]"),
+        "{e}"
+    );
+    let e = err(F::margin_ranking_loss(&x, &x, &zeros(&[2]), 0.0, Mean));
+    assert!(
+        e.contains("same dimension") && e.contains("target: [2]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn ctc_loss_arguments() {
+    use kiln::functional::CtcOpts;
+    let lp = zeros(&[4, 2, 3]);
+    let (tg, il, tl) = (
+        ints(vec![1, 2, 1, 0], &[2, 2]),
+        ints(vec![4, 4], &[2]),
+        ints(vec![2, 1], &[2]),
+    );
+    let o = CtcOpts::default();
+    let blank = CtcOpts { blank: 3, ..o };
+    let e = err(F::ctc_loss(&lp, &tg, &il, &tl, blank));
+    assert!(e.starts_with("ctc_loss:") && e.contains("blank 3"), "{e}");
+    let e = err(F::ctc_loss(&lp, &tg, &ints(vec![5, 4], &[2]), &tl, o));
+    assert!(e.contains("input length 5") && e.contains("[4,2,3]"), "{e}");
+    let e = err(F::ctc_loss(&lp, &tg, &il, &ints(vec![3, 1], &[2]), o));
+    assert!(
+        e.contains("target lengths [3, 1]") && e.contains("[2,2]"),
+        "{e}"
+    );
+    let e = err(F::ctc_loss(&lp, &tg, &il, &ints(vec![2], &[1]), o));
+    assert!(e.contains("expected 2 input and target lengths"), "{e}");
+}
+
+#[test]
+fn optimizer_and_scheduler_arguments() {
+    use kiln::optim::lr_scheduler::{ConstantLR, CyclicLR, CyclicOptions, LambdaLR};
+    use kiln::optim::{Adamax, AdamaxConfig, Rprop, RpropConfig, SgdConfig, SGD};
+    let p = || vec![zeros(&[2]).requires_grad_(true)];
+    let bad = AdamaxConfig {
+        betas: (1.0, 0.999),
+        ..Default::default()
+    };
+    let e = err(Adamax::with_params(p(), bad).map(|_| ()));
+    assert_eq!(e, "Adamax: Invalid beta parameter at index 0: 1");
+    let bad = RpropConfig {
+        etas: (1.5, 1.2),
+        ..Default::default()
+    };
+    let e = err(Rprop::with_params(p(), bad).map(|_| ()));
+    assert!(e.starts_with("Rprop: Invalid eta values"), "{e}");
+    let mut opt = SGD::with_params(
+        p(),
+        SgdConfig {
+            lr: 0.1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let e = err(ConstantLR::new(&mut opt, 2.0, 3).map(|_| ()));
+    assert!(
+        e.starts_with("ConstantLR:") && e.contains("between 0 and 1"),
+        "{e}"
+    );
+    let two: Vec<kiln::optim::lr_scheduler::LrLambda> =
+        vec![std::sync::Arc::new(|_| 1.0), std::sync::Arc::new(|_| 1.0)];
+    let e = err(LambdaLR::new(&mut opt, two).map(|_| ()));
+    assert_eq!(e, "LambdaLR: Expected 1 lr_lambdas, but got 2");
+    let o = CyclicOptions {
+        step_size_up: 0.0,
+        ..Default::default()
+    };
+    let e = err(CyclicLR::new(&mut opt, 0.01, 0.1, o).map(|_| ()));
+    assert!(
+        e.starts_with("CyclicLR:") && e.contains("step_size_up"),
+        "{e}"
+    );
+}

@@ -8,7 +8,7 @@ use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result, UnaryOp};
 /// `reduction=` of PyTorch's losses (one definition, in the IR vocabulary).
 pub use kiln_ir::op::Reduction;
 
-fn reduce<B: Builder>(b: &mut B, loss: &B::T, r: Reduction) -> Result<B::T> {
+pub(crate) fn reduce<B: Builder>(b: &mut B, loss: &B::T, r: Reduction) -> Result<B::T> {
     let rank = b.dims(loss).len() as i64;
     let all: Vec<i64> = (0..rank).collect();
     match r {
@@ -18,7 +18,7 @@ fn reduce<B: Builder>(b: &mut B, loss: &B::T, r: Reduction) -> Result<B::T> {
     }
 }
 
-fn same_shape<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
+pub(crate) fn same_shape<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
     if b.dims(x) != b.dims(y) {
         bail!(
             op,
@@ -32,7 +32,7 @@ fn same_shape<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
 
 /// PyTorch's regression losses broadcast input and target (the frontend
 /// warns when their shapes differ); shapes that cannot broadcast are an error.
-fn broadcastable<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
+pub(crate) fn broadcastable<B: Builder>(b: &B, op: &str, x: &B::T, y: &B::T) -> Result<()> {
     let (xs, ys) = (b.dims(x), b.dims(y));
     if kiln_ir::shape::broadcast_shapes(op, &xs, &ys).is_err() {
         bail!(

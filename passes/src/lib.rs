@@ -4,6 +4,7 @@
 
 pub mod decompose;
 pub mod decompose_loss;
+pub mod decompose_loss_more;
 pub mod rewrite;
 
 pub use decompose::{Builder, Moments};

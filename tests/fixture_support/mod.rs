@@ -6,11 +6,15 @@
 pub mod backward;
 pub mod layers;
 pub mod layers_recurrent;
+pub mod loss_more;
 pub mod modules;
+pub mod nn_more;
 pub mod ops;
 pub mod ops_more;
 pub mod optim;
+pub mod optim_more;
 pub mod reduce_more;
+pub mod sched_more;
 pub mod views_more;
 
 use kiln::{DType, Tensor};
@@ -19,7 +23,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 /// The fixture suites with forward cases (`forward SUITE: P/T`, ...).
-pub const FORWARD_SUITES: [&str; 14] = [
+pub const FORWARD_SUITES: [&str; 15] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -34,10 +38,11 @@ pub const FORWARD_SUITES: [&str; 14] = [
     "ops_more",
     "reduce_more",
     "views_more",
+    "loss_more",
 ];
 
 /// The suites with gradient cases: all forward suites but `half`.
-pub const BACKWARD_SUITES: [&str; 13] = [
+pub const BACKWARD_SUITES: [&str; 14] = [
     "ops_unary",
     "ops_binary",
     "reduce",
@@ -51,6 +56,7 @@ pub const BACKWARD_SUITES: [&str; 13] = [
     "ops_more",
     "reduce_more",
     "views_more",
+    "loss_more",
 ];
 
 /// Forward cases whose output shape depends on the input's values
@@ -275,7 +281,8 @@ fn ints(s: &str) -> Vec<i64> {
 }
 
 /// Evaluates the small Python view expressions of the manifest:
-/// `in0.t()`, `in0.transpose(0, 2)`, `in0.permute(1, 0, 2)`, `in0.expand(3, 4)`, `in0[1:]`.
+/// `in0.t()`, `in0.transpose(0, 2)`, `in0.permute(1, 0, 2)`, `in0.expand(3, 4)`, `in0[1:]`,
+/// and `in0.log_softmax(2)` (loss_more's CTC logits).
 pub fn eval_view(stored: &[Tensor], expr: &str) -> Result<Tensor, String> {
     let k: usize = expr[2..3].parse().map_err(|_| format!("bad expr {expr}"))?;
     let mut t = stored[k].clone();
@@ -314,6 +321,8 @@ pub fn eval_view(stored: &[Tensor], expr: &str) -> Result<Tensor, String> {
             "transpose" => t.transpose(args[0], args[1]),
             "permute" => t.permute(&args),
             "expand" => t.expand(&args),
+            // not a view: the CTC cases feed logits through log_softmax
+            "log_softmax" => t.log_softmax(args[0]),
             _ => return Err(format!("unknown view method {name} in {expr}")),
         }
         .map_err(|e| e.to_string())?;

@@ -39,10 +39,8 @@ pub fn run(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Vec<Tensor>>>
 
 fn unary(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Tensor>> {
     let a = &c.attrs;
-    let x = match req(c, inputs, "input") {
-        Ok(x) => x,
-        Err(e) => return Some(Err(e)),
-    };
+    // an op without an `input` is none of this suite's
+    let x = role(c, inputs, "input")?;
     Some(match op {
         "relu6" => F::relu6(x),
         "hardswish" => F::hardswish(x),
@@ -93,8 +91,8 @@ fn unary(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Tensor>> {
 /// Ops with tensor bounds, weights or a second operand.
 fn multi(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Tensor>> {
     let a = &c.attrs;
+    let x = role(c, inputs, "input")?;
     let go = || -> Result<Option<Tensor>> {
-        let x = req(c, inputs, "input")?;
         let other = || req(c, inputs, "other");
         Ok(Some(match op {
             "clamp" | "clip" | "clamp_min" => {

@@ -1,5 +1,6 @@
-//! The `optim` and `sched` fixture suites: optimizers over 5 steps (params
-//! after each step, named state after step 5), clip_grad_norm_, and the lr
+//! The `optim` and `sched` fixture suites (and `optim_more`, `sched_more`):
+//! optimizers over 5 steps (params after each step, named state after step
+//! 5; saved before step 3 and resumed in a fresh optimizer), clip_grad_norm_, and the lr
 //! (and momentum) sequences of the schedulers over 50 steps — each scheduler
 //! also saved after 20 steps and resumed in a fresh optimizer + scheduler.
 
@@ -16,7 +17,8 @@ use kiln::optim::{
 use kiln::{DType, Tensor};
 use serde_json::Value;
 
-/// Runs every case of `suite` ("optim" or "sched"); returns (passed, total, failure lines).
+/// Runs every case of `suite` ("optim", "sched", "optim_more" or
+/// "sched_more"); returns (passed, total, failure lines).
 pub fn run_suite(fx: &Fixtures, suite: &str) -> (usize, usize, Vec<String>) {
     let cases = load_suite(fx, suite);
     let mut fails = vec![];
@@ -28,7 +30,7 @@ pub fn run_suite(fx: &Fixtures, suite: &str) -> (usize, usize, Vec<String>) {
             .expect("case in manifest");
         let r = match suite {
             "optim" if c.op.ends_with("clip_grad_norm_") => clip_case(fx, c),
-            "optim" => optim_case(fx, c, raw, false),
+            "optim" | "optim_more" => optim_case(fx, c, raw, false),
             _ => sched_case(fx, c, raw),
         };
         if let Err(e) = r {
@@ -38,13 +40,14 @@ pub fn run_suite(fx: &Fixtures, suite: &str) -> (usize, usize, Vec<String>) {
     (cases.len() - fails.len(), cases.len(), fails)
 }
 
-/// The SGD, Adam and AdamW cases of the optim suite again with
+/// The SGD, Adam and AdamW cases of the optim and optim_more suites again with
 /// `fused: true` (options the fused step lacks take the eager fallback and
 /// count too); returns (passed, total, failure lines).
 pub fn run_fused(fx: &Fixtures) -> (usize, usize, Vec<String>) {
     let fusable = |op: &str| matches!(op.rsplit('.').next(), Some("SGD" | "Adam" | "AdamW"));
-    let cases: Vec<Case> = load_suite(fx, "optim")
-        .into_iter()
+    let cases: Vec<Case> = ["optim", "optim_more"]
+        .iter()
+        .flat_map(|suite| load_suite(fx, suite))
         .filter(|c| fusable(&c.op))
         .collect();
     let mut fails = vec![];
@@ -52,10 +55,10 @@ pub fn run_fused(fx: &Fixtures) -> (usize, usize, Vec<String>) {
         let raw = fx
             .cases
             .iter()
-            .find(|r| r["suite"] == "optim" && r["case"] == c.case.as_str())
+            .find(|r| r["suite"] == c.suite.as_str() && r["case"] == c.case.as_str())
             .expect("case in manifest");
         if let Err(e) = optim_case(fx, c, raw, true) {
-            fails.push(format!("fused optim/{}: {e}", c.case));
+            fails.push(format!("fused {}/{}: {e}", c.suite, c.case));
         }
     }
     (cases.len() - fails.len(), cases.len(), fails)
@@ -142,15 +145,31 @@ fn make_optimizer(
             },
         )
         .map(|o| Box::new(o) as Box<dyn Optimizer>),
-        other => return Err(format!("unknown optimizer {other}")),
+        other => match super::optim_more::make(other, a, params) {
+            Some(r) => r,
+            None => return Err(format!("unknown optimizer {other}")),
+        },
     };
     r.map_err(|e| format!("kiln error: {e}"))
 }
 
+/// The optimizer step before which `optim_case` saves its state_dict and
+/// continues in a fresh optimizer loaded from it.
+const RESUME_STEP: usize = 3;
+
 fn optim_case(fx: &Fixtures, c: &Case, raw: &Value, fused: bool) -> Result<(), String> {
     let p = fx.tensor(c, &c.inputs[0])?.requires_grad_(true);
     let mut opt = make_optimizer(&c.op, &c.attrs, p.clone(), fused)?;
-    for t in 1..=5 {
+    // 5 steps, or `meta.steps` (optim_more's radam_8steps)
+    let steps = raw["meta"]["steps"].as_u64().unwrap_or(5) as usize;
+    for t in 1..=steps {
+        if t == RESUME_STEP {
+            // save, then continue in a fresh optimizer loaded from it
+            let sd = opt.state_dict();
+            opt = make_optimizer(&c.op, &c.attrs, p.clone(), fused)?;
+            opt.load_state_dict(&sd)
+                .map_err(|e| format!("load_state_dict: {e}"))?;
+        }
         p.set_grad(Some(fx.tensor(c, &c.inputs[t])?));
         opt.step().map_err(|e| format!("step {t}: {e}"))?;
         let want = fx.tensor(c, &c.outputs[t - 1])?;
@@ -162,7 +181,7 @@ fn optim_case(fx: &Fixtures, c: &Case, raw: &Value, fused: bool) -> Result<(), S
         let key = name.rsplit('/').next().unwrap();
         let got = st
             .and_then(|s| s.get(key))
-            .ok_or(format!("no state '{key}' after step 5"))?;
+            .ok_or(format!("no state '{key}' after step {steps}"))?;
         let want = fx.tensor(c, name)?;
         compare(got, &want, c.rtol, c.atol).map_err(|e| format!("state {key}: {e}"))?;
     }
@@ -257,12 +276,15 @@ fn make_sched(opt: &mut SGD, ty: &str, a: &Value) -> kiln::Result<Box<dyn LRSche
                 .collect();
             Box::new(SequentialLR::new(opt, subs, ms)?)
         }
-        other => {
-            return Err(kiln::Error::op(
-                "sched fixture",
-                format!("unknown scheduler {other}"),
-            ))
-        }
+        other => match super::sched_more::make(opt, other, a, make_sched) {
+            Some(s) => s?,
+            None => {
+                return Err(kiln::Error::op(
+                    "sched fixture",
+                    format!("unknown scheduler {other}"),
+                ))
+            }
+        },
     })
 }
 

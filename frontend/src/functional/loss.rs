@@ -241,12 +241,39 @@ pub fn binary_cross_entropy(
         &inputs,
         || {
             let _p = op_scope("binary_cross_entropy", &[p, y]);
+            if crate::autograd::needs_grad(&[p]) {
+                return bce_input_grad(p, y, weight, r);
+            }
             decomposed!(&inputs, |f, cv| {
                 let w = weight.map(cv);
                 loss::binary_cross_entropy(f, &cv(p), &cv(y), w.as_ref(), r)
             })
         },
     )
+}
+
+/// `binary_cross_entropy` whose gradient w.r.t. `p` is PyTorch's closed form
+/// `w (p - y) / max(p (1 - p), 1e-12)`, finite at probabilities of exactly
+/// 0 or 1 where the clamped logs' own derivative is not: the value with `p`
+/// detached (target and weight still differentiated), plus a term worth 0
+/// whose gradient is that form.
+fn bce_input_grad(p: &Tensor, y: &Tensor, weight: Option<&Tensor>, r: Reduction) -> Result<Tensor> {
+    let _inline = trace::inline_decomposition();
+    let pd = p.detach();
+    let value = loss::binary_cross_entropy(&mut TensorBuilder, &pd, y, weight, r)?;
+    let spread = pd.mul(&pd.neg()?.add_scalar(1.0)?)?.clamp_min(1e-12)?;
+    let mut coef = pd.sub(&y.detach())?.div(&spread)?;
+    if let Some(w) = weight {
+        coef = coef.mul(&w.detach())?;
+    }
+    let lin = p.mul(&coef)?;
+    let zero = lin.sub(&lin.detach())?;
+    let zero = match r {
+        Reduction::None => zero,
+        Reduction::Sum => zero.sum(None, false)?,
+        Reduction::Mean => zero.mean(None, false)?,
+    };
+    value.add(&zero)
 }
 
 /// PyTorch's `UserWarning` when a regression loss's target shape differs from

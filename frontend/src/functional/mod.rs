@@ -4,13 +4,29 @@
 //! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod activation;
+mod blas_more;
+mod ctc;
 mod loss;
+mod loss_index;
+mod loss_more;
 mod norm;
 mod pad;
 
+pub use crate::nn::conv3d::conv3d;
+pub use crate::nn::pixel_shuffle::{pixel_shuffle, pixel_unshuffle};
 pub use activation::*;
+pub use blas_more::{addbmm, addmm, baddbmm, cosine_similarity, glu, normalize, outer, softmin};
 pub use conv_grad::conv2d_weight_grad;
+pub use ctc::{ctc_loss, CtcOpts};
+/// The losses' `reduction=` and the class losses' options (also `kiln::Reduction`).
+pub use kiln_passes::decompose_loss::{ClassLossOpts, Reduction};
 pub use loss::*;
+pub use loss_index::{gaussian_nll_loss, multi_margin_loss, multilabel_margin_loss};
+pub use loss_more::{
+    cosine_embedding_loss, hinge_embedding_loss, kl_div, margin_ranking_loss,
+    multilabel_soft_margin_loss, pairwise_distance, poisson_nll_loss, soft_margin_loss,
+    triplet_margin_loss, TripletOpts,
+};
 pub use norm::*;
 pub use pad::pad;
 

@@ -12,7 +12,14 @@ use kiln_ir::{bail, Result};
 
 /// `F.conv3d(x, weight, bias, stride, padding, dilation, groups)` with one
 /// stride, zero padding and dilation for all three dims.
-pub(crate) fn conv3d(
+///
+/// ```
+/// use kiln_frontend::{functional as F, DType, Tensor};
+/// let x = Tensor::ones(&[1, 1, 2, 2, 2], DType::F32);
+/// let w = Tensor::ones(&[1, 1, 2, 2, 2], DType::F32);
+/// assert_eq!(F::conv3d(&x, &w, None, 1, 0, 1, 1).unwrap().to_f64_vec(), vec![8.0]);
+/// ```
+pub fn conv3d(
     x: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,

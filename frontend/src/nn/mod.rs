@@ -12,7 +12,7 @@
 
 mod attention;
 mod container;
-mod conv3d;
+pub(crate) mod conv3d;
 mod embedding_bag;
 mod fields;
 pub mod hooks;
@@ -23,7 +23,7 @@ mod loss;
 mod module;
 mod norm;
 mod padding_mode;
-mod pixel_shuffle;
+pub(crate) mod pixel_shuffle;
 mod prelu;
 pub(crate) mod recurrent;
 mod simple;

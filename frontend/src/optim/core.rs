@@ -165,12 +165,15 @@ impl OptimCore {
             if let Some(st) = sd.state.get(&(*id as usize)) {
                 let mut copy = ParamState::new();
                 for (k, t) in st {
-                    let t = if k == "step" || !p.dtype().is_float() {
+                    // a 0-dim entry is a counter (`step`, NAdam's `mu_product`,
+                    // ASGD's `eta`): kept as saved, like PyTorch's float32 scalars
+                    let counter = k == "step" || (t.rank() == 0 && !p.dims().is_empty());
+                    let t = if counter || !p.dtype().is_float() {
                         t.copy()?
                     } else {
                         t.to_dtype(p.dtype())?.copy()?
                     };
-                    if k != "step" && t.dims() != p.dims() {
+                    if !counter && t.dims() != p.dims() {
                         bail!(
                             name,
                             "state '{k}' of parameter {id} has shape {:?}, the parameter {:?}",
@@ -233,4 +236,98 @@ pub(crate) fn bump_step(st: &mut ParamState) -> Result<f64> {
     } + 1.0;
     st.insert("step".into(), Tensor::scalar(s as f32));
     Ok(s)
+}
+
+/// `-grad` under `maximize`, plus `weight_decay * p` (L2 decay, added to the
+/// gradient) when the group has a nonzero `weight_decay`: how every
+/// single-tensor rule starts.
+pub(crate) fn l2_grad(g: &ParamGroup, p: &Tensor, grad: &Tensor) -> Result<Tensor> {
+    Ok(decayed(g, p, grad, false)?.1)
+}
+
+/// The parameter and gradient a rule steps from: `-grad` under `maximize`,
+/// then a nonzero `weight_decay` as L2 (`grad + wd * p`) or, `decoupled`,
+/// AdamW's `p * (1 - lr * wd)` (NAdam's and RAdam's `decoupled_weight_decay`).
+pub(crate) fn decayed(
+    g: &ParamGroup,
+    p: &Tensor,
+    grad: &Tensor,
+    decoupled: bool,
+) -> Result<(Tensor, Tensor)> {
+    let grad = if g.bool("maximize")? {
+        grad.neg()?
+    } else {
+        grad.clone()
+    };
+    Ok(match g.f64("weight_decay")? {
+        0.0 => (p.clone(), grad),
+        wd if decoupled => (scale(p, 1.0 - g.f64("lr")? * wd)?, grad),
+        wd => (p.clone(), grad.add_scaled(p, wd, false)?),
+    })
+}
+
+/// The state tensor `key`, created as `full_like(p, v)` on the first step.
+pub(crate) fn state_or(st: &mut ParamState, key: &str, p: &Tensor, v: f64) -> Result<Tensor> {
+    if !st.contains_key(key) {
+        st.insert(key.into(), full_like(p, v)?);
+    }
+    Ok(st[key].clone())
+}
+
+/// A 0-dim float32 state value (`step`, NAdam's `mu_product`, ASGD's `eta`),
+/// as PyTorch keeps them; `init` on the first step.
+pub(crate) fn scalar_state(st: &ParamState, key: &str, init: f64) -> Result<f64> {
+    st.get(key).map_or(Ok(init), |t| t.item())
+}
+
+/// Declares an optimizer over [`OptimCore`]: the struct, `new(groups,
+/// defaults)`, `with_params(params, cfg)` and an [`super::Optimizer`] whose
+/// step runs `update(group, param, grad, state)` on every parameter with a
+/// gradient. `$cfg` must have `fn dict(&self) -> Result<Dict>` (its
+/// validated defaults).
+macro_rules! single_tensor_optimizer {
+    ($(#[$doc:meta])* $name:ident, $cfg:ty, $update:path) => {
+        $(#[$doc])*
+        pub struct $name {
+            core: $crate::optim::OptimCore,
+        }
+
+        impl $name {
+            /// The optimizer over `groups`, missing hyper-parameters from `defaults`.
+            pub fn new(
+                groups: Vec<$crate::optim::ParamGroup>,
+                defaults: $cfg,
+            ) -> kiln_ir::Result<$name> {
+                let d = defaults.dict()?;
+                Ok($name {
+                    core: $crate::optim::OptimCore::new(stringify!($name), groups, d)?,
+                })
+            }
+            /// One group of `params` with the hyper-parameters of `cfg`.
+            pub fn with_params(params: Vec<$crate::Tensor>, cfg: $cfg) -> kiln_ir::Result<$name> {
+                $name::new(vec![$crate::optim::ParamGroup::new(params)], cfg)
+            }
+        }
+
+        impl $crate::optim::Optimizer for $name {
+            fn step(&mut self) -> kiln_ir::Result<()> {
+                self.core.update($update)
+            }
+            fn core(&self) -> &$crate::optim::OptimCore {
+                &self.core
+            }
+            fn core_mut(&mut self) -> &mut $crate::optim::OptimCore {
+                &mut self.core
+            }
+        }
+    };
+}
+pub(crate) use single_tensor_optimizer;
+
+/// PyTorch's argument check: `value` must be at least 0.
+pub(crate) fn non_negative(op: &str, what: &str, value: f64) -> Result<()> {
+    if value.is_nan() || value < 0.0 {
+        bail!(op, "Invalid {what}: {value}");
+    }
+    Ok(())
 }

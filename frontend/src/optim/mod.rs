@@ -1,5 +1,5 @@
 //! `torch.optim`: the [`Optimizer`] trait, SGD, Adam, AdamW, RMSprop,
-//! Adagrad, gradient clipping, and learning-rate schedulers.
+//! Adagrad, Adamax, NAdam, RAdam, Adadelta, ASGD, Rprop, gradient clipping, and learning-rate schedulers.
 //!
 //! Optimizers follow PyTorch's single-tensor (`foreach=False`) formulas;
 //! with `fused: true`, SGD, Adam and AdamW run them as one kernel per
@@ -22,8 +22,11 @@
 //! assert!((a.to_f64_vec()[0] - 0.9).abs() < 1e-6 && (b.to_f64_vec()[0] - 0.5).abs() < 1e-6);
 //! ```
 
+mod adadelta;
 mod adagrad;
 mod adam;
+mod adamax;
+mod asgd;
 mod clip;
 mod core;
 mod fused;
@@ -31,17 +34,26 @@ mod fused;
 mod fused_tests;
 mod group;
 pub mod lr_scheduler;
+mod nadam;
+mod radam;
 mod rmsprop;
+mod rprop;
 mod sgd;
 #[cfg(test)]
 mod tests;
 
 pub use self::core::{OptimCore, OptimizerStateDict, ParamState};
+pub use adadelta::{Adadelta, AdadeltaConfig};
 pub use adagrad::{Adagrad, AdagradConfig};
 pub use adam::{Adam, AdamConfig, AdamW};
+pub use adamax::{Adamax, AdamaxConfig};
+pub use asgd::{AsgdConfig, ASGD};
 pub use clip::{clip_grad_norm_, clip_grad_value_, vector_norm};
 pub use group::{Dict, ParamGroup, Value};
+pub use nadam::{NAdam, NadamConfig};
+pub use radam::{RAdam, RadamConfig};
 pub use rmsprop::{RMSprop, RmspropConfig};
+pub use rprop::{Rprop, RpropConfig};
 pub use sgd::{SgdConfig, SGD};
 
 use crate::Tensor;

@@ -1,5 +1,5 @@
 //! `torch.optim.lr_scheduler`: schedulers that set `lr` (and, for
-//! OneCycleLR, `momentum`) in an optimizer's param groups.
+//! OneCycleLR and CyclicLR, `momentum`) in an optimizer's param groups.
 //!
 //! A scheduler does not own the optimizer: each call takes it, so the
 //! training loop keeps using it in between (`opt.step()`, then
@@ -24,7 +24,10 @@
 //! ```
 
 mod basic;
+mod chained;
 mod cosine;
+mod cyclic;
+mod factor;
 mod one_cycle;
 mod plateau;
 mod sequential;
@@ -32,7 +35,10 @@ mod sequential;
 mod tests;
 
 pub use basic::{ExponentialLR, LinearLR, MultiStepLR, StepLR};
+pub use chained::ChainedScheduler;
 pub use cosine::{CosineAnnealingLR, CosineAnnealingWarmRestarts};
+pub use cyclic::{CyclicLR, CyclicMode, CyclicOptions};
+pub use factor::{ConstantLR, LambdaLR, LrLambda, MultiplicativeLR, PolynomialLR};
 pub use one_cycle::{Anneal, OneCycleLR, OneCycleOptions};
 pub use plateau::{PlateauOptions, ReduceLROnPlateau};
 pub use sequential::SequentialLR;
