@@ -67,7 +67,10 @@ fn bad_inputs_are_errors_naming_what_is_wrong() {
         .forward_many(&[Some(&ids), Some(&mask)])
         .unwrap_err()
         .to_string();
-    assert!(e.contains("attention_mask must have input_ids' shape"), "{e}");
+    assert!(
+        e.contains("attention_mask must have input_ids' shape"),
+        "{e}"
+    );
     let float_ids = Tensor::zeros(&[2, 2], kiln::DType::F32);
     let e = model.forward(&float_ids).unwrap_err().to_string();
     assert!(e.contains("expected integer input_ids"), "{e}");

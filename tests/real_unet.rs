@@ -47,7 +47,10 @@ fn bad_inputs_are_errors_naming_the_shape() {
             .forward(&Tensor::zeros(&dims, kiln::DType::F32))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("UNet") && e.contains("expected images (N, 3, H, W)"), "{e}");
+        assert!(
+            e.contains("UNet") && e.contains("expected images (N, 3, H, W)"),
+            "{e}"
+        );
     }
     let zero = UNetConfig {
         width: 0,
