@@ -127,9 +127,10 @@ fn exp1(x: f32) -> f32 {
     math::exp::<Scalar>(x)
 }
 
-/// Folds `x[..n]` into the log-sum-exp state `[m, s]`.
+/// The log-sum-exp shift of `x[..n]`: its max, at least the lowest finite
+/// value, NaN with a NaN anywhere.
 #[inline(always)]
-pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32) {
+unsafe fn row_shift<L: Lanes>(x: *const f32, n: usize) -> f32 {
     let main = n - n % L::N;
     let maxes = sweep::<L>(x, main, L::splat(f32::MIN), Max);
     let nans = sweep::<L>(x, main, L::splat(0.0), NanMask);
@@ -140,6 +141,14 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
     for j in main..n {
         m = nan_max(m, *x.add(j));
     }
+    m
+}
+
+/// Folds `x[..n]` into the log-sum-exp state `[m, s]`.
+#[inline(always)]
+pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32) {
+    let main = n - n % L::N;
+    let m = row_shift::<L>(x, n);
     let mv = L::splat(m);
     let sums = sweep::<L>(x, main, L::splat(0.0), ExpSum(mv));
     let mut s = fold::<L>(&sums, |a, b| a + b);
@@ -160,15 +169,7 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
 #[inline(always)]
 pub(crate) unsafe fn lse_store_row<L: Lanes>(x: *mut f32, n: usize, state: *mut f32) {
     let main = n - n % L::N;
-    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), Max);
-    let nans = sweep::<L>(x, main, L::splat(0.0), NanMask);
-    let mut m = fold::<L>(&maxes, nan_max);
-    if fold::<L>(&nans, |a, b| f32::from_bits(a.to_bits() | b.to_bits())).to_bits() != 0 {
-        m = f32::NAN;
-    }
-    for j in main..n {
-        m = nan_max(m, *x.add(j));
-    }
+    let m = row_shift::<L>(x, n);
     let mv = L::splat(m);
     let mut acc = [L::splat(0.0); ACCS];
     let step = L::N * ACCS;
