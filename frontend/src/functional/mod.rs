@@ -29,6 +29,7 @@ pub use loss_more::{
 };
 pub use norm::*;
 pub use pad::pad;
+pub use pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d};
 
 use crate::amp::{self, Policy};
 use crate::autograd::rules::nn as rules;
@@ -430,170 +431,6 @@ fn conv_transpose2d_eager(
     rules::conv_transpose(g, x, w, bias, y)
 }
 
-fn pool_with_indices(
-    op: &'static str,
-    x: &Tensor,
-    g: &Pool2dGeometry,
-    run: &dyn Fn(&Pool2dGeometry, &Tensor, &Tensor, &Tensor, DType),
-) -> Result<(Tensor, Tensor)> {
-    let _p = op_scope(op, &[x]);
-    trace::check_launch(op, &[x])?;
-    let dt = float_dtype(op, &[x])?;
-    let xc = compute_input(x)?;
-    if x.device().is_cuda() {
-        let adaptive = op == "adaptive_max_pool2d";
-        let (y, idx) = pool_kernel::max_pool_kernel(g, adaptive, &xc)?;
-        let (y, idx) = (
-            y.reshape_dims(&g.out_shape())?,
-            idx.reshape_dims(&g.out_shape())?,
-        );
-        return Ok((rules::max_pool(op, *g, x, &idx, y.to_dtype(dt)?)?, idx));
-    }
-    let idx = Tensor::zeros(&g.out_shape(), DType::I64);
-    let out = extern_out(op, &[&xc], &g.out_shape(), dt, |out| {
-        run(g, &xc, out, &idx, dt)
-    })?;
-    Ok((rules::max_pool(op, *g, x, &idx, out)?, idx))
-}
-
-/// `F.max_pool2d(..., return_indices=True)`: values and flat h*W+w indices.
-pub fn max_pool2d(x: &Tensor, p: &Pool2dParams) -> Result<(Tensor, Tensor)> {
-    pair(trace::record_multi(
-        || Op::MaxPool2d(*p),
-        &[x],
-        || {
-            let g = pool::pool2d_geometry("max_pool2d", x.dims(), p)?;
-            unpair(pool_with_indices(
-                "max_pool2d",
-                x,
-                &g,
-                &|g, xc: &Tensor, out: &Tensor, idx: &Tensor, dt| unsafe {
-                    dispatch_float!(dt, T => externs::pool::max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
-                },
-            ))
-        },
-    ))
-}
-
-/// The (values, indices) of a two-result op.
-fn pair(r: Result<Vec<Tensor>>) -> Result<(Tensor, Tensor)> {
-    let mut v = r?.into_iter();
-    match (v.next(), v.next()) {
-        (Some(a), Some(b)) => Ok((a, b)),
-        _ => bail!("compile", "a two-result op gave fewer results"),
-    }
-}
-
-fn unpair(r: Result<(Tensor, Tensor)>) -> Result<Vec<Tensor>> {
-    r.map(|(a, b)| vec![a, b])
-}
-
-/// `F.adaptive_max_pool2d(..., return_indices=True)`.
-pub fn adaptive_max_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<(Tensor, Tensor)> {
-    let node = || Op::AdaptiveMaxPool2d(output_size);
-    pair(trace::record_multi(node, &[x], || {
-        let g = pool::adaptive_pool2d_geometry("adaptive_max_pool2d", x.dims(), output_size)?;
-        unpair(pool_with_indices(
-            "adaptive_max_pool2d",
-            x,
-            &g,
-            &|g, xc: &Tensor, out: &Tensor, idx: &Tensor, dt| unsafe {
-                dispatch_float!(dt, T => externs::pool::adaptive_max_pool2d::<T>(g, data(xc), out.storage.as_mut_slice::<T>(), Some(idx.storage.as_mut_slice::<i64>())))
-            },
-        ))
-    }))
-}
-
-/// `F.avg_pool2d` (count_include_pad, ceil_mode, divisor_override).
-pub fn avg_pool2d(
-    x: &Tensor,
-    p: &Pool2dParams,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    if divisor_override.is_some() {
-        trace::unsupported(
-            "avg_pool2d",
-            "divisor_override has no graph op yet (avg_pool2d records count_include_pad only)",
-        )?;
-    }
-    let node = || Op::AvgPool2d {
-        params: *p,
-        count_include_pad,
-    };
-    trace::record(node, &[x], || {
-        avg_pool2d_eager(x, p, count_include_pad, divisor_override)
-    })
-}
-
-fn avg_pool2d_eager(
-    x: &Tensor,
-    p: &Pool2dParams,
-    count_include_pad: bool,
-    divisor_override: Option<i64>,
-) -> Result<Tensor> {
-    let _p = op_scope("avg_pool2d", &[x]);
-    trace::check_launch("avg_pool2d", &[x])?;
-    let dt = float_dtype("avg_pool2d", &[x])?;
-    pool::check_divisor_override("avg_pool2d", divisor_override)?;
-    let g = pool::pool2d_geometry("avg_pool2d", x.dims(), p)?;
-    let xc = compute_input(x)?;
-    if x.device().is_cuda() {
-        let y = pool_kernel::avg_pool_kernel(&g, false, count_include_pad, divisor_override, &xc)?;
-        let y = y.reshape_dims(&g.out_shape())?.to_dtype(dt)?;
-        return rules::avg_pool(
-            "avg_pool2d",
-            g,
-            false,
-            count_include_pad,
-            divisor_override,
-            x,
-            y,
-        );
-    }
-    let y = extern_out("avg_pool2d", &[&xc], &g.out_shape(), dt, |out| unsafe {
-        dispatch_float!(dt, T => externs::pool::avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>(), count_include_pad, divisor_override))
-    })?;
-    rules::avg_pool(
-        "avg_pool2d",
-        g,
-        false,
-        count_include_pad,
-        divisor_override,
-        x,
-        y,
-    )
-}
-
-/// `F.adaptive_avg_pool2d`.
-pub fn adaptive_avg_pool2d(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    let node = || Op::AdaptiveAvgPool2d(output_size);
-    trace::record(node, &[x], || adaptive_avg_pool2d_eager(x, output_size))
-}
-
-fn adaptive_avg_pool2d_eager(x: &Tensor, output_size: [usize; 2]) -> Result<Tensor> {
-    let _p = op_scope("adaptive_avg_pool2d", &[x]);
-    trace::check_launch("adaptive_avg_pool2d", &[x])?;
-    let dt = float_dtype("adaptive_avg_pool2d", &[x])?;
-    let g = pool::adaptive_pool2d_geometry("adaptive_avg_pool2d", x.dims(), output_size)?;
-    let xc = compute_input(x)?;
-    if x.device().is_cuda() {
-        let y = pool_kernel::avg_pool_kernel(&g, true, false, None, &xc)?;
-        let y = y.reshape_dims(&g.out_shape())?.to_dtype(dt)?;
-        return rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y);
-    }
-    let y = extern_out(
-        "adaptive_avg_pool2d",
-        &[&xc],
-        &g.out_shape(),
-        dt,
-        |out| unsafe {
-            dispatch_float!(dt, T => externs::pool::adaptive_avg_pool2d::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>()))
-        },
-    )?;
-    rules::avg_pool("adaptive_avg_pool2d", g, true, false, None, x, y)
-}
-
 /// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx
 /// matters for backward only, so the traced `embedding` node does not carry it).
 pub fn embedding(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) -> Result<Tensor> {
@@ -641,10 +478,12 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
 }
 
 use crate::ops::fuse::Lazy;
+// after the macros above, which it uses
 mod conv_grad;
 mod conv_kernel;
 mod conv_transpose_kernel;
 mod embedding_kernel;
+mod pooling;
 pub(crate) use conv_kernel::as_nkhw;
 pub use conv_kernel::conv_with_epilogue_on_device;
 pub use matmul_kernel::matmul_with_epilogue_on_device;
