@@ -1,7 +1,8 @@
 //! Convolution on the CPU: `conv2d` (and `conv1d` as `H = 1`) by im2col +
 //! GEMM per group on L2-sized tiles of output positions, by Winograd
-//! F(2x2, 3x3) (`winograd.rs`), or for depthwise convolutions by a direct
-//! kernel; `select.rs` picks one per shape (timing them when benchmarking is
+//! F(2x2, 3x3) (`winograd.rs`), by register tiles read straight off a
+//! padded copy of the input (`direct.rs`), or for depthwise convolutions by
+//! a direct loop; `select.rs` picks one per shape (timing them when benchmarking is
 //! on) and `packed.rs` keeps transformed weights per parameter version
 //! (`conv_transpose2d` is in `conv_transpose.rs`).
 //!
@@ -19,6 +20,8 @@ use rayon::prelude::*;
 use select::ConvAlgo;
 
 pub mod batched;
+pub mod direct;
+pub mod microkernel;
 pub mod packed;
 pub mod select;
 pub mod winograd;
@@ -205,6 +208,7 @@ fn run_algorithm<T: Elem>(
             winograd::conv2d(g, input, &u, bias, out, epilogue)
         }
         ConvAlgo::Im2colBatched => batched::conv2d(g, input, weight, bias, out, epilogue),
+        ConvAlgo::Direct => direct::conv2d(g, input, weight, bias, out, epilogue, key),
         ConvAlgo::Im2colGemm | ConvAlgo::Gemm1x1 => {
             im2col_gemm(g, input, weight, bias, out, epilogue)
         }

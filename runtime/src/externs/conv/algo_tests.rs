@@ -57,6 +57,11 @@ fn shapes() -> Vec<ConvGeometry> {
         geometry(&[5, 1, 8, 8], &[8, 1, 3, 3], (1, vec![1], 1, 1)),
         geometry(&[7, 8, 8, 8], &[16, 8, 3, 3], (2, vec![1], 1, 1)),
         geometry(&[4, 6, 5, 7], &[6, 3, 3, 2], (1, vec![1, 0], 1, 2)),
+        // several work items and weight panels, partial tiles, 7x7 stride 2
+        geometry(&[2, 20, 23, 37], &[13, 20, 3, 3], (1, vec![1], 1, 1)),
+        geometry(&[3, 3, 29, 31], &[8, 3, 7, 7], (2, vec![3], 1, 1)),
+        geometry(&[2, 12, 9, 9], &[40, 12, 1, 1], (2, vec![0], 1, 1)),
+        geometry(&[1, 9, 17, 12], &[7, 9, 3, 3], (3, vec![2, 1], 2, 1)),
     ]
 }
 
@@ -78,52 +83,48 @@ fn every_algorithm_matches_im2col_on_random_shapes() {
         }
     }
     // each algorithm met several shapes (the list is not vacuous)
-    for algo in [
-        ConvAlgo::WinogradF2x2,
-        ConvAlgo::Depthwise,
-        ConvAlgo::Gemm1x1,
-        ConvAlgo::Im2colBatched,
-    ] {
+    for algo in ConvAlgo::ALL
+        .into_iter()
+        .filter(|&a| a != ConvAlgo::Im2colGemm)
+    {
         assert!(
             ran.get(&algo).copied().unwrap_or(0) >= 1,
             "{algo:?} never ran"
         );
     }
     assert!(ran[&ConvAlgo::WinogradF2x2] >= 5);
+    assert!(ran[&ConvAlgo::Direct] >= 12);
 }
 
 #[test]
-fn winograd_calls_the_epilogue_on_every_output_element_once() {
-    let g = geometry(&[2, 3, 13, 11], &[4, 3, 3, 3], (1, vec![1], 1, 1));
-    let mut r = Lcg(3);
-    let x: Vec<f32> = r.vec(2 * 3 * 13 * 11);
-    let w: Vec<f32> = r.vec(4 * 3 * 9);
-    let mut out = vec![0.0f32; 2 * 4 * 13 * 11];
-    let seen = std::sync::Mutex::new(vec![0u8; out.len()]);
-    let p = g.out_size[0] * g.out_size[1];
-    let ep = |t: Tile| {
-        let mut s = seen.lock().unwrap();
-        for c in t.c0..t.c0 + t.channels {
-            for q in t.p0..t.p0 + t.cols {
-                s[(t.n * g.c_out + c) * p + q] += 1;
-            }
-        }
-    };
-    select::with_algorithm(ConvAlgo::WinogradF2x2, || {
-        conv2d_call(
-            &g,
-            &x,
-            &w,
-            None,
-            &mut out,
-            ConvCall {
+fn every_algorithm_calls_the_epilogue_on_every_output_element_once() {
+    for (i, g) in shapes().iter().enumerate() {
+        for algo in ConvAlgo::ALL.into_iter().filter(|a| a.applies(g)) {
+            let mut r = Lcg(i as u64);
+            let x: Vec<f32> = r.vec(g.n * g.c_in * g.in_size[0] * g.in_size[1]);
+            let w: Vec<f32> = r.vec(g.c_out * g.c_in_per_group() * g.kernel[0] * g.kernel[1]);
+            let mut out = vec![0.0f32; g.n * g.c_out * g.out_size[0] * g.out_size[1]];
+            let seen = std::sync::Mutex::new(vec![0u8; out.len()]);
+            let p = g.out_size[0] * g.out_size[1];
+            let ep = |t: Tile| {
+                let mut s = seen.lock().unwrap();
+                for c in t.c0..t.c0 + t.channels {
+                    for q in t.p0..t.p0 + t.cols {
+                        s[(t.n * g.c_out + c) * p + q] += 1;
+                    }
+                }
+            };
+            let call = ConvCall {
                 epilogue: Some(&ep),
                 weight_key: None,
-            },
-        )
-        .unwrap()
-    });
-    assert!(seen.into_inner().unwrap().iter().all(|&n| n == 1));
+            };
+            select::with_algorithm(algo, || {
+                conv2d_call(g, &x, &w, None, &mut out, call).unwrap()
+            });
+            let seen = seen.into_inner().unwrap();
+            assert!(seen.iter().all(|&n| n == 1), "{algo:?} {g:?}: {seen:?}");
+        }
+    }
 }
 
 #[test]
@@ -158,7 +159,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     select::forget_in_memory();
     assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
     // a corrupt file: a warning, the heuristic, and a re-timed valid file
-    std::fs::write(&path, "kiln conv algorithms v1\nno tab here\n").unwrap();
+    std::fs::write(&path, "kiln conv algorithms v2\nno tab here\n").unwrap();
     select::forget_in_memory();
     assert_eq!(
         select::describe(&g, "f32"),
@@ -171,7 +172,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&again));
     assert!(disk::parse("garbage").is_err());
-    assert!(disk::parse("kiln conv algorithms v1\nk\tno-such-algo\n").is_err());
+    assert!(disk::parse("kiln conv algorithms v2\nk\tno-such-algo\n").is_err());
     select::forget_in_memory();
     std::env::remove_var("KILN_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&dir);

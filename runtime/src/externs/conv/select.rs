@@ -36,15 +36,19 @@ pub enum ConvAlgo {
     Depthwise,
     /// Winograd F(2x2, 3x3) on transformed weights (3x3 stride 1 only).
     WinogradF2x2,
+    /// Register tiles straight off a padded, phase-split copy of the input,
+    /// on weights packed once (`direct.rs`): no column matrix.
+    Direct,
 }
 
 impl ConvAlgo {
-    pub const ALL: [ConvAlgo; 5] = [
+    pub const ALL: [ConvAlgo; 6] = [
         ConvAlgo::Im2colGemm,
         ConvAlgo::Im2colBatched,
         ConvAlgo::Gemm1x1,
         ConvAlgo::Depthwise,
         ConvAlgo::WinogradF2x2,
+        ConvAlgo::Direct,
     ];
 
     /// The name `explain()` prints and the disk cache stores.
@@ -55,6 +59,7 @@ impl ConvAlgo {
             ConvAlgo::Gemm1x1 => "gemm-1x1",
             ConvAlgo::Depthwise => "depthwise-direct",
             ConvAlgo::WinogradF2x2 => "winograd-f2x2-3x3",
+            ConvAlgo::Direct => "direct-packed",
         }
     }
 
@@ -71,6 +76,7 @@ impl ConvAlgo {
             ConvAlgo::Gemm1x1 => is_1x1(g),
             ConvAlgo::Depthwise => g.c_in_per_group() == 1,
             ConvAlgo::WinogradF2x2 => super::winograd::applies(g),
+            ConvAlgo::Direct => super::direct::applies(g),
         }
     }
 }
@@ -84,12 +90,16 @@ pub fn candidates(g: &ConvGeometry) -> Vec<ConvAlgo> {
     let first = heuristic(g);
     let mut c = vec![first];
     for a in [
+        ConvAlgo::Direct,
         ConvAlgo::WinogradF2x2,
         ConvAlgo::Im2colBatched,
         ConvAlgo::Depthwise,
         ConvAlgo::Im2colGemm,
     ] {
-        if a != first && a.applies(g) && first != ConvAlgo::Gemm1x1 {
+        // a 1x1 conv's input is its column matrix: only the direct kernel
+        // could beat the plain GEMM there
+        let worth = first != ConvAlgo::Gemm1x1 || a == ConvAlgo::Direct;
+        if a != first && a.applies(g) && worth {
             c.push(a);
         }
     }
@@ -309,7 +319,10 @@ pub mod disk {
     use std::collections::HashMap;
     use std::path::{Path, PathBuf};
 
-    const HEADER: &str = "kiln conv algorithms v1";
+    /// v2: the direct kernel joined the candidates, so v1's choices (timed
+    /// without it) are dropped silently and every shape is timed again.
+    const HEADER: &str = "kiln conv algorithms v2";
+    const OLDER: [&str; 1] = ["kiln conv algorithms v1"];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
     pub fn path() -> Option<PathBuf> {
@@ -325,6 +338,9 @@ pub mod disk {
         let Ok(text) = std::fs::read_to_string(path) else {
             return HashMap::new();
         };
+        if OLDER.iter().any(|h| text.lines().next() == Some(*h)) {
+            return HashMap::new();
+        }
         match parse(&text) {
             Ok(m) => m,
             Err(why) => {

@@ -1,0 +1,85 @@
+//! Times every conv algorithm that applies on ResNet-18's and MobileNetV3's
+//! conv shapes (batch 8, 224x224), forcing each in turn, and prints the
+//! fastest run of each (min over the repeats: the machine may be shared)
+//! with its GFLOP/s. `cargo bench --bench conv_algorithms [-- REPEATS]`;
+//! `RAYON_NUM_THREADS=1` gives per-core figures.
+
+use kiln_ir::op::conv::{conv_geometry, ConvGeometry, ConvParams, Padding};
+use kiln_runtime::externs::conv::select::{self, ConvAlgo};
+use kiln_runtime::externs::conv::{conv2d_call, ConvCall};
+use std::time::Instant;
+
+/// `(input, weight, stride, pad, groups)` of the benchmarked convs.
+fn shapes() -> Vec<([usize; 4], [usize; 4], usize, usize, usize)> {
+    vec![
+        ([8, 3, 224, 224], [64, 3, 7, 7], 2, 3, 1),
+        ([8, 64, 56, 56], [64, 64, 3, 3], 1, 1, 1),
+        ([8, 64, 56, 56], [128, 64, 3, 3], 2, 1, 1),
+        ([8, 64, 56, 56], [128, 64, 1, 1], 2, 0, 1),
+        ([8, 128, 28, 28], [128, 128, 3, 3], 1, 1, 1),
+        ([8, 128, 28, 28], [256, 128, 3, 3], 2, 1, 1),
+        ([8, 256, 14, 14], [256, 256, 3, 3], 1, 1, 1),
+        ([8, 256, 14, 14], [512, 256, 3, 3], 2, 1, 1),
+        ([8, 512, 7, 7], [512, 512, 3, 3], 1, 1, 1),
+        ([8, 16, 56, 56], [72, 16, 1, 1], 1, 0, 1),
+        ([8, 96, 7, 7], [576, 96, 1, 1], 1, 0, 1),
+        ([8, 288, 14, 14], [288, 1, 5, 5], 2, 2, 288),
+    ]
+}
+
+fn geometry(
+    x: &[usize; 4],
+    w: &[usize; 4],
+    stride: usize,
+    pad: usize,
+    groups: usize,
+) -> ConvGeometry {
+    let p = ConvParams {
+        stride: vec![stride],
+        padding: Padding::Explicit(vec![pad]),
+        dilation: vec![1],
+        groups,
+    };
+    conv_geometry("conv2d", x, w, None, &p).expect("a valid conv")
+}
+
+fn main() {
+    let repeats: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(5);
+    println!(
+        "threads {} isa {}",
+        rayon::current_num_threads(),
+        kiln_runtime::externs::cpu_isa::detect().name()
+    );
+    for (x, w, s, p, groups) in shapes() {
+        let g = geometry(&x, &w, s, p, groups);
+        let input = vec![0.5f32; x.iter().product()];
+        let weight: Vec<f32> = (0..w.iter().product::<usize>())
+            .map(|i| ((i % 7) as f32 - 3.0) * 0.01)
+            .collect();
+        let mut out = vec![0.0f32; g.n * g.c_out * g.out_size[0] * g.out_size[1]];
+        let flops = 2.0 * out.len() as f64 * (g.c_in_per_group() * w[2] * w[3]) as f64;
+        let mut row = format!("{x:?} * {w:?} s{s}:");
+        for algo in ConvAlgo::ALL.into_iter().filter(|a| a.applies(&g)) {
+            let best = (0..repeats)
+                .map(|_| {
+                    let t = Instant::now();
+                    select::with_algorithm(algo, || {
+                        conv2d_call(&g, &input, &weight, None, &mut out, ConvCall::default())
+                            .expect("conv runs")
+                    });
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min);
+            row += &format!(
+                "  {} {:.2} ms ({:.0} GF/s)",
+                algo.name(),
+                best * 1e3,
+                flops / best / 1e9
+            );
+        }
+        println!("{row}");
+    }
+}
