@@ -2,7 +2,7 @@
 //! a column matrix.
 //!
 //! The input is copied once into a zero-padded, phase-split form `xs`: for
-//! stride `(sh, sw)` each channel becomes `sh * sw` planes of
+//! stride `(sh, sw)` each channel becomes up to `sh * sw` planes of
 //! `Hh x Wh = ceil(Hp / sh) x ceil(Wp / sw)` (`Hp, Wp` padded), plane
 //! `(a, b)` holding `xpad[u * sh + a][v * sw + b]`. In that form every tap
 //! `(c, i, j)` of output position `(oh, ow)` is at one fixed offset `koff`
@@ -36,13 +36,17 @@ pub fn applies(g: &ConvGeometry) -> bool {
     g.c_in_per_group() > 1
 }
 
-/// The padded, phase-split input's layout (see the module doc).
-#[derive(Clone, Copy)]
+/// The padded, phase-split input's layout (see the module doc). Only the
+/// phases some tap reads are kept: a 1x1 stride-2 conv reads one in four.
 struct Layout {
     sh: usize,
     sw: usize,
     hh: usize,
     wh: usize,
+    /// The row phases `a` taps read, in plane order.
+    row_phases: Vec<usize>,
+    /// The column phases `b` taps read, in plane order.
+    col_phases: Vec<usize>,
 }
 
 impl Layout {
@@ -50,17 +54,36 @@ impl Layout {
         let [sh, sw] = g.stride;
         let hp = g.in_size[0] + g.pad_begin[0] + g.pad_end[0];
         let wp = g.in_size[1] + g.pad_begin[1] + g.pad_end[1];
+        let used = |taps: usize, d: usize, s: usize| {
+            let mut p: Vec<usize> = (0..taps).map(|i| (i * d) % s).collect();
+            p.sort_unstable();
+            p.dedup();
+            p
+        };
         Layout {
             sh,
             sw,
             hh: hp.div_ceil(sh),
             wh: wp.div_ceil(sw),
+            row_phases: used(g.kernel[0], g.dilation[0], sh),
+            col_phases: used(g.kernel[1], g.dilation[1], sw),
         }
     }
 
-    /// Elements of one channel: its `sh * sw` planes.
+    /// Elements of one plane.
+    fn plane(&self) -> usize {
+        self.hh * self.wh
+    }
+
+    /// Elements of one channel: its planes.
     fn channel(&self) -> usize {
-        self.sh * self.sw * self.hh * self.wh
+        self.row_phases.len() * self.col_phases.len() * self.plane()
+    }
+
+    /// The index among a channel's planes of phase `(a, b)` (one some tap reads).
+    fn plane_of(&self, a: usize, b: usize) -> usize {
+        let pos = |v: &[usize], x| v.iter().position(|&p| p == x).expect("a used phase");
+        pos(&self.row_phases, a) * self.col_phases.len() + pos(&self.col_phases, b)
     }
 }
 
@@ -69,15 +92,14 @@ impl Layout {
 fn tap_offsets(g: &ConvGeometry, l: &Layout) -> Vec<isize> {
     let [kh, kw] = g.kernel;
     let [dh, dw] = g.dilation;
-    let plane = l.hh * l.wh;
     let mut koff = Vec::with_capacity(g.c_in_per_group() * kh * kw);
     for c in 0..g.c_in_per_group() {
         for i in 0..kh {
             let (a, u) = ((i * dh) % l.sh, (i * dh) / l.sh);
             for j in 0..kw {
                 let (b, v) = ((j * dw) % l.sw, (j * dw) / l.sw);
-                let p = (c * l.sh + a) * l.sw + b;
-                koff.push((p * plane + u * l.wh + v) as isize);
+                let p = c * l.channel() + l.plane_of(a, b) * l.plane();
+                koff.push((p + u * l.wh + v) as isize);
             }
         }
     }
@@ -113,9 +135,9 @@ fn split_input<T: Elem>(g: &ConvGeometry, l: &Layout, input: &[T], xs: &mut [T])
     let plane = l.hh * l.wh;
     let channel = |(idx, dst): (usize, &mut [T])| {
         let x = &input[idx * h * w..][..h * w];
-        for a in 0..l.sh {
-            for b in 0..l.sw {
-                let dst = &mut dst[(a * l.sw + b) * plane..][..plane];
+        for &a in &l.row_phases {
+            for &b in &l.col_phases {
+                let dst = &mut dst[l.plane_of(a, b) * plane..][..plane];
                 // padded column v * sw + b reads input column v * sw + b - pl
                 let v_lo = pl.saturating_sub(b).div_ceil(l.sw).min(l.wh);
                 let v_hi = (w + pl).saturating_sub(b).div_ceil(l.sw).clamp(v_lo, l.wh);
@@ -202,21 +224,56 @@ pub fn conv2d<T: Elem>(
     let l = Layout::of(g);
     let koff = tap_offsets(g, &l);
     let wp = packed::packed_or_insert(key, "direct-6x16", || pack_weights(g, weight));
-    let (oh, ow) = (g.out_size[0], g.out_size[1]);
     let cpg = g.c_in_per_group();
     // the last group's last sample, its farthest tap and last tile must be readable
     let last_base = ((g.n - 1) * g.c_in + (g.groups - 1) * cpg) * l.channel();
-    let reach = last_base + koff.iter().copied().max().unwrap_or(0) as usize + oh * l.wh + NR;
-    let mut xs = Vec::new();
-    scratch(
-        &mut xs,
-        reach.max(g.n * g.c_in * l.channel()),
-        "conv2d",
-        &|| conv_shapes(g),
-    )?;
-    split_input(g, &l, input, &mut xs);
+    let reach =
+        last_base + koff.iter().copied().max().unwrap_or(0) as usize + g.out_size[0] * l.wh + NR;
+    let len = reach.max(g.n * g.c_in * l.channel());
+    with_input_buffer(|xs: &mut Vec<T>| {
+        scratch(xs, len, "conv2d", &|| conv_shapes(g))?;
+        split_input(g, &l, input, xs);
+        compute(g, &l, &koff, xs, &wp, bias, out, epilogue);
+        Ok(())
+    })
+}
 
-    let b = Blocks::of::<T>(g, &l);
+/// Runs `f` on this thread's reusable split-input buffer: a fresh one per
+/// call would page-fault its megabytes in on every conv.
+fn with_input_buffer<T: Elem, R>(f: impl FnOnce(&mut Vec<T>) -> R) -> R {
+    /// Buffers above this are freed after the call rather than kept.
+    const KEEP_BYTES: usize = 32 << 20;
+    thread_local! {
+        static BUFFER: std::cell::RefCell<Option<Box<dyn std::any::Any>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let mut buf: Vec<T> = BUFFER
+        .with(|b| b.borrow_mut().take())
+        .and_then(|b| b.downcast::<Vec<T>>().ok())
+        .map(|b| *b)
+        .unwrap_or_default();
+    let r = f(&mut buf);
+    if buf.capacity() * std::mem::size_of::<T>() <= KEEP_BYTES {
+        BUFFER.with(|b| *b.borrow_mut() = Some(Box::new(buf)));
+    }
+    r
+}
+
+/// Computes every work item of the conv from the split input `xs`.
+#[allow(clippy::too_many_arguments)]
+fn compute<T: Elem>(
+    g: &ConvGeometry,
+    l: &Layout,
+    koff: &[isize],
+    xs: &[T],
+    wp: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
+) {
+    let (oh, ow) = (g.out_size[0], g.out_size[1]);
+
+    let b = Blocks::of::<T>(g, l);
     let all_panels = g.c_out_per_group().div_ceil(MR);
     let (n_s, n_r, n_p) = (
         g.n.div_ceil(b.samples),
@@ -232,10 +289,10 @@ pub fn conv2d<T: Elem>(
         let gi = item / (n_p * n_r * n_s);
         let block = Block {
             g,
-            l: &l,
-            koff: &koff,
-            xs: &xs,
-            wp: &wp,
+            l,
+            koff,
+            xs,
+            wp,
             bias,
             gi,
             samples: sb * b.samples..((sb + 1) * b.samples).min(g.n),
@@ -265,7 +322,6 @@ pub fn conv2d<T: Elem>(
     } else {
         (0..items).for_each(run);
     }
-    Ok(())
 }
 
 /// One work item: samples x output rows x weight panels of group `gi`.

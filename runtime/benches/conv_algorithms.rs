@@ -1,13 +1,37 @@
 //! Times every conv algorithm that applies on ResNet-18's and MobileNetV3's
 //! conv shapes (batch 8, 224x224), forcing each in turn, and prints the
 //! fastest run of each (min over the repeats: the machine may be shared)
-//! with its GFLOP/s. `cargo bench --bench conv_algorithms [-- REPEATS]`;
-//! `RAYON_NUM_THREADS=1` gives per-core figures.
+//! with its GFLOP/s. `cargo bench --workspace --bench conv_algorithms [-- REPEATS]`;
+//! `RAYON_NUM_THREADS=1` gives per-core figures, and with `--cpu-time` the
+//! process's CPU time is what counts (on a machine busy with other work,
+//! wall time measures the scheduler, CPU time still measures the kernel).
 
 use kiln_ir::op::conv::{conv_geometry, ConvGeometry, ConvParams, Padding};
 use kiln_runtime::externs::conv::select::{self, ConvAlgo};
 use kiln_runtime::externs::conv::{conv2d_call, ConvCall};
 use std::time::Instant;
+
+/// Seconds of CPU time this process has used (Linux), or `None`.
+fn cpu_seconds() -> Option<f64> {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
+        }
+        const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+        let mut t = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: a valid out-pointer for the libc call.
+        if unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut t) } == 0 {
+            return Some(t.sec as f64 + t.nsec as f64 * 1e-9);
+        }
+    }
+    None
+}
 
 /// `(input, weight, stride, pad, groups)` of the benchmarked convs.
 fn shapes() -> Vec<([usize; 4], [usize; 4], usize, usize, usize)> {
@@ -48,10 +72,12 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
+    let cpu = std::env::args().any(|a| a == "--cpu-time") && cpu_seconds().is_some();
     println!(
-        "threads {} isa {}",
+        "threads {} isa {} timing {}",
         rayon::current_num_threads(),
-        kiln_runtime::externs::cpu_isa::detect().name()
+        kiln_runtime::externs::cpu_isa::detect().name(),
+        if cpu { "cpu time" } else { "wall time" }
     );
     for (x, w, s, p, groups) in shapes() {
         let g = geometry(&x, &w, s, p, groups);
@@ -65,12 +91,16 @@ fn main() {
         for algo in ConvAlgo::ALL.into_iter().filter(|a| a.applies(&g)) {
             let best = (0..repeats)
                 .map(|_| {
-                    let t = Instant::now();
+                    let (t, c) = (Instant::now(), cpu_seconds().unwrap_or(0.0));
                     select::with_algorithm(algo, || {
                         conv2d_call(&g, &input, &weight, None, &mut out, ConvCall::default())
                             .expect("conv runs")
                     });
-                    t.elapsed().as_secs_f64()
+                    if cpu {
+                        cpu_seconds().unwrap_or(0.0) - c
+                    } else {
+                        t.elapsed().as_secs_f64()
+                    }
                 })
                 .fold(f64::INFINITY, f64::min);
             row += &format!(
