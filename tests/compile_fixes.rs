@@ -388,3 +388,26 @@ fn gradient_hooks_under_compile() {
     assert!(report.contains("register_hook"), "{report}");
     assert_eq!(grads(&m), eager, "the eager fallback ran the hook");
 }
+
+/// A result computed from constants only (hoisted: computed on the first
+/// call, then cached) that nothing else in the graph reads still comes back
+/// on every later call: joint graphs save such values for the backward
+/// (embedding_bag's membership matrix of a 2-D input did).
+#[test]
+fn hoisted_result_with_no_reader_survives_warm_calls() {
+    let f = compile_fn("hoisted_out", |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        let c = Tensor::from_vec(vec![1.0f32, 2.0], &[2])?.exp()?;
+        Ok(vec![xs[0].relu()?, c])
+    });
+    let x = Tensor::from_vec(vec![-1.0f32, 3.0], &[2]).unwrap();
+    let want = [1f64.exp(), 2f64.exp()];
+    for call in 0..3 {
+        let outs = f.call(std::slice::from_ref(&x)).unwrap();
+        assert_eq!(outs[0].to_f64_vec(), vec![0.0, 3.0], "call {call}");
+        let got = outs[1].to_f64_vec();
+        assert!(
+            got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-5 * w),
+            "call {call}: {got:?}"
+        );
+    }
+}

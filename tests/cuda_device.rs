@@ -511,3 +511,66 @@ fn index_select_on_the_device_is_one_kernel() {
         assert!(e.starts_with(&want), "{e}");
     }
 }
+
+/// The `nn_more` suite on the device: eagerly (`cuda-shim nn_more: P/T`),
+/// through `compile()` and every gradient case, as `forward_fixtures_on_cuda`
+/// runs the other suites; its kernels go through NVRTC too when present.
+#[test]
+fn nn_more_fixtures_on_cuda() {
+    let Some((dev, label)) = device() else { return };
+    let fx = Fixtures::load();
+    let cases = load_suite(&fx, "nn_more");
+    let ((), kernels) = kiln_runtime::record_kernels(|| {
+        for c in &cases {
+            if let Ok(inputs) = fx.inputs(c) {
+                let _ = fixture_support::ops::run(c, &inputs);
+            }
+        }
+    });
+    kiln::cuda::gpu(0)
+        .and_then(|g| g.prepare(&kernels))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut failed = vec![];
+    let mut summary = vec![];
+    let ((), launched) = kiln_runtime::record_kernels(|| {
+        for compiled in [false, true] {
+            let mode = if compiled { " compiled" } else { "" };
+            let pass = cases
+                .iter()
+                .filter(|c| match run_case(&fx, c, dev, compiled) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed.push(format!("{label}{mode} nn_more/{}: {e}", c.case));
+                        false
+                    }
+                })
+                .count();
+            summary.push(format!("{label}{mode} nn_more: {pass}/{}", cases.len()));
+        }
+        let grads = fixture_support::backward::grad_cases(&fx, "nn_more");
+        let pass = grads
+            .iter()
+            .filter(
+                |c| match fixture_support::backward::run_case_on(&fx, c, dev) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failed.push(format!("{label} backward nn_more/{}: {e}", c.case));
+                        false
+                    }
+                },
+            )
+            .count();
+        summary.push(format!("{label} backward nn_more: {pass}/{}", grads.len()));
+    });
+    summary.push(nvrtc_line(&launched, &mut failed).replace("fixtures", "nn_more"));
+    let mut err = std::io::stderr();
+    for line in summary.iter().chain(&failed) {
+        let _ = writeln!(err, "{line}");
+    }
+    assert!(
+        failed.is_empty(),
+        "{} nn_more cases failed on {dev}:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+}

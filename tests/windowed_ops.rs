@@ -89,7 +89,7 @@ fn bad_arguments_name_the_op_and_shapes() {
     assert!(e.contains("pad") && e.contains("[3,7]"), "{e}");
     let bad = Tensor::from_vec(vec![5i64], &[1, 1]).unwrap();
     let e = msg(x.scatter(0, &bad, &x));
-    assert!(e.contains("scatter_reduce") && e.contains("index 5"), "{e}");
+    assert!(e.starts_with("scatter:") && e.contains("index 5"), "{e}");
     let e = msg(x.logcumsumexp(2));
     assert!(e.contains("logcumsumexp") && e.contains("dim 2"), "{e}");
     let e = msg(x.unfold(1, 8, 1));

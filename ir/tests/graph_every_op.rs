@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Domain, Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 43;
+const VARIANTS: usize = 44;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -100,6 +100,11 @@ fn variant(op: &Op) -> usize {
             size: _,
             step: _,
         } => 42,
+        Op::IndexBounds {
+            op: _,
+            dim: _,
+            size: _,
+        } => 43,
     }
 }
 
@@ -226,6 +231,7 @@ fn every_op() -> Graph {
     add(&mut g, Op::Cat { dim: 0 }, &[m, y, m]);
     add(&mut g, Op::IndexSelect { dim: 1 }, &[m, idx]);
     add(&mut g, Op::Gather { dim: 1 }, &[m, idx2]);
+    add(&mut g, Op::IndexBounds { op: "scatter_add", dim: 1, size: 5 }, &[idx2]);
     let fill0 = g.constant(Constant::scalar(0.0, DType::F32)).unwrap();
     add(&mut g, Op::MaskedFill { value: Some(S::Float(f(f64::NEG_INFINITY))) }, &[m, mask]);
     add(&mut g, Op::MaskedFill { value: Some(S::Int(0)) }, &[m, mask]);

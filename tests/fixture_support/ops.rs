@@ -425,6 +425,7 @@ pub fn run(c: &Case, inputs: &[Tensor]) -> Result<Vec<Tensor>> {
             .or_else(|| super::views_more::run(c, other, inputs))
             .or_else(|| super::loss_more::run(c, other, inputs))
             .or_else(|| super::nn_more::run(c, other, inputs))
+            .or_else(|| super::nn_more_ops::run(c, other, inputs))
             .or_else(|| super::ops_more::run(c, other, inputs))
             .unwrap_or_else(|| {
                 Err(kiln::Error::op(

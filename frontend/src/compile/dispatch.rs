@@ -211,6 +211,10 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
         Op::Cat { dim } => one(Tensor::cat(&ins.iter().collect::<Vec<_>>(), *dim)),
         Op::IndexSelect { dim } => one(x.index_select(*dim, &ins[1])),
         Op::Gather { dim } => one(x.gather(*dim, &ins[1])),
+        Op::IndexBounds { op, dim, size } => {
+            crate::ops::scatter::check_index_values(op, *dim, *size, x, None)?;
+            one(x.copy())
+        }
         Op::MaskedFill { value: Some(v) } => one(x.masked_fill(&ins[1], Scalar::from(*v))),
         Op::MaskedFill { value: None } => one(masked_fill_tensor(x, &ins[1], &ins[2])),
         Op::CrossEntropy {

@@ -168,6 +168,14 @@ impl Executable {
                 }
             }
         }
+        // a hoisted graph output (a value of constants only, which a joint
+        // graph's backward may save) has no reader to keep it: cache it, or
+        // a warm call would have no value for it
+        for o in graph.outputs() {
+            if hoisted[o.index()] {
+                frontier[o.index()] = true;
+            }
+        }
         // an input is cheap to rebind; only computed values are worth caching
         for (i, f) in frontier.iter_mut().enumerate() {
             if input_index[i].is_some() || matches!(graph.nodes()[i].op, NodeOp::Const(_)) {

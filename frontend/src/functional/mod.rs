@@ -4,20 +4,39 @@
 //! decomposition table (`kiln_passes::decompose`), run eagerly.
 
 mod activation;
+mod attention;
 mod blas_more;
+mod boxes;
 mod ctc;
+mod distance;
+mod einsum;
+mod embedding_bag;
+mod grid;
+mod im2col;
+mod interpolate;
 mod loss;
 mod loss_index;
 mod loss_more;
 mod norm;
+mod norm_more;
 mod pad;
+mod pool_nd;
+mod roi;
 
 pub use crate::nn::conv3d::conv3d;
 pub use crate::nn::pixel_shuffle::{pixel_shuffle, pixel_unshuffle};
 pub use activation::*;
+pub use attention::{scaled_dot_product_attention, SdpaOpts};
 pub use blas_more::{addbmm, addmm, baddbmm, cosine_similarity, glu, normalize, outer, softmin};
+pub use boxes::{batched_nms, box_iou, nms};
 pub use conv_grad::conv2d_weight_grad;
 pub use ctc::{ctc_loss, CtcOpts};
+pub use distance::cdist;
+pub use einsum::einsum;
+pub use embedding_bag::{embedding_bag, BagMode, BagOpts};
+pub use grid::{affine_grid, grid_sample, GridMode, GridPadding};
+pub use im2col::{fold, unfold, Im2colParams};
+pub use interpolate::{interpolate, Resize};
 /// The losses' `reduction=` and the class losses' options (also `kiln::Reduction`).
 pub use kiln_passes::decompose_loss::{ClassLossOpts, Reduction};
 pub use loss::*;
@@ -28,8 +47,14 @@ pub use loss_more::{
     triplet_margin_loss, TripletOpts,
 };
 pub use norm::*;
+pub use norm_more::{instance_norm, local_response_norm, RunningStats};
 pub use pad::pad;
+pub use pool_nd::{
+    adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d, avg_pool3d, max_pool1d, max_pool3d,
+    Pool1dParams, Pool3dParams,
+};
 pub use pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d};
+pub use roi::{roi_align, roi_pool, RoiAlignOpts};
 
 use crate::amp::{self, Policy};
 use crate::autograd::rules::nn as rules;
@@ -429,6 +454,53 @@ fn conv_transpose2d_eager(
         },
     )?;
     rules::conv_transpose(g, x, w, bias, y)
+}
+
+/// `F.conv_transpose1d`: `conv_transpose2d` over `(N, C, 1, L)`.
+pub fn conv_transpose1d(
+    x: &Tensor,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+    p: &ConvTransposeParams,
+) -> Result<Tensor> {
+    if !(2..=3).contains(&x.rank()) || w.rank() != 3 {
+        bail!(
+            "conv_transpose1d",
+            "expected a 2-D or 3-D input and a 3-D weight, got input {} and weight {}",
+            fmt_dims(x.dims()),
+            fmt_dims(w.dims())
+        );
+    }
+    let two = |v: &[usize], one: usize| match v {
+        [a] => vec![one, *a],
+        v => [&[one][..], v].concat(),
+    };
+    let p2 = ConvTransposeParams {
+        stride: two(&p.stride, 1),
+        padding: two(&p.padding, 0),
+        output_padding: two(&p.output_padding, 0),
+        dilation: two(&p.dilation, 1),
+        groups: p.groups,
+    };
+    let y = conv_transpose2d(&x.unsqueeze(-2)?, &w.unsqueeze(-2)?, bias, &p2)?;
+    y.squeeze(Some(&[-2]))
+}
+
+/// `vals` (computed from shapes only) as a constant tensor of `like`'s float
+/// dtype on its device (f64 stays f64, anything else goes through f32).
+pub(crate) fn consts_like(like: &Tensor, vals: Vec<f64>, dims: &[usize]) -> Result<Tensor> {
+    let t = if like.dtype() == DType::F64 {
+        Tensor::from_vec(vals, dims)?
+    } else {
+        let v: Vec<f32> = vals.iter().map(|&x| x as f32).collect();
+        let t = Tensor::from_vec(v, dims)?;
+        if like.dtype().is_float() && like.dtype() != DType::F32 {
+            t.to_dtype(like.dtype())?
+        } else {
+            t
+        }
+    };
+    t.to_device(like.device())
 }
 
 /// `F.embedding(indices, weight, padding_idx)`: rows of `weight` (padding_idx

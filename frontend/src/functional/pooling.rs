@@ -85,11 +85,9 @@ pub fn avg_pool2d(
     count_include_pad: bool,
     divisor_override: Option<i64>,
 ) -> Result<Tensor> {
-    if divisor_override.is_some() {
-        trace::unsupported(
-            "avg_pool2d",
-            "divisor_override has no graph op yet (avg_pool2d records count_include_pad only)",
-        )?;
+    if let (Some(d), true) = (divisor_override, trace::is_recording()) {
+        // the graph op has no divisor: trace the padded average rescaled
+        return super::pool_nd::avg_pool2d_divisor(x, p, d);
     }
     let node = || Op::AvgPool2d {
         params: *p,

@@ -122,6 +122,7 @@ pub(crate) fn pad_depth_zeros(x: &Tensor, p: usize) -> Result<Tensor> {
     }
     let mut zd = x.dims().to_vec();
     zd[2] = p;
-    let z = Tensor::zeros(&zd, x.dtype());
+    // on the input's device: cat takes one device
+    let z = Tensor::zeros(&zd, x.dtype()).to_device(x.device())?;
     Tensor::cat(&[&z, x, &z], 2)
 }

@@ -15,6 +15,7 @@
 use super::composite::fused_or_recorded;
 use super::scan::positions;
 use crate::Tensor;
+use kiln_ir::op::Op;
 use kiln_ir::shape::{fmt_dims, norm_dim};
 use kiln_ir::{bail, BinaryOp, DType, ReduceKind, Result};
 use kiln_passes::decompose::Builder;
@@ -93,10 +94,68 @@ fn pad_region(t: &Tensor, dims: &[usize], d: usize, value: f64) -> Result<Tensor
     crate::functional::pad(t, &pads, crate::nn::PaddingMode::Zeros, value)
 }
 
+/// `index` with every value checked to lie in `0..size` (dim `d` of an
+/// input of `shape`, when known), else an error naming `op`, the index and
+/// the size. While tracing it records an [`Op::IndexBounds`] node (a copy of
+/// the index that checks on every run), so a compiled windowed scatter
+/// cannot drop an out-of-range index silently; eagerly it reads the
+/// extremes back and returns `index` itself.
+pub(crate) fn checked_index(
+    op: &'static str,
+    d: usize,
+    size: usize,
+    index: &Tensor,
+    shape: Option<&[usize]>,
+) -> Result<Tensor> {
+    let node = || Op::IndexBounds { op, dim: d, size };
+    crate::compile::trace::record(node, &[index], || {
+        check_index_values(op, d, size, index, shape)?;
+        if crate::compile::trace::is_tracing() {
+            index.copy()
+        } else {
+            Ok(index.clone())
+        }
+    })
+}
+
+/// The host check of [`checked_index`] (also what the graph node runs).
+pub(crate) fn check_index_values(
+    op: &str,
+    d: usize,
+    size: usize,
+    index: &Tensor,
+    shape: Option<&[usize]>,
+) -> Result<()> {
+    if index.numel() == 0 {
+        return Ok(());
+    }
+    let (lo, hi) = (
+        index.amin(None, false)?.item()?,
+        index.amax(None, false)?.item()?,
+    );
+    if lo < 0.0 || hi >= size as f64 {
+        let bad = if lo < 0.0 { lo } else { hi };
+        let input = shape.map_or(String::new(), |s| format!(" (input shape {})", fmt_dims(s)));
+        bail!(
+            op,
+            "index {bad} is out of bounds for dimension {d} with size {size}{input}"
+        );
+    }
+    Ok(())
+}
+
 impl Tensor {
-    /// Checks `index` (i64, rank of `self`, within `src` and, off `dim`, `self`);
-    /// its values are checked when they can be read (not while tracing).
-    fn check_scatter(&self, op: &str, d: usize, index: &Tensor, src: &Tensor) -> Result<()> {
+    /// Checks `index` (i64, rank of `self`, within `src` and, off `dim`, `self`)
+    /// and returns it with its values checked against the size of `dim`:
+    /// read back eagerly, and while tracing through an `index_bounds` node
+    /// that checks them on every run of the compiled graph.
+    fn check_scatter(
+        &self,
+        op: &'static str,
+        d: usize,
+        index: &Tensor,
+        src: &Tensor,
+    ) -> Result<Tensor> {
         let fits = |t: &Tensor, skip: Option<usize>| {
             (0..index.rank()).all(|k| Some(k) == skip || index.dims()[k] <= t.dims()[k])
         };
@@ -116,23 +175,7 @@ impl Tensor {
                 fmt_dims(src.dims())
             );
         }
-        if index.numel() == 0 || crate::compile::trace::is_tracing() {
-            return Ok(());
-        }
-        let (lo, hi) = (
-            index.amin(None, false)?.item()?,
-            index.amax(None, false)?.item()?,
-        );
-        let n = self.dims()[d] as f64;
-        if lo < 0.0 || hi >= n {
-            let bad = if lo < 0.0 { lo } else { hi };
-            bail!(
-                op,
-                "index {bad} is out of bounds for dimension {d} with size {n} (input shape {})",
-                fmt_dims(self.dims())
-            );
-        }
-        Ok(())
+        checked_index(op, d, self.dims()[d], index, Some(self.dims()))
     }
 
     /// `torch.scatter_reduce(x, dim, index, src, reduce, include_self)`.
@@ -155,8 +198,21 @@ impl Tensor {
         reduce: ScatterReduce,
         include_self: bool,
     ) -> Result<Tensor> {
-        let d = norm_dim("scatter_reduce", dim, self.rank())?;
-        self.check_scatter("scatter_reduce", d, index, src)?;
+        self.scatter_reduce_as("scatter_reduce", dim, index, src, reduce, include_self)
+    }
+
+    /// [`Tensor::scatter_reduce`] on behalf of `op` (the name its errors carry).
+    fn scatter_reduce_as(
+        &self,
+        op: &'static str,
+        dim: i64,
+        index: &Tensor,
+        src: &Tensor,
+        reduce: ScatterReduce,
+        include_self: bool,
+    ) -> Result<Tensor> {
+        let d = norm_dim(op, dim, self.rank())?;
+        let index = &self.check_scatter(op, d, index, src)?;
         let mut src = src.to_dtype(self.dtype())?;
         for k in 0..index.rank() {
             src = src.narrow(k as i64, 0, index.dims()[k])?;
@@ -215,7 +271,7 @@ impl Tensor {
     /// # Ok::<(), kiln_frontend::Error>(())
     /// ```
     pub fn scatter(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        self.scatter_reduce(dim, index, src, ScatterReduce::Sum, false)
+        self.scatter_reduce_as("scatter", dim, index, src, ScatterReduce::Sum, false)
     }
 
     /// `torch.scatter(x, dim, index, value)`: `value` written at `index`.
@@ -243,7 +299,7 @@ impl Tensor {
     /// # Ok::<(), kiln_frontend::Error>(())
     /// ```
     pub fn scatter_add(&self, dim: i64, index: &Tensor, src: &Tensor) -> Result<Tensor> {
-        self.scatter_reduce(dim, index, src, ScatterReduce::Sum, true)
+        self.scatter_reduce_as("scatter_add", dim, index, src, ScatterReduce::Sum, true)
     }
 
     /// A 1-D `index` along `dim` as a full index of `source`'s shape.
@@ -295,7 +351,7 @@ impl Tensor {
         } else {
             source.mul_scalar(alpha)?
         };
-        self.scatter_add(d as i64, &idx, &src)
+        self.scatter_reduce_as("index_add", d as i64, &idx, &src, ScatterReduce::Sum, true)
     }
 
     /// `torch.index_copy(x, dim, index, source)`: `source` slices written at `index`.
@@ -310,7 +366,14 @@ impl Tensor {
     /// ```
     pub fn index_copy(&self, dim: i64, index: &Tensor, source: &Tensor) -> Result<Tensor> {
         let (d, idx) = self.index_along("index_copy", dim, index, source)?;
-        self.scatter(d as i64, &idx, source)
+        self.scatter_reduce_as(
+            "index_copy",
+            d as i64,
+            &idx,
+            source,
+            ScatterReduce::Sum,
+            false,
+        )
     }
 
     /// `torch.index_fill(x, dim, index, value)`: the slices `index` along `dim` set to `value`.

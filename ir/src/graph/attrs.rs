@@ -207,6 +207,9 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             ("step", AttrValue::Int(*step)),
         ],
         Op::Select { dim, index } => vec![("dim", AttrValue::Int(*dim)), ("index", AttrValue::Int(*index))],
+        Op::IndexBounds { op, dim, size } => vec![
+            ("dim", AttrValue::Int(*dim as i64)), ("op", Word((*op).into())), ("size", AttrValue::Int(*size as i64)),
+        ],
         Op::Diagonal { offset, dim1, dim2 } => vec![
             ("dim1", AttrValue::Int(*dim1)), ("dim2", AttrValue::Int(*dim2)), ("offset", AttrValue::Int(*offset)),
         ],
@@ -242,7 +245,7 @@ pub fn arity(op: &Op) -> (usize, usize) {
         | Op::LogSoftmax { .. } | Op::MaxPool2d(_) | Op::AvgPool2d { .. } | Op::AvgPool2dBackward { .. }
         | Op::AdaptiveAvgPool2d(_) | Op::AdaptiveMaxPool2d(_) | Op::View(_) | Op::Permute(_)
         | Op::Expand(_) | Op::Slice { .. } | Op::Select { .. } | Op::Diagonal { .. }
-        | Op::Unfold { .. } => (1, 1),
+        | Op::Unfold { .. } | Op::IndexBounds { .. } => (1, 1),
         Op::Binary(_) | Op::Matmul | Op::Embedding | Op::IndexSelect { .. } | Op::Gather { .. } => (2, 2),
         Op::Where => (3, 3),
         // x, then weight and bias

@@ -338,6 +338,20 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         "cat" => Op::Cat { dim: a.int("dim")? },
         "index_select" => Op::IndexSelect { dim: a.int("dim")? },
         "gather" => Op::Gather { dim: a.int("dim")? },
+        "index_bounds" => {
+            let (w, p) = a.word("op")?;
+            let Some(op) = crate::op::CHECKED_INDEX_OPS.into_iter().find(|o| *o == w) else {
+                return Err(p.error(format!(
+                    "index_bounds: op must be one of {}, got '{w}'",
+                    crate::op::CHECKED_INDEX_OPS.join(", ")
+                )));
+            };
+            Op::IndexBounds {
+                op,
+                dim: a.usize("dim")?,
+                size: a.usize("size")?,
+            }
+        }
         "masked_fill" => Op::MaskedFill {
             value: a.scalar("value", true)?,
         },

@@ -19,4 +19,4 @@ pub use pointwise::{Float, ReduceKind};
 pub use table::{BinaryDtype, BinaryOp, Domain, UnaryDtype, UnaryOp};
 pub use values::{Reduction, ScalarValue};
 pub use view::Layout;
-pub use vocab::Op;
+pub use vocab::{Op, CHECKED_INDEX_OPS};

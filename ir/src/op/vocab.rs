@@ -159,6 +159,17 @@ pub enum Op {
         dim: i64,
         size: Vec<usize>,
     },
+    /// The index operand of the scatter-like op `op` checked at run time:
+    /// every value must lie in `0..size` (the size of dim `dim`), else the
+    /// run fails with the op, the index and the size. An identity (a copy)
+    /// on the index otherwise. Scatters traced as windowed comparisons need
+    /// it: an out-of-range index would match no position and vanish.
+    /// `op` is one of [`CHECKED_INDEX_OPS`]. Input: index (integer).
+    IndexBounds {
+        op: &'static str,
+        dim: usize,
+        size: usize,
+    },
     /// Inputs: x, mask, then (when `value` is `None`) a 0-dim fill tensor.
     MaskedFill {
         value: Option<ScalarValue>,
@@ -188,6 +199,15 @@ pub enum Op {
         has_pos_weight: bool,
     },
 }
+
+/// The ops whose indices an [`Op::IndexBounds`] node checks (its `op`).
+pub const CHECKED_INDEX_OPS: [&str; 5] = [
+    "scatter",
+    "scatter_add",
+    "scatter_reduce",
+    "index_add",
+    "index_copy",
+];
 
 impl Op {
     pub fn name(&self) -> String {

@@ -87,6 +87,7 @@ impl Op {
             | Op::IndexSelect { .. }
             | Op::Gather { .. }
             | Op::ScatterAdd { .. }
+            | Op::IndexBounds { .. }
             | Op::MaskedFill { .. } => self.infer_data_movement(&name, ins),
             Op::CrossEntropy { .. } | Op::NllLoss { .. } | Op::PairLoss { .. } => {
                 self.infer_loss(&name, ins)
@@ -305,6 +306,17 @@ impl Op {
                     dtype: ins[0].dtype,
                     dims,
                 })
+            }
+            Op::IndexBounds { op, .. } => {
+                need(&name, ins, 1)?;
+                if ins[0].dtype.is_float() || ins[0].dtype == DType::Bool {
+                    bail!(
+                        name,
+                        "{op}: index must be an integer tensor, got {}",
+                        ins[0].dtype
+                    );
+                }
+                one(ins[0].clone())
             }
             Op::Gather { .. } => {
                 need(&name, ins, 2)?;

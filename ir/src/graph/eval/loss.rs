@@ -49,6 +49,20 @@ pub(super) fn eval(op: &Op, x: &[&Bounded], meta: &Meta) -> Result<Bounded> {
             has_pos_weight: false,
         } => pair_loss(name, x[0], x[1], *reduction, meta)?,
         Op::Gather { dim } => gather(x[0], *dim, x[1])?,
+        Op::IndexBounds { op, dim, size } => {
+            if let Some(&t) = x[0]
+                .value
+                .data
+                .iter()
+                .find(|&&t| t < 0.0 || t >= *size as f64)
+            {
+                bail!(
+                    *op,
+                    "index {t} is out of bounds for dimension {dim} with size {size}"
+                );
+            }
+            x[0].clone()
+        }
         other => bail!(
             "eval",
             "`{}` is not supported by the reference interpreter",

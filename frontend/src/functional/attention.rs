@@ -1,0 +1,120 @@
+//! `F.scaled_dot_product_attention` as PyTorch's math reference:
+//! `softmax(q k^T * scale + mask) v`, with a bool mask's `true` meaning
+//! "may attend" (the opposite of MultiheadAttention's `key_padding_mask`), a
+//! float mask added to the scores, `is_causal` the top-left lower triangle,
+//! and a row with no allowed key giving zeros (PyTorch's CPU kernel) rather
+//! than the NaN of a plain softmax.
+
+use super::matmul;
+use crate::Tensor;
+use kiln_ir::shape::fmt_dims;
+use kiln_ir::{bail, BinaryOp, DType, Result};
+
+/// The keyword arguments of `F.scaled_dot_product_attention` past the
+/// tensors (PyTorch's defaults: no dropout, not causal, `1/sqrt(E)`, no GQA).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SdpaOpts {
+    pub dropout_p: f64,
+    pub is_causal: bool,
+    pub scale: Option<f64>,
+    pub enable_gqa: bool,
+}
+
+fn shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> String {
+    format!(
+        "query {}, key {}, value {}",
+        fmt_dims(q.dims()),
+        fmt_dims(k.dims()),
+        fmt_dims(v.dims())
+    )
+}
+
+/// `F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+/// is_causal, scale, enable_gqa)` on `(.., L, E)`, `(.., S, E)`, `(.., S, Ev)`.
+///
+/// ```
+/// use kiln_frontend::functional::{self as F, SdpaOpts};
+/// use kiln_frontend::Tensor;
+/// let q = Tensor::from_vec(vec![1.0f32], &[1, 1, 1]).unwrap();
+/// let k = Tensor::from_vec(vec![1.0f32, 1.0], &[1, 2, 1]).unwrap();
+/// let v = Tensor::from_vec(vec![2.0f32, 4.0], &[1, 2, 1]).unwrap();
+/// let y = F::scaled_dot_product_attention(&q, &k, &v, None, SdpaOpts::default()).unwrap();
+/// assert_eq!(y.to_f64_vec(), vec![3.0]);
+/// ```
+pub fn scaled_dot_product_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    o: SdpaOpts,
+) -> Result<Tensor> {
+    let op = "scaled_dot_product_attention";
+    let r = q.rank();
+    if r < 2 || k.rank() != r || v.rank() != r {
+        bail!(
+            op,
+            "expected query, key and value of the same rank >= 2, got {}",
+            shapes(q, k, v)
+        );
+    }
+    let (l, e) = (q.dims()[r - 2], q.dims()[r - 1]);
+    let s = k.dims()[r - 2];
+    if k.dims()[r - 1] != e || v.dims()[r - 2] != s {
+        bail!(
+            op,
+            "expected key (.., S, {e}) and value (.., S, Ev), got {}",
+            shapes(q, k, v)
+        );
+    }
+    if o.dropout_p != 0.0 {
+        bail!(op, "dropout_p {} is not supported (only 0.0)", o.dropout_p);
+    }
+    if o.is_causal && attn_mask.is_some() {
+        bail!(op, "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
+    }
+    let (k, v) = if o.enable_gqa && r >= 3 {
+        let (hq, hk) = (q.dims()[r - 3], k.dims()[r - 3]);
+        if hk == 0 || hq % hk != 0 || v.dims()[r - 3] != hk {
+            bail!(
+                op,
+                "enable_gqa needs query heads divisible by key/value heads, got {}",
+                shapes(q, k, v)
+            );
+        }
+        let rep = hq / hk;
+        (
+            k.repeat_interleave(rep, Some(-3))?,
+            v.repeat_interleave(rep, Some(-3))?,
+        )
+    } else {
+        (k.clone(), v.clone())
+    };
+    let scale = o.scale.unwrap_or(1.0 / (e as f64).sqrt());
+    let mut scores = matmul(q, &k.transpose(-2, -1)?)?.mul_scalar(scale)?;
+    if o.is_causal {
+        // top-left aligned: query i sees keys j <= i
+        let above: Vec<bool> = (0..l * s).map(|i| i % s > i / s).collect();
+        let above = Tensor::from_vec(above, &[l, s])?.to_device(q.device())?;
+        scores = scores.masked_fill(&above, f64::NEG_INFINITY)?;
+    }
+    let masked = match attn_mask {
+        None => false,
+        Some(m) if m.dtype() == DType::Bool => {
+            scores = scores.masked_fill(&m.logical_not()?, f64::NEG_INFINITY)?;
+            true
+        }
+        Some(m) => {
+            scores = scores.add(m)?;
+            true
+        }
+    };
+    let mut p = scores.softmax(-1)?;
+    if masked {
+        // a row with no allowed key: zeros, not softmax's NaN
+        let none = scores
+            .binary_scalar(BinaryOp::Eq, f64::NEG_INFINITY, false)?
+            .all(Some(&[-1]), true)?;
+        p = p.masked_fill(&none, 0.0)?;
+    }
+    matmul(&p, &v)
+}
