@@ -3,6 +3,7 @@
 use super::attrs::Node;
 use super::host::Value;
 use super::ops::input;
+use super::ops_nn3d::{self, Window3d};
 use crate::functional as F;
 use crate::ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use crate::ir::op::pool::Pool2dParams;
@@ -137,8 +138,8 @@ fn symmetric(p: &[(usize, usize)]) -> Option<Vec<usize>> {
 fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
-        return Err(n.unsupported(format!("Conv with {s} spatial dims (kiln has 1-d and 2-d)")));
+    if !(1..=3).contains(&s) {
+        return Err(n.unsupported(format!("Conv with {s} spatial dims (kiln has 1-d to 3-d)")));
     }
     let kernel: Vec<usize> = w.dims()[2..].to_vec();
     if let Some(k) = n.ints("kernel_shape")? {
@@ -152,6 +153,16 @@ fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let strides = ints_or(n, "strides", s, 1)?;
     let dilations = ints_or(n, "dilations", s, 1)?;
     let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
+    let groups = n.int_or("group", 1)? as usize;
+    if s == 3 {
+        let w3 = Window3d {
+            kernel,
+            strides,
+            dilations,
+            pads,
+        };
+        return t(ops_nn3d::conv3d(n, &x, &w, b.as_ref(), &w3, groups)?);
+    }
     let (x, padding) = match symmetric(&pads) {
         Some(p) => (x, p),
         None => (pad(&x, &pads_full(&pads), "constant", 0.0)?, vec![0; s]),
@@ -160,7 +171,7 @@ fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         stride: strides,
         padding: Padding::Explicit(padding),
         dilation: dilations,
-        groups: n.int_or("group", 1)? as usize,
+        groups,
     };
     t(if s == 1 {
         F::conv1d(&x, &w, b.as_ref(), &p)?
@@ -284,9 +295,9 @@ fn gemm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
 fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let x = input(n, ins, 0)?;
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
+    if !(1..=3).contains(&s) {
         return Err(n.unsupported(format!(
-            "{} with {s} spatial dims (kiln pools in 1-d and 2-d)",
+            "{} with {s} spatial dims (kiln pools in 1-d to 3-d)",
             n.op()
         )));
     }
@@ -310,6 +321,9 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
     if !x.dtype().is_float() {
         return Err(n.unsupported(format!("{} on {} (kiln pools floats)", n.op(), x.dtype())));
+    }
+    if s == 3 {
+        return pool3d(n, &x, kernel, strides, dilations, pads, ceil, include_pad);
     }
     // kiln pools pad at most half a window: wider padding is applied first
     let wide = pads
@@ -357,6 +371,41 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         F::avg_pool2d(&x2, &p, include_pad, None)?
     };
     t(if s == 1 { y.squeeze(Some(&[2]))? } else { y })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pool3d(
+    n: &Node,
+    x: &Tensor,
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pads: Vec<(usize, usize)>,
+    ceil: bool,
+    include_pad: bool,
+) -> Result<Vec<Value>> {
+    let w = Window3d {
+        kernel,
+        strides,
+        dilations,
+        pads,
+    };
+    // ceil mode changes the result only when a last partial window exists
+    let partial = (0..3).any(|i| {
+        let len = x.dims()[2 + i] + w.pads[i].0 + w.pads[i].1;
+        let span = (w.kernel[i] - 1) * w.dilations[i] + 1;
+        len >= span && (len - span) % w.strides[i] != 0
+    });
+    if ceil && partial {
+        return Err(n.unsupported(format!("{} 3-d with ceil_mode=1", n.op())));
+    }
+    if n.op() == "MaxPool" {
+        return t(ops_nn3d::max_pool3d(n, x, &w)?);
+    }
+    if w.dilations.iter().any(|d| *d != 1) {
+        return Err(n.unsupported("AveragePool with dilations"));
+    }
+    t(ops_nn3d::avg_pool3d(n, x, &w, include_pad)?)
 }
 
 fn pad_node(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
