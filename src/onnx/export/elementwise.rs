@@ -41,6 +41,15 @@ impl Writer<'_> {
             self.node(s, &[x], &[out], vec![]);
             return Ok(());
         }
+        if self.unary_with_attrs(u, x, out)? || self.unary_chain(u, x, out)? {
+            return Ok(());
+        }
+        Err(unsupported(&format!("{u:?}").to_lowercase()))
+    }
+
+    /// Unary ops written as one ONNX op with attributes (or Clip);
+    /// `Ok(false)` for others.
+    fn unary_with_attrs(&mut self, u: &UnaryOp, x: &str, out: &str) -> Result<bool> {
         match u {
             UnaryOp::LeakyRelu { slope } => self.node(
                 "LeakyRelu",
@@ -67,6 +76,15 @@ impl Writer<'_> {
             UnaryOp::Relu6 => self.clip(x, out, 0.0, 6.0)?,
             UnaryOp::Hardtanh { min_val, max_val } => self.clip(x, out, min_val.0, max_val.0)?,
             UnaryOp::Clamp { min, max } => self.clip(x, out, min.0, max.0)?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// Unary ops written as a short chain of ONNX ops (or one op at a
+    /// later opset); `Ok(false)` for others.
+    fn unary_chain(&mut self, u: &UnaryOp, x: &str, out: &str) -> Result<bool> {
+        match u {
             UnaryOp::Log1p => {
                 let one = self.like_const(x, 1.0)?;
                 let s = self.tmp("plus_one");
@@ -145,9 +163,9 @@ impl Writer<'_> {
                 self.node("Mul", &[x, &half], &[&e], vec![]);
                 self.node("Mul", &[&e, &d], &[out], vec![]);
             }
-            other => return Err(unsupported(&format!("{other:?}").to_lowercase())),
+            _ => return Ok(false),
         }
-        Ok(())
+        Ok(true)
     }
 }
 

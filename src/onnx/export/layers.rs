@@ -10,7 +10,8 @@ use kiln_ir::bail;
 use kiln_ir::graph::NodeId;
 
 impl Writer<'_> {
-    /// One layer op; `Ok(false)` when `op` is not one.
+    /// One layer op (a Linear, a convolution, or see `norm_op`/`pool_op`);
+    /// `Ok(false)` when `op` is not one.
     pub(super) fn layer_op(&mut self, id: NodeId, op: &Op, x: &[&str], out: &str) -> Result<bool> {
         let node = self.g.node(id);
         let o = [out];
@@ -59,6 +60,39 @@ impl Writer<'_> {
                 ];
                 self.node("Conv", &x, &o, attrs);
             }
+            Op::ConvTranspose2d(p) => {
+                let wdims = &self.meta(node.operands[1]).dims;
+                let two = |v: &[usize]| -> Vec<i64> {
+                    if v.len() == 1 {
+                        vec![v[0] as i64; 2]
+                    } else {
+                        v.iter().map(|&k| k as i64).collect()
+                    }
+                };
+                let pad = two(&p.padding);
+                let attrs = vec![
+                    attr_ints(
+                        "kernel_shape",
+                        wdims[2..].iter().map(|&k| k as i64).collect(),
+                    ),
+                    attr_ints("strides", two(&p.stride)),
+                    attr_ints("dilations", two(&p.dilation)),
+                    attr_ints("pads", [pad.clone(), pad].concat()),
+                    attr_ints("output_padding", two(&p.output_padding)),
+                    attr_int("group", p.groups as i64),
+                ];
+                self.node("ConvTranspose", x, &o, attrs);
+            }
+            _ => return Ok(self.norm_op(id, op, x, out)? || self.pool_op(id, op, x, out)?),
+        }
+        Ok(true)
+    }
+
+    /// BatchNormalization (eval) and LayerNormalization; `Ok(false)` for other ops.
+    fn norm_op(&mut self, id: NodeId, op: &Op, x: &[&str], out: &str) -> Result<bool> {
+        let node = self.g.node(id);
+        let o = [out];
+        match op {
             Op::BatchNorm {
                 training: false,
                 eps,
@@ -119,6 +153,16 @@ impl Writer<'_> {
                 ];
                 self.node("LayerNormalization", &a, &o, attrs);
             }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The pools; `Ok(false)` for other ops.
+    fn pool_op(&mut self, id: NodeId, op: &Op, x: &[&str], out: &str) -> Result<bool> {
+        let node = self.g.node(id);
+        let o = [out];
+        match op {
             Op::AdaptiveAvgPool2d(size) => {
                 let d = &self.meta(node.operands[0]).dims;
                 let (h, w) = (d[d.len() - 2], d[d.len() - 1]);
@@ -170,29 +214,6 @@ impl Writer<'_> {
                     "MaxPool"
                 };
                 self.node(name, &x[..1], &o, attrs);
-            }
-            Op::ConvTranspose2d(p) => {
-                let wdims = &self.meta(node.operands[1]).dims;
-                let two = |v: &[usize]| -> Vec<i64> {
-                    if v.len() == 1 {
-                        vec![v[0] as i64; 2]
-                    } else {
-                        v.iter().map(|&k| k as i64).collect()
-                    }
-                };
-                let pad = two(&p.padding);
-                let attrs = vec![
-                    attr_ints(
-                        "kernel_shape",
-                        wdims[2..].iter().map(|&k| k as i64).collect(),
-                    ),
-                    attr_ints("strides", two(&p.stride)),
-                    attr_ints("dilations", two(&p.dilation)),
-                    attr_ints("pads", [pad.clone(), pad].concat()),
-                    attr_ints("output_padding", two(&p.output_padding)),
-                    attr_int("group", p.groups as i64),
-                ];
-                self.node("ConvTranspose", x, &o, attrs);
             }
             _ => return Ok(false),
         }

@@ -240,6 +240,57 @@ pub(super) fn resize(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let r = x.rank();
     let upsample = n.op() == "Upsample";
     let legacy = upsample || n.opset < 11;
+    let mode = resize_mode(n, upsample, legacy)?;
+    let axes: Vec<usize> = match n.ints("axes")? {
+        Some(a) => a
+            .iter()
+            .map(|v| if *v < 0 { *v + r as i64 } else { *v } as usize)
+            .collect(),
+        None => (0..r).collect(),
+    };
+    if axes.iter().any(|a| *a >= r) {
+        return Err(n.err(format!("axes {axes:?} for a rank-{r} input")));
+    }
+    let (roi, scales, sizes) = if upsample && n.opset < 9 {
+        let s = n
+            .floats("scales")?
+            .ok_or_else(|| n.err("attribute `scales` is required"))?;
+        (None, Some(s.iter().map(|v| *v as f64).collect()), None)
+    } else if legacy {
+        (None, opt_floats(ins, 1)?, None)
+    } else {
+        let sizes = match ins.get(3) {
+            Some(v) if !v.is_none() && !v.dims().contains(&0) => Some(v.ints()?),
+            _ => None,
+        };
+        (opt_floats(ins, 1)?, opt_floats(ins, 2)?, sizes)
+    };
+    let (scale, out) = output_sizes(n, x.dims(), &axes, scales.as_deref(), sizes.as_deref())?;
+    let k = axes.len();
+    let mut y = x;
+    for &a in &axes {
+        let roi_a = match &roi {
+            Some(v) if v.len() == 2 * k => {
+                let i = axes.iter().position(|b| *b == a).unwrap();
+                (v[i], v[k + i])
+            }
+            _ => (0.0, 1.0),
+        };
+        let untouched = (scale[a] - 1.0).abs() < 1e-9 && out[a] == y.dims()[a];
+        if untouched && (mode.coord != "tf_crop_and_resize" || roi_a == (0.0, 1.0)) {
+            continue;
+        }
+        if out[a] == 0 {
+            return Err(n.err(format!("output size 0 along axis {a}")));
+        }
+        y = resize_axis(&y, a, out[a], scale[a], roi_a, &mode)?;
+    }
+    t(y)
+}
+
+/// The node's mode attributes, checked (`legacy`: Upsample and Resize-10,
+/// asymmetric coordinates and floor rounding).
+fn resize_mode(n: &Node, upsample: bool, legacy: bool) -> Result<Mode> {
     let kind = string_or(n, "mode", "nearest")?;
     let kind = match kind.as_str() {
         "nearest" | "linear" | "cubic" => kind,
@@ -285,41 +336,30 @@ pub(super) fn resize(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     if mode.antialias && mode.kind == "nearest" {
         return Err(n.err("antialias=1 with mode=`nearest`"));
     }
-    let axes: Vec<usize> = match n.ints("axes")? {
-        Some(a) => a
-            .iter()
-            .map(|v| if *v < 0 { *v + r as i64 } else { *v } as usize)
-            .collect(),
-        None => (0..r).collect(),
-    };
-    if axes.iter().any(|a| *a >= r) {
-        return Err(n.err(format!("axes {axes:?} for a rank-{r} input")));
-    }
-    let (roi, scales, sizes) = if upsample && n.opset < 9 {
-        let s = n
-            .floats("scales")?
-            .ok_or_else(|| n.err("attribute `scales` is required"))?;
-        (None, Some(s.iter().map(|v| *v as f64).collect()), None)
-    } else if legacy {
-        (None, opt_floats(ins, 1)?, None)
-    } else {
-        let sizes = match ins.get(3) {
-            Some(v) if !v.is_none() && !v.dims().contains(&0) => Some(v.ints()?),
-            _ => None,
-        };
-        (opt_floats(ins, 1)?, opt_floats(ins, 2)?, sizes)
-    };
+    Ok(mode)
+}
+
+/// Each dim's scale and output size, from `scales` or from `sizes` (with
+/// `keep_aspect_ratio_policy`), over `axes`.
+fn output_sizes(
+    n: &Node,
+    dims: &[usize],
+    axes: &[usize],
+    scales: Option<&[f64]>,
+    sizes: Option<&[i64]>,
+) -> Result<(Vec<f64>, Vec<usize>)> {
+    let r = dims.len();
     let k = axes.len();
     let mut scale = vec![1.0; r];
-    let mut out: Vec<usize> = x.dims().to_vec();
-    match (&scales, &sizes) {
+    let mut out: Vec<usize> = dims.to_vec();
+    match (scales, sizes) {
         (Some(s), None) => {
             if s.len() != k {
                 return Err(n.err(format!("{} scales for {k} axes", s.len())));
             }
             for (i, &a) in axes.iter().enumerate() {
                 scale[a] = s[i];
-                out[a] = (s[i] * x.dims()[a] as f64) as usize;
+                out[a] = (s[i] * dims[a] as f64) as usize;
             }
         }
         (None, Some(sz)) => {
@@ -329,7 +369,7 @@ pub(super) fn resize(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             let ratios: Vec<f64> = axes
                 .iter()
                 .enumerate()
-                .map(|(i, &a)| sz[i] as f64 / x.dims()[a] as f64)
+                .map(|(i, &a)| sz[i] as f64 / dims[a] as f64)
                 .collect();
             let policy = string_or(n, "keep_aspect_ratio_policy", "stretch")?;
             let common = match policy.as_str() {
@@ -346,32 +386,14 @@ pub(super) fn resize(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
                     }
                     Some(c) => {
                         scale[a] = c;
-                        out[a] = (c * x.dims()[a] as f64 + 0.5) as usize;
+                        out[a] = (c * dims[a] as f64 + 0.5) as usize;
                     }
                 }
             }
         }
         _ => return Err(n.err("exactly one of `scales` and `sizes` must be given")),
     }
-    let mut y = x;
-    for &a in &axes {
-        let roi_a = match &roi {
-            Some(v) if v.len() == 2 * k => {
-                let i = axes.iter().position(|b| *b == a).unwrap();
-                (v[i], v[k + i])
-            }
-            _ => (0.0, 1.0),
-        };
-        let untouched = (scale[a] - 1.0).abs() < 1e-9 && out[a] == y.dims()[a];
-        if untouched && (mode.coord != "tf_crop_and_resize" || roi_a == (0.0, 1.0)) {
-            continue;
-        }
-        if out[a] == 0 {
-            return Err(n.err(format!("output size 0 along axis {a}")));
-        }
-        y = resize_axis(&y, a, out[a], scale[a], roi_a, &mode)?;
-    }
-    t(y)
+    Ok((scale, out))
 }
 
 /// ONNX `LRN` over the channels of (N, C, ...):
