@@ -195,44 +195,124 @@ fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             "ConvTranspose with {s} spatial dims (kiln has 1-d and 2-d)"
         )));
     }
-    if n.has("output_shape") {
-        n.ignore(&["output_shape"]);
-        return Err(n.unsupported("attribute `output_shape`"));
-    }
     let _ = n.ints("kernel_shape")?;
     let strides = ints_or(n, "strides", s, 1)?;
     let dilations = ints_or(n, "dilations", s, 1)?;
-    if let Some(a) = n.string("auto_pad")? {
-        if a != "NOTSET" {
-            return Err(n.unsupported(format!("auto_pad=`{a}`")));
-        }
-    }
-    let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * s]);
-    if pads.len() != 2 * s {
-        return Err(n.err(format!("pads {pads:?} for {s} spatial dims")));
-    }
-    let pads: Vec<(usize, usize)> = (0..s)
-        .map(|i| (pads[i] as usize, pads[i + s] as usize))
-        .collect();
-    let padding = symmetric(&pads).ok_or_else(|| n.unsupported("asymmetric pads"))?;
     let output_padding = match n.ints("output_padding")? {
         Some(v) => v.iter().map(|x| *x as usize).collect(),
         None => vec![0; s],
     };
+    let groups = n.int_or("group", 1)? as usize;
+    // the full (unpadded) result's length per dim, and which part of it the node keeps
+    let full: Vec<usize> = (0..s)
+        .map(|i| strides[i] * (x.dims()[2 + i] - 1) + (w.dims()[2 + i] - 1) * dilations[i] + 1)
+        .collect();
+    let (begin, out) = transpose_window(n, x.dims(), &full, &strides, &output_padding)?;
     // a 1-d transposed convolution runs as a 2-d one over [N, C, 1, L]
-    let two = |v: Vec<usize>, fill: usize| if s == 1 { vec![fill, v[0]] } else { v };
-    let p = ConvTransposeParams {
-        stride: two(strides, 1),
-        padding: two(padding, 0),
-        output_padding: two(output_padding, 0),
-        dilation: two(dilations, 1),
-        groups: n.int_or("group", 1)? as usize,
+    let two = |v: &[usize], fill: usize| if s == 1 { vec![fill, v[0]] } else { v.to_vec() };
+    let symmetric = (0..s).all(|i| full[i] + output_padding[i] == out[i] + 2 * begin[i]);
+    let small_extra = (0..s).all(|i| output_padding[i] < strides[i].max(dilations[i]));
+    let (padding, extra) = if symmetric && small_extra {
+        (begin.clone(), output_padding.clone())
+    } else {
+        (vec![0; s], vec![0; s])
     };
-    if s == 1 {
-        let y = F::conv_transpose2d(&x.unsqueeze(2)?, &w.unsqueeze(2)?, b.as_ref(), &p)?;
-        return t(y.squeeze(Some(&[2]))?);
+    let p = ConvTransposeParams {
+        stride: two(&strides, 1),
+        padding: two(&padding, 0),
+        output_padding: two(&extra, 0),
+        dilation: two(&dilations, 1),
+        groups,
+    };
+    let (x2, w2) = if s == 1 {
+        (x.unsqueeze(2)?, w.unsqueeze(2)?)
+    } else {
+        (x.clone(), w.clone())
+    };
+    if symmetric && small_extra {
+        let y = F::conv_transpose2d(&x2, &w2, b.as_ref(), &p)?;
+        return t(if s == 1 { y.squeeze(Some(&[2]))? } else { y });
     }
-    t(F::conv_transpose2d(&x, &w, b.as_ref(), &p)?)
+    // asymmetric pads, output_shape or auto_pad: the full result, cropped
+    // (or extended with zeros) to the kept window, then the bias
+    let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
+    let y = if s == 1 { y.squeeze(Some(&[2]))? } else { y };
+    let mut window = vec![(0i64, 0i64); 2];
+    for i in 0..s {
+        let (b0, o) = (begin[i] as i64, out[i] as i64);
+        window.push((-b0, o + b0 - full[i] as i64));
+    }
+    let y = pad(&y, &window, "constant", 0.0)?;
+    t(match b {
+        Some(b) => {
+            let mut dims = vec![1; y.rank()];
+            dims[1] = b.dims()[0];
+            y.add(&b.reshape_dims(&dims)?)?
+        }
+        None => y,
+    })
+}
+
+/// Where a ConvTranspose's output starts in its full result, and its size
+/// per spatial dim, as the ONNX reference computes them from `pads`,
+/// `auto_pad` and `output_shape`.
+fn transpose_window(
+    n: &Node,
+    xd: &[usize],
+    full: &[usize],
+    strides: &[usize],
+    output_padding: &[usize],
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let s = full.len();
+    let auto = n.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let shape = n
+        .ints("output_shape")?
+        .map(|v| v[v.len().saturating_sub(s)..].to_vec());
+    if let Some(v) = &shape {
+        if v.len() != s || v.iter().any(|d| *d < 1) {
+            return Err(n.err(format!("output_shape {v:?} for {s} spatial dims")));
+        }
+    }
+    let sizes = |shape: &Option<Vec<i64>>, p: &[i64]| -> Vec<usize> {
+        match shape {
+            Some(v) => v.iter().map(|d| *d as usize).collect(),
+            None => (0..s)
+                .map(|i| {
+                    (full[i] as i64 + output_padding[i] as i64 - p[i] - p[i + s]).max(0) as usize
+                })
+                .collect(),
+        }
+    };
+    match (n.ints("pads")?, auto.as_str()) {
+        (Some(p), _) => {
+            if p.len() != 2 * s || p.iter().any(|v| *v < 0) {
+                return Err(n.err(format!("pads {p:?} for {s} spatial dims")));
+            }
+            let out = sizes(&shape, &p);
+            Ok(((0..s).map(|i| p[i] as usize).collect(), out))
+        }
+        (None, "NOTSET" | "VALID") => Ok((vec![0; s], sizes(&shape, &vec![0; 2 * s]))),
+        (None, "SAME_UPPER" | "SAME_LOWER") => {
+            let out: Vec<usize> = match &shape {
+                Some(v) => v.iter().map(|d| *d as usize).collect(),
+                None => (0..s).map(|i| xd[2 + i] * strides[i]).collect(),
+            };
+            let begin = (0..s)
+                .map(|i| {
+                    let total = (full[i] + output_padding[i]) as i64 - out[i] as i64;
+                    let half = total.div_euclid(2);
+                    (if auto == "SAME_UPPER" {
+                        half
+                    } else {
+                        total - half
+                    })
+                    .max(0) as usize
+                })
+                .collect();
+            Ok((begin, out))
+        }
+        (None, a) => Err(n.unsupported(format!("auto_pad=`{a}`"))),
+    }
 }
 
 fn batch_norm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
