@@ -18,13 +18,16 @@ use std::path::{Path, PathBuf};
 /// The options of `kiln export`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ExportArgs {
-    /// cnn or mlp (the digits models of `kiln train`).
+    /// cnn or mlp (the digits models of `kiln train`), or a zoo model:
+    /// resnet18/34/50, mobilenet_v3_small/large, efficientnet_b0, vit_tiny,
+    /// gpt2_tiny, bert_tiny, unet_tiny, lstm (`kiln::models::catalog`).
     #[arg(long, default_value = "cnn")]
     pub model: String,
     /// Where to write: `.kiln` (kiln's format) or `.onnx`.
     #[arg(short = 'o', long = "output")]
     pub output: PathBuf,
-    /// A checkpoint of `kiln train --checkpoint` to take the weights from
+    /// A checkpoint of `kiln train --checkpoint` to take the weights from,
+    /// or for a zoo model a safetensors state_dict loaded strictly
     /// (default: a fresh model from --seed).
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
@@ -44,12 +47,9 @@ pub struct ExportArgs {
 
 /// `kiln export`: returns the line to print.
 pub fn export_cli(a: &ExportArgs) -> Result<String> {
-    let kind = ModelKind::parse(&a.model).ok_or_else(|| {
-        Error::op(
-            "export",
-            format!("unknown model `{}` (cnn or mlp)", a.model),
-        )
-    })?;
+    let Some(kind) = ModelKind::parse(&a.model) else {
+        return export_zoo(a);
+    };
     crate::manual_seed(a.seed);
     let model = kind.build()?;
     if let Some(ck) = &a.checkpoint {
@@ -90,6 +90,66 @@ pub fn export_cli(a: &ExportArgs) -> Result<String> {
     Ok(format!(
         "exported {} {} to {} ({})",
         kind.name(),
+        e.signature(),
+        a.output.display(),
+        if onnx_out {
+            format!("ONNX opset {}", a.opset)
+        } else {
+            "kiln export format 1, reload checked".into()
+        }
+    ))
+}
+
+/// `kiln export --model ZOO_MODEL`: the model's `forward_many`, every
+/// input's dim 0 the dynamic `batch`, checked as the digits models are.
+fn export_zoo(a: &ExportArgs) -> Result<String> {
+    crate::manual_seed(a.seed);
+    let zoo = crate::models::catalog::build(&a.model).map_err(|e| {
+        Error::op(
+            "export",
+            format!("unknown model `{}`: cnn, mlp or a zoo model ({e})", a.model),
+        )
+    })?;
+    let model = zoo.model.as_ref();
+    if let Some(ck) = &a.checkpoint {
+        let sd: Vec<(String, Tensor)> = crate::serialize::load_map(ck)?.into_iter().collect();
+        model.load_state_dict(&sd, true)?;
+    }
+    model.eval();
+    let xs = (zoo.example)(a.batch);
+    let dynamic: Vec<DynamicDim> = if a.static_batch {
+        vec![]
+    } else {
+        (0..xs.len())
+            .map(|i| DynamicDim::new(i, 0, "batch"))
+            .collect()
+    };
+    let mut names = model.named_parameters();
+    names.extend(model.named_buffers());
+    let first_output = |xs: &[Tensor]| -> Result<Vec<Tensor>> {
+        let args: Vec<Option<&Tensor>> = xs.iter().map(Some).collect();
+        Ok(model.forward_many(&args)?.into_iter().take(1).collect())
+    };
+    let e = export::export_fn("forward", first_output, &names, &xs, &dynamic)?;
+    let onnx_out = a.output.extension().is_some_and(|x| x == "onnx");
+    if onnx_out {
+        onnx::from_exported(&e, &a.output, a.opset)?;
+    } else {
+        e.save(&a.output)?;
+        let back = export::load(&a.output)?;
+        let _ng = crate::autograd::no_grad();
+        let (want, got) = (first_output(&xs)?, back.forward(&xs)?);
+        if want[0].to_f64_vec() != got[0].to_f64_vec() {
+            bail!(
+                "export",
+                "{}: the reloaded model disagrees with eager",
+                a.output.display()
+            );
+        }
+    }
+    Ok(format!(
+        "exported {} {} to {} ({})",
+        a.model,
         e.signature(),
         a.output.display(),
         if onnx_out {

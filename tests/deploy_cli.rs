@@ -104,3 +104,46 @@ fn run_errors_name_the_input() {
     assert!(!out.status.success());
     assert!(err.contains("input `input`: expected rank 4"), "{err}");
 }
+
+#[test]
+fn zoo_model_exports_and_runs_in_both_formats() {
+    let d = dir();
+    let (k, o) = (d.join("lstm.kiln"), d.join("lstm.onnx"));
+    let line = kiln(&["export", "--model", "lstm", "-o", k.to_str().unwrap()]);
+    assert!(
+        line.contains("(input: f32[batch,7,16]) -> (output: f32[batch,5])"),
+        "{line}"
+    );
+    kiln(&["export", "--model", "lstm", "-o", o.to_str().unwrap()]);
+    let x = kiln::random::randn(&[4, 7, 16], None);
+    let xp = d.join("seq.npy");
+    kiln::npy::save(&xp, &x).unwrap();
+    let mut outs = vec![];
+    for model in [&k, &o] {
+        let yp = d.join("lstm_y.npy");
+        let input = format!("input={}", xp.display());
+        kiln(&[
+            "run",
+            model.to_str().unwrap(),
+            "--input",
+            &input,
+            "--output",
+            yp.to_str().unwrap(),
+        ]);
+        outs.push(kiln::npy::load(&yp).unwrap().to_vec::<f32>().unwrap());
+    }
+    assert_eq!(outs[0].len(), 4 * 5);
+    let err = outs[0]
+        .iter()
+        .zip(&outs[1])
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(err <= 1e-5, ".kiln and .onnx disagree by {err}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["export", "--model", "alexnet", "-o", k.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(err.contains("unknown model `alexnet`"), "{err}");
+}

@@ -1,10 +1,10 @@
 """Checks an ONNX file kiln exported: onnx.checker (full check, with shape
 inference), then onnxruntime on each input against kiln's eager output.
 
-    python tests/onnx_check.py MODEL.onnx TOL IN_0.pb:OUT_0.pb [IN_1.pb:OUT_1.pb ...]
+    python tests/onnx_check.py MODEL.onnx TOL IN_0.pb[,IN_0b.pb...]:OUT_0.pb [...]
 
-Each pair is one input and kiln's eager output for it (ONNX TensorProto
-files). Prints one line per pair and exits 1 on any disagreement.
+Each pair is one call's inputs (comma-separated, in the model's input
+order) and kiln's eager first output for it (ONNX TensorProto files). Prints one line per pair and exits 1 on any disagreement.
 """
 import sys
 
@@ -25,12 +25,13 @@ model_path, tol = sys.argv[1], float(sys.argv[2])
 model = onnx.load(model_path)
 onnx.checker.check_model(model, full_check=True)
 sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-name = sess.get_inputs()[0].name
+names = [i.name for i in sess.get_inputs()]
 worst = 0.0
 for pair in sys.argv[3:]:
-    x_path, y_path = pair.split(":")
-    x, want = read(x_path), read(y_path)
-    (got,) = sess.run(None, {name: x})
+    x_paths, y_path = pair.split(":")
+    xs = [read(p) for p in x_paths.split(",")]
+    x, want = xs[0], read(y_path)
+    got = sess.run(None, dict(zip(names, xs)))[0]
     if got.shape != want.shape:
         print(f"shape {got.shape} from onnxruntime, kiln {want.shape}")
         sys.exit(1)

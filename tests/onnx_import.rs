@@ -186,12 +186,12 @@ fn check_suite(suite: &str, floor: usize) {
 
 #[test]
 fn onnx_simple() {
-    check_suite("simple", 7);
+    check_suite("simple", 15);
 }
 
 #[test]
 fn onnx_pytorch_converted() {
-    check_suite("pytorch-converted", 67);
+    check_suite("pytorch-converted", 80);
 }
 
 #[test]
@@ -283,5 +283,5 @@ fn unsupported_op_and_attribute_name_node_op_and_opset() {
 /// The ONNX node test cases for the ops kiln supports (scripts/onnx-node-fixtures.py).
 #[test]
 fn onnx_node() {
-    check_suite("node", 623);
+    check_suite("node", 752);
 }

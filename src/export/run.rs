@@ -5,9 +5,11 @@
 
 use super::{Dim, ExportedModel, Source};
 use crate::compile::dispatch::run_op;
+use crate::functional as F;
 use crate::nn::{Entry, Module};
 use crate::Tensor;
 use kiln_ir::graph::{Graph, NodeOp};
+use kiln_ir::op::Op;
 use kiln_ir::{bail, Result};
 
 /// Evaluates `g` with its inputs bound by `sources`.
@@ -51,7 +53,7 @@ pub(super) fn eval(
                     .iter()
                     .map(|o| vals[o.index()][0].clone())
                     .collect();
-                run_op(op, &ins)?
+                eager_op(op, &ins)?
             }
         };
         vals.push(v);
@@ -67,6 +69,22 @@ pub(super) fn eval(
         .iter()
         .map(|o| vals[o.index()][0].clone())
         .collect())
+}
+
+/// `op` as the model's eager code ran it. Only convolution differs from
+/// [`run_op`], which serves compiled graphs: there a conv times its
+/// algorithms (as `cudnn.benchmark` does) and may pick one that rounds
+/// differently from the fixed choice eager code makes.
+fn eager_op(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
+    match (op, ins) {
+        (Op::Conv { params, spatial: 1 }, [x, w, rest @ ..]) => {
+            Ok(vec![F::conv1d(x, w, rest.first(), params)?])
+        }
+        (Op::Conv { params, spatial: 2 }, [x, w, rest @ ..]) => {
+            Ok(vec![F::conv2d(x, w, rest.first(), params)?])
+        }
+        _ => run_op(op, ins),
+    }
 }
 
 impl ExportedModel {

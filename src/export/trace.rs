@@ -7,7 +7,7 @@ use super::{Dim, DynamicDim, ExportedModel, Source, TensorSpec};
 use crate::compile::trace::{self, Binding};
 use crate::nn::{Module, ModuleExt};
 use crate::{Result, Tensor};
-use kiln_ir::graph::NodeOp;
+use kiln_ir::graph::{Constant, NodeOp};
 use kiln_ir::op::Op;
 use kiln_ir::{bail, Error};
 
@@ -66,11 +66,12 @@ pub fn export_fn(
         } else {
             resized(example, &which, s)?
         };
-        let (tr, outs) = match trace::trace(name, &inputs, names, |xs| f(xs))? {
+        let (mut tr, outs) = match trace::trace(name, &inputs, names, |xs| f(xs))? {
             Ok(r) => r,
             Err(b) => bail!("export", "cannot trace `{name}`: {b}"),
         };
         check_inference(name, &tr)?;
+        fold_uniform_captures(&mut tr, names)?;
         texts.push(tr.graph.to_text());
         out_dims.push(outs.iter().map(|o| o.dims().to_vec()).collect());
         if k == 0 {
@@ -242,6 +243,49 @@ fn resized(example: &[Tensor], which: &[Place], sizes: &[usize]) -> Result<Vec<T
 }
 
 /// Refuses a trace that is not pure inference.
+/// A tensor the traced code made itself (not one of `names`, the
+/// parameters and buffers) whose elements are all one value, such as an
+/// LSTM's zero initial state, becomes a constant node: its shape then
+/// follows the dynamic dims (it is fitted with the rest of the graph text)
+/// instead of being stored as a weight at the example size.
+fn fold_uniform_captures(tr: &mut trace::Trace, names: &[(String, Tensor)]) -> Result<()> {
+    let g = &tr.graph;
+    let mut fold: Vec<Option<f64>> = vec![None; g.len()];
+    let mut keep = vec![];
+    for (id, b) in g.inputs().iter().zip(&tr.bindings) {
+        let value = match b {
+            Binding::Captured(t) if !names.iter().any(|(_, n)| n.is_same(t)) && t.numel() > 0 => {
+                let v = t.to_f64_vec();
+                let same = v.iter().all(|x| x.to_bits() == v[0].to_bits()) && v[0].is_finite();
+                same.then_some(v[0])
+            }
+            _ => None,
+        };
+        match value {
+            Some(v) => fold[id.index()] = Some(v),
+            None => keep.push(b.clone()),
+        }
+    }
+    if fold.iter().all(|f| f.is_none()) {
+        return Ok(());
+    }
+    let mut k = 0;
+    let graph = g.rewrite(|out, node, _| {
+        let i = k;
+        k += 1;
+        match (fold[i], &node.op) {
+            (Some(v), NodeOp::Input { .. }) => {
+                let meta = node.metas[0].clone();
+                Ok(Some(out.constant(Constant::full(v, meta))?))
+            }
+            _ => Ok(None),
+        }
+    })?;
+    tr.graph = graph;
+    tr.bindings = keep;
+    Ok(())
+}
+
 fn check_inference(name: &str, tr: &trace::Trace) -> Result<()> {
     let train_mode = "call model.eval() before exporting (export records inference)";
     if !tr.mutations.is_empty() {

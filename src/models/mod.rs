@@ -4,6 +4,7 @@
 //! loads with a strict report.
 
 pub mod bert;
+pub mod catalog;
 pub mod efficientnet;
 pub mod gpt2;
 pub mod hf;

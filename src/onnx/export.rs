@@ -11,7 +11,6 @@ use super::proto::{
 };
 use super::tensor::{onnx_dtype, to_proto};
 use crate::export::{Dim, DynamicDim, ExportedModel, TensorSpec};
-use crate::ir::op::conv::resolve_padding;
 use crate::ir::op::Op;
 use crate::nn::Module;
 use crate::{Result, Tensor};
@@ -24,7 +23,9 @@ use std::path::Path;
 /// The opset [`export`] writes unless told otherwise (as `torch.onnx.export`).
 pub const DEFAULT_OPSET: i64 = 17;
 
+mod data;
 mod elementwise;
+mod layers;
 
 /// Exports `model` traced on `example` to an ONNX file at `path` (all dims
 /// fixed; see [`export_dynamic`] for a dynamic batch).
@@ -76,6 +77,11 @@ pub fn to_model(e: &ExportedModel, opset: i64) -> Result<ModelProto> {
         nodes: vec![],
         inits: vec![],
         fresh: 0,
+        batch_source: batch_source(e),
+        batch_cache: None,
+        example_batch: base.first().copied().unwrap_or(0),
+        dynamic_names: e.dynamic_dims().len(),
+        uses: g.use_counts(),
     };
     w.name_values(e)?;
     for (id, node) in g.iter() {
@@ -84,6 +90,10 @@ pub fn to_model(e: &ExportedModel, opset: i64) -> Result<ModelProto> {
         } else if let NodeOp::Project(k) = &node.op {
             w.project(id, *k)?;
         } else if let NodeOp::Const(c) = &node.op {
+            if w.shape_is_dynamic(id) {
+                w.dynamic_const(id, c)?;
+                continue;
+            }
             let n = c.meta.dims.iter().product::<usize>();
             let v: Vec<f64> = (0..n).map(|k| c.value(k)).collect();
             let t = Tensor::from_vec(v, &c.meta.dims)?.to_dtype(c.meta.dtype)?;
@@ -170,6 +180,15 @@ fn attr_ints(name: &str, ints: Vec<i64>) -> AttributeProto {
     }
 }
 
+fn attr_string(name: &str, s: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: at::STRING,
+        s: s.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
 fn attr_float(name: &str, f: f64) -> AttributeProto {
     AttributeProto {
         name: name.into(),
@@ -187,6 +206,26 @@ struct Writer<'a> {
     nodes: Vec<NodeProto>,
     inits: Vec<TensorProto>,
     fresh: usize,
+    /// The input and dim the dynamic dim is read from (one dynamic dim name only).
+    batch_source: Option<(String, usize)>,
+    /// The `Shape`/`Gather` result holding the dynamic dim, once made.
+    batch_cache: Option<String>,
+    /// The dynamic dim's size in the example inputs.
+    example_batch: usize,
+    dynamic_names: usize,
+    /// How many nodes read each value.
+    uses: Vec<usize>,
+}
+
+/// The first input dim of the export's one dynamic dim name.
+fn batch_source(e: &ExportedModel) -> Option<(String, usize)> {
+    if e.dynamic_dims().len() != 1 {
+        return None;
+    }
+    e.inputs().iter().find_map(|s| {
+        let d = s.dims.iter().position(|d| matches!(d, Dim::Dynamic(_)))?;
+        Some((s.name.clone(), d))
+    })
 }
 
 impl Writer<'_> {
@@ -247,7 +286,9 @@ impl Writer<'_> {
 
     fn project(&mut self, id: NodeId, k: usize) -> Result<()> {
         let src = self.g.node(id).operands[0];
-        if k != 0 {
+        // an unread second result (max_pool2d's indices) needs no ONNX value
+        let unread = self.uses[id.index()] == 0 && !self.g.outputs().contains(&id);
+        if k != 0 && !unread {
             bail!(
                 "onnx::export",
                 "result {k} of `{}` (pooling indices) has no ONNX export",
@@ -256,6 +297,13 @@ impl Writer<'_> {
         }
         // the multi-output op wrote its first result under the projection's name
         Ok(())
+    }
+
+    /// The dtype of the graph value written under `name`.
+    fn dtype_of(&self, name: &str) -> crate::DType {
+        let i = self.names.iter().position(|n| n == name);
+        let i = i.expect("a graph value's name");
+        self.meta(NodeId(i as u32)).dtype
     }
 
     fn meta(&self, id: NodeId) -> &kiln_ir::op::Meta {
@@ -311,110 +359,6 @@ impl Writer<'_> {
             Op::Cast(d) => self.node("Cast", &x, &o, vec![attr_int("to", onnx_dtype(*d) as i64)]),
             Op::Where => self.node("Where", &x, &o, vec![]),
             Op::Matmul => self.node("MatMul", &x, &o, vec![]),
-            Op::Linear => {
-                if self.meta(node.operands[0]).dims.len() == 2 {
-                    self.node("Gemm", &x, &o, vec![attr_int("transB", 1)]);
-                } else {
-                    let wt = self.tmp("weight_t");
-                    self.node(
-                        "Transpose",
-                        &[x[1]],
-                        &[&wt],
-                        vec![attr_ints("perm", vec![1, 0])],
-                    );
-                    if x.len() > 2 {
-                        let mm = self.tmp("matmul");
-                        self.node("MatMul", &[x[0], &wt], &[&mm], vec![]);
-                        self.node("Add", &[&mm, x[2]], &o, vec![]);
-                    } else {
-                        self.node("MatMul", &[x[0], &wt], &o, vec![]);
-                    }
-                }
-            }
-            Op::Conv { params, spatial } => {
-                let wdims = &self.meta(node.operands[1]).dims;
-                let kernel: Vec<usize> = wdims[2..].to_vec();
-                let s = *spatial;
-                let per = |v: &[usize]| -> Vec<usize> {
-                    if v.len() == 1 {
-                        vec![v[0]; s]
-                    } else {
-                        v.to_vec()
-                    }
-                };
-                let (stride, dil) = (per(&params.stride), per(&params.dilation));
-                let pads = resolve_padding("conv", &params.padding, &kernel, &dil, &stride)?;
-                let mut p: Vec<i64> = pads.iter().map(|x| x.0 as i64).collect();
-                p.extend(pads.iter().map(|x| x.1 as i64));
-                let attrs = vec![
-                    attr_ints("kernel_shape", kernel.iter().map(|&k| k as i64).collect()),
-                    attr_ints("strides", stride.iter().map(|&k| k as i64).collect()),
-                    attr_ints("dilations", dil.iter().map(|&k| k as i64).collect()),
-                    attr_ints("pads", p),
-                    attr_int("group", params.groups as i64),
-                ];
-                self.node("Conv", &x, &o, attrs);
-            }
-            Op::BatchNorm {
-                training: false,
-                eps,
-                has_running_stats: true,
-                has_weight,
-                has_bias,
-                ..
-            } => {
-                let c = self.meta(node.operands[0]).dims[1];
-                let dt = self.meta(node.operands[0]).dtype;
-                let (mean, var) = (x[1], x[2]);
-                let mut k = 3;
-                let scale = if *has_weight {
-                    k += 1;
-                    x[k - 1].to_string()
-                } else {
-                    self.constant("ones", &Tensor::ones(&[c], dt))?
-                };
-                let bias = if *has_bias {
-                    x[k].to_string()
-                } else {
-                    self.constant("zeros", &Tensor::zeros(&[c], dt))?
-                };
-                self.node(
-                    "BatchNormalization",
-                    &[x[0], &scale, &bias, mean, var],
-                    &o,
-                    vec![attr_float("epsilon", eps.0)],
-                );
-            }
-            Op::LayerNorm {
-                normalized_shape,
-                eps,
-                has_weight,
-                has_bias,
-            } => {
-                if self.opset < 17 {
-                    bail!(
-                        "onnx::export",
-                        "layer_norm needs opset 17 or later (LayerNormalization), got {}",
-                        self.opset
-                    );
-                }
-                let dt = self.meta(node.operands[0]).dtype;
-                let scale = if *has_weight {
-                    x[1].to_string()
-                } else {
-                    self.constant("ones", &Tensor::ones(normalized_shape, dt))?
-                };
-                let mut args = vec![x[0].to_string(), scale];
-                if *has_bias {
-                    args.push(x[if *has_weight { 2 } else { 1 }].to_string());
-                }
-                let a: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
-                let attrs = vec![
-                    attr_int("axis", -(normalized_shape.len() as i64)),
-                    attr_float("epsilon", eps.0),
-                ];
-                self.node("LayerNormalization", &a, &o, attrs);
-            }
             Op::Softmax { dim } => self.node("Softmax", &x, &o, vec![attr_int("axis", *dim)]),
             Op::LogSoftmax { dim } => self.node("LogSoftmax", &x, &o, vec![attr_int("axis", *dim)]),
             Op::Reduce {
@@ -432,66 +376,21 @@ impl Writer<'_> {
                 self.reduce(name, x[0], &out, dims, *keepdim)?;
             }
             Op::Mean { dims, keepdim } => self.reduce("ReduceMean", x[0], &out, dims, *keepdim)?,
-            Op::AdaptiveAvgPool2d(size) => {
-                let d = &self.meta(node.operands[0]).dims;
-                let (h, w) = (d[d.len() - 2], d[d.len() - 1]);
-                if *size == [1, 1] {
-                    self.node("GlobalAveragePool", &x, &o, vec![]);
-                } else if h % size[0] == 0 && w % size[1] == 0 {
-                    let k = vec![(h / size[0]) as i64, (w / size[1]) as i64];
-                    self.node(
-                        "AveragePool",
-                        &x,
-                        &o,
-                        vec![
-                            attr_ints("kernel_shape", k.clone()),
-                            attr_ints("strides", k),
-                        ],
-                    );
-                } else {
-                    bail!("onnx::export", "adaptive_avg_pool2d from {h}x{w} to {size:?} has no ONNX export (sizes must divide)");
-                }
-            }
-            Op::MaxPool2d(p) | Op::AvgPool2d { params: p, .. } => {
-                let mut attrs = vec![
-                    attr_ints("kernel_shape", p.kernel.iter().map(|&k| k as i64).collect()),
-                    attr_ints("strides", p.stride.iter().map(|&k| k as i64).collect()),
-                    attr_ints(
-                        "pads",
-                        [p.padding, p.padding]
-                            .concat()
-                            .iter()
-                            .map(|&k| k as i64)
-                            .collect(),
-                    ),
-                    attr_int("ceil_mode", p.ceil_mode as i64),
-                ];
-                let name = if let Op::AvgPool2d {
-                    count_include_pad, ..
-                } = op
-                {
-                    if p.dilation != [1, 1] {
-                        return Err(unsupported("avg_pool2d with dilation"));
-                    }
-                    attrs.push(attr_int("count_include_pad", *count_include_pad as i64));
-                    "AveragePool"
-                } else {
-                    attrs.push(attr_ints(
-                        "dilations",
-                        p.dilation.iter().map(|&k| k as i64).collect(),
-                    ));
-                    "MaxPool"
-                };
-                self.node(name, &x[..1], &o, attrs);
-            }
             Op::View(_) => {
-                let shape = self.view_shape(id)?;
-                let s = self.ints_const("shape", &shape)?;
+                let s = match self.view_shape(id) {
+                    Ok(shape) => self.ints_const("shape", &shape)?,
+                    // several dims depend on the batch: computed at run time
+                    Err(_) => self.shape_value(id)?,
+                };
                 self.node("Reshape", &[x[0], &s], &o, vec![]);
             }
             Op::Permute(p) => self.node("Transpose", &x, &o, vec![attr_ints("perm", p.clone())]),
             Op::Cat { dim } => self.node("Concat", &x, &o, vec![attr_int("axis", *dim)]),
-            _ => return Err(unsupported(&op.name())),
+            _ => {
+                if !self.layer_op(id, op, &x, &out)? && !self.data_op(id, op, &x, &out)? {
+                    return Err(unsupported(&op.name()));
+                }
+            }
         }
         Ok(())
     }

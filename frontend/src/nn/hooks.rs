@@ -39,11 +39,15 @@ pub type PreHook = dyn Fn(&dyn Module, &Tensor) -> Result<()> + Send + Sync;
 /// Called after forward with the module, its input and its output;
 /// `Ok(Some(t))` replaces the output.
 pub type PostHook = dyn Fn(&dyn Module, &Tensor, &Tensor) -> Result<Option<Tensor>> + Send + Sync;
+/// Called instead of the module's own forward (what `quantize_dynamic`
+/// swaps into a layer of any module tree).
+pub type ReplaceHook = dyn Fn(&dyn Module, &Tensor) -> Result<Tensor> + Send + Sync;
 
 #[derive(Clone)]
 enum Hook {
     Pre(Arc<PreHook>),
     Post(Arc<PostHook>),
+    Replace(Arc<ReplaceHook>),
 }
 
 /// A module's identity for hooks: its address and size (see the module
@@ -118,6 +122,17 @@ pub fn register_forward_hook(
     register(Some(key(m)), Hook::Post(Arc::new(hook)))
 }
 
+/// Runs `forward` in place of `m`'s own forward while the handle lives (the
+/// last one registered wins): how `quantize_dynamic` swaps a Linear or
+/// LSTM inside a module whose forward is the user's own code, as PyTorch
+/// swaps the attribute.
+pub fn register_forward_replacement(
+    m: &dyn Module,
+    forward: impl Fn(&dyn Module, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
+) -> HookHandle {
+    register(Some(key(m)), Hook::Replace(Arc::new(forward)))
+}
+
 /// `torch.nn.modules.module.register_module_forward_pre_hook`: every module.
 pub fn register_module_forward_pre_hook(
     hook: impl Fn(&dyn Module, &Tensor) -> Result<()> + Send + Sync + 'static,
@@ -132,8 +147,9 @@ pub fn register_module_forward_hook(
     register(None, Hook::Post(Arc::new(hook)))
 }
 
-/// Runs `body` (a module's forward) between the hooks registered for `m`
-/// and for every module, in registration order. A module's `forward` is
+/// Runs `body` (a module's forward), or the replacement registered for `m`,
+/// between the hooks registered for `m` and for every module, in
+/// registration order. A module's `forward` is
 /// `hooks::run(self, x, |x| ...)`.
 pub fn run(
     m: &dyn Module,
@@ -157,8 +173,15 @@ pub fn run(
             f(m, x)?;
         }
     }
+    let replacement = hooks.iter().rev().find_map(|h| match h {
+        Hook::Replace(f) => Some(f.clone()),
+        _ => None,
+    });
     let outer = RUNNING.replace(at);
-    let y = body(x);
+    let y = match replacement {
+        Some(f) => f(m, x),
+        None => body(x),
+    };
     RUNNING.set(outer);
     let mut y = y?;
     for h in &hooks {

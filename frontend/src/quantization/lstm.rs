@@ -12,6 +12,7 @@ use crate::nn::recurrent::step::Projections;
 use crate::nn::{Entry, Module, LSTM};
 use crate::Tensor;
 use kiln_ir::{bail, Result};
+use std::sync::Arc;
 
 /// A dynamically quantized LSTM; it borrows the float layer for its
 /// structure (sizes, layers, directions, `batch_first`).
@@ -28,7 +29,7 @@ use kiln_ir::{bail, Result};
 pub struct QuantizedLstm<'m> {
     float: &'m LSTM,
     /// Per layer and direction: (`ih`, `hh`) and their child names.
-    cells: Vec<QuantizedCell>,
+    cells: Arc<Vec<QuantizedCell>>,
 }
 
 struct QuantizedCell {
@@ -58,7 +59,31 @@ impl<'m> QuantizedLstm<'m> {
                 })
             })
             .collect::<Result<_>>()?;
-        Ok(QuantizedLstm { float: lstm, cells })
+        Ok(QuantizedLstm {
+            float: lstm,
+            cells: Arc::new(cells),
+        })
+    }
+
+    /// This LSTM's forward as a replacement for the float LSTM's own (what
+    /// `quantize_dynamic` installs inside a custom module): it owns the
+    /// packed weights and runs on the LSTM it is called for, so it borrows
+    /// nothing.
+    pub(super) fn replacement(
+        &self,
+    ) -> impl Fn(&dyn Module, &Tensor) -> Result<Tensor> + Send + Sync + 'static {
+        let cells = self.cells.clone();
+        move |m, x| match m.as_lstm() {
+            Some(lstm) => Ok(lstm
+                .0
+                .run_with(&[Some(x)], cells.as_slice())?
+                .swap_remove(0)),
+            None => bail!(
+                "quantize_dynamic",
+                "the LSTM replacement ran for {}",
+                m.describe()
+            ),
+        }
     }
 }
 
@@ -82,7 +107,7 @@ impl Module for QuantizedLstm<'_> {
         self.float.0.run_with(inputs, self.cells.as_slice())
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
-        for c in &self.cells {
+        for c in self.cells.iter() {
             f(Entry::Child(&c.names[0], &c.ih));
             f(Entry::Child(&c.names[1], &c.hh));
         }

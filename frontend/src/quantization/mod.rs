@@ -29,6 +29,7 @@
 
 mod linear;
 mod lstm;
+mod swap;
 #[cfg(test)]
 mod tests;
 
@@ -66,8 +67,11 @@ pub struct QuantizedModel<'m> {
 /// whose Linear layers are [`QuantizedLinear`]s.
 ///
 /// Containers are rebuilt when they are `Sequential`s (their forward is a
-/// chain, so swapping a child keeps it); any other module holding a Linear
-/// is an error naming it, as is a request for LSTM.
+/// chain, so swapping a child keeps it, and a Linear followed by a ReLU
+/// fuses). Any other module (a struct with its own forward) keeps its code,
+/// and the Linear/LSTM layers below it are swapped in place through forward
+/// replacements for as long as the quantized model lives (PyTorch's
+/// `inplace=True`; see `swap.rs`): its `state_dict` has the quantized keys.
 pub fn quantize_dynamic<'m>(
     model: &'m dyn Module,
     types: &[QuantType],
@@ -125,16 +129,6 @@ fn has_lstm(m: &dyn Module) -> bool {
     m.visit(&mut |e| {
         if let Entry::Child(_, c) = e {
             found |= has_lstm(c);
-        }
-    });
-    found
-}
-
-fn has_linear(m: &dyn Module) -> bool {
-    let mut found = linear_parts(m).is_some();
-    m.visit(&mut |e| {
-        if let Entry::Child(_, c) = e {
-            found |= has_linear(c);
         }
     });
     found
@@ -200,15 +194,12 @@ fn rebuild<'m>(
         }
         return Ok(Box::new(QuantizedSequential { children: out }));
     }
-    if (linear && has_linear(m)) || (types.contains(&QuantType::Lstm) && has_lstm(m)) {
-        bail!(
-            "quantize_dynamic",
-            "`{}` ({}) holds a layer to quantize but is not a Sequential: its forward cannot be rebuilt around a swapped layer (quantize that layer itself, e.g. QuantizedLstm::from_float)",
-            if path.is_empty() { "<root>" } else { path },
-            m.describe()
-        );
+    // any other module: its forward is its own code, so the layers below it
+    // are swapped in place (see swap.rs)
+    match swap::swap_tree(m, scheme, types)? {
+        Some(tree) => Ok(Box::new(tree)),
+        None => Ok(Box::new(Borrowed(m))),
     }
-    Ok(Box::new(Borrowed(m)))
 }
 
 /// A `Sequential` rebuilt around quantized children.

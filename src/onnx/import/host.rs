@@ -44,6 +44,8 @@ pub(crate) enum Value {
     Host(Host),
     /// An omitted optional input (`""`).
     None,
+    /// A sequence of tensors (the sequence ops, `ops_seq.rs`).
+    Seq(Vec<Tensor>),
 }
 
 fn is_int(d: DType) -> bool {
@@ -84,6 +86,7 @@ impl Value {
             Value::T(t) => Ok(t.clone()),
             Value::Host(h) => h.tensor(),
             Value::None => bail!("onnx", "an omitted optional input was read"),
+            Value::Seq(_) => bail!("onnx", "a sequence was read as a tensor"),
         }
     }
 
@@ -91,7 +94,7 @@ impl Value {
         match self {
             Value::T(t) => t.dims().to_vec(),
             Value::Host(h) => h.dims.clone(),
-            Value::None => vec![],
+            Value::None | Value::Seq(_) => vec![],
         }
     }
 
@@ -99,7 +102,7 @@ impl Value {
         match self {
             Value::T(t) => t.dtype(),
             Value::Host(h) => h.dtype,
-            Value::None => DType::F32,
+            Value::None | Value::Seq(_) => DType::F32,
         }
     }
 
@@ -110,6 +113,7 @@ impl Value {
             Value::Host(h) => Ok(h.data.clone()),
             Value::T(t) => Ok(t.to_f64_vec().iter().map(|v| *v as i64).collect()),
             Value::None => bail!("onnx", "an omitted optional input was read"),
+            Value::Seq(_) => bail!("onnx", "a sequence was read as integers"),
         }
     }
 
@@ -119,6 +123,7 @@ impl Value {
             Value::Host(h) => Ok(h.data.iter().map(|v| *v as f64).collect()),
             Value::T(t) => Ok(t.to_f64_vec()),
             Value::None => bail!("onnx", "an omitted optional input was read"),
+            Value::Seq(_) => bail!("onnx", "a sequence was read as numbers"),
         }
     }
 }

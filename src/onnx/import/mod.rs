@@ -20,8 +20,12 @@
 mod attrs;
 mod host;
 mod ops;
+mod ops_more;
 mod ops_nn;
+mod ops_nn3d;
+mod ops_resize;
 mod ops_rnn;
+mod ops_seq;
 mod ops_shape;
 
 use super::proto::{self, ModelProto, NodeProto};

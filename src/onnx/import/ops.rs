@@ -4,7 +4,7 @@
 
 use super::attrs::Node;
 use super::host::{Host, Value};
-use super::{ops_nn, ops_rnn, ops_shape};
+use super::{ops_more, ops_nn, ops_resize, ops_rnn, ops_seq, ops_shape};
 use crate::ir::BinaryOp;
 use crate::{DType, Result, Tensor};
 
@@ -86,6 +86,9 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "GlobalAveragePool",
     "GlobalMaxPool",
     "Pad",
+    "LRN",
+    "Resize",
+    "Upsample",
     // recurrent layers
     "LSTM",
     "GRU",
@@ -107,6 +110,28 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "Constant",
     "ConstantOfShape",
     "Range",
+    // ops_more.rs
+    "Tan",
+    "Asin",
+    "Acos",
+    "Atan",
+    "Sinh",
+    "Cosh",
+    "Round",
+    "IsNaN",
+    "IsInf",
+    "GatherElements",
+    "Trilu",
+    "CumSum",
+    // sequences
+    "SequenceEmpty",
+    "SequenceConstruct",
+    "SequenceInsert",
+    "SequenceErase",
+    "SequenceAt",
+    "SequenceLength",
+    "ConcatFromSequence",
+    "SplitToSequence",
 ];
 
 pub(crate) fn supported(op: &str) -> bool {
@@ -267,6 +292,10 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         | "GlobalMaxPool"
         | "Pad" => ops_nn::run(n, ins),
         "LSTM" | "GRU" | "RNN" => ops_rnn::run(n, ins),
+        "Resize" | "Upsample" => ops_resize::resize(n, ins),
+        "LRN" => ops_resize::lrn(n, ins),
+        op if ops_more::OPS.contains(&op) => ops_more::run(n, ins),
+        op if op.starts_with("Sequence") || op.ends_with("Sequence") => ops_seq::run(n, ins),
         _ => ops_shape::run(n, ins),
     }
 }

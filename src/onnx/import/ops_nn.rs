@@ -3,6 +3,7 @@
 use super::attrs::Node;
 use super::host::Value;
 use super::ops::input;
+use super::ops_nn3d::{self, Window3d};
 use crate::functional as F;
 use crate::ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use crate::ir::op::pool::Pool2dParams;
@@ -137,8 +138,8 @@ fn symmetric(p: &[(usize, usize)]) -> Option<Vec<usize>> {
 fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
-        return Err(n.unsupported(format!("Conv with {s} spatial dims (kiln has 1-d and 2-d)")));
+    if !(1..=3).contains(&s) {
+        return Err(n.unsupported(format!("Conv with {s} spatial dims (kiln has 1-d to 3-d)")));
     }
     let kernel: Vec<usize> = w.dims()[2..].to_vec();
     if let Some(k) = n.ints("kernel_shape")? {
@@ -152,6 +153,16 @@ fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let strides = ints_or(n, "strides", s, 1)?;
     let dilations = ints_or(n, "dilations", s, 1)?;
     let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
+    let groups = n.int_or("group", 1)? as usize;
+    if s == 3 {
+        let w3 = Window3d {
+            kernel,
+            strides,
+            dilations,
+            pads,
+        };
+        return t(ops_nn3d::conv3d(n, &x, &w, b.as_ref(), &w3, groups)?);
+    }
     let (x, padding) = match symmetric(&pads) {
         Some(p) => (x, p),
         None => (pad(&x, &pads_full(&pads), "constant", 0.0)?, vec![0; s]),
@@ -160,7 +171,7 @@ fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         stride: strides,
         padding: Padding::Explicit(padding),
         dilation: dilations,
-        groups: n.int_or("group", 1)? as usize,
+        groups,
     };
     t(if s == 1 {
         F::conv1d(&x, &w, b.as_ref(), &p)?
@@ -184,44 +195,124 @@ fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             "ConvTranspose with {s} spatial dims (kiln has 1-d and 2-d)"
         )));
     }
-    if n.has("output_shape") {
-        n.ignore(&["output_shape"]);
-        return Err(n.unsupported("attribute `output_shape`"));
-    }
     let _ = n.ints("kernel_shape")?;
     let strides = ints_or(n, "strides", s, 1)?;
     let dilations = ints_or(n, "dilations", s, 1)?;
-    if let Some(a) = n.string("auto_pad")? {
-        if a != "NOTSET" {
-            return Err(n.unsupported(format!("auto_pad=`{a}`")));
-        }
-    }
-    let pads = n.ints("pads")?.unwrap_or_else(|| vec![0; 2 * s]);
-    if pads.len() != 2 * s {
-        return Err(n.err(format!("pads {pads:?} for {s} spatial dims")));
-    }
-    let pads: Vec<(usize, usize)> = (0..s)
-        .map(|i| (pads[i] as usize, pads[i + s] as usize))
-        .collect();
-    let padding = symmetric(&pads).ok_or_else(|| n.unsupported("asymmetric pads"))?;
     let output_padding = match n.ints("output_padding")? {
         Some(v) => v.iter().map(|x| *x as usize).collect(),
         None => vec![0; s],
     };
+    let groups = n.int_or("group", 1)? as usize;
+    // the full (unpadded) result's length per dim, and which part of it the node keeps
+    let full: Vec<usize> = (0..s)
+        .map(|i| strides[i] * (x.dims()[2 + i] - 1) + (w.dims()[2 + i] - 1) * dilations[i] + 1)
+        .collect();
+    let (begin, out) = transpose_window(n, x.dims(), &full, &strides, &output_padding)?;
     // a 1-d transposed convolution runs as a 2-d one over [N, C, 1, L]
-    let two = |v: Vec<usize>, fill: usize| if s == 1 { vec![fill, v[0]] } else { v };
-    let p = ConvTransposeParams {
-        stride: two(strides, 1),
-        padding: two(padding, 0),
-        output_padding: two(output_padding, 0),
-        dilation: two(dilations, 1),
-        groups: n.int_or("group", 1)? as usize,
+    let two = |v: &[usize], fill: usize| if s == 1 { vec![fill, v[0]] } else { v.to_vec() };
+    let symmetric = (0..s).all(|i| full[i] + output_padding[i] == out[i] + 2 * begin[i]);
+    let small_extra = (0..s).all(|i| output_padding[i] < strides[i].max(dilations[i]));
+    let (padding, extra) = if symmetric && small_extra {
+        (begin.clone(), output_padding.clone())
+    } else {
+        (vec![0; s], vec![0; s])
     };
-    if s == 1 {
-        let y = F::conv_transpose2d(&x.unsqueeze(2)?, &w.unsqueeze(2)?, b.as_ref(), &p)?;
-        return t(y.squeeze(Some(&[2]))?);
+    let p = ConvTransposeParams {
+        stride: two(&strides, 1),
+        padding: two(&padding, 0),
+        output_padding: two(&extra, 0),
+        dilation: two(&dilations, 1),
+        groups,
+    };
+    let (x2, w2) = if s == 1 {
+        (x.unsqueeze(2)?, w.unsqueeze(2)?)
+    } else {
+        (x.clone(), w.clone())
+    };
+    if symmetric && small_extra {
+        let y = F::conv_transpose2d(&x2, &w2, b.as_ref(), &p)?;
+        return t(if s == 1 { y.squeeze(Some(&[2]))? } else { y });
     }
-    t(F::conv_transpose2d(&x, &w, b.as_ref(), &p)?)
+    // asymmetric pads, output_shape or auto_pad: the full result, cropped
+    // (or extended with zeros) to the kept window, then the bias
+    let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
+    let y = if s == 1 { y.squeeze(Some(&[2]))? } else { y };
+    let mut window = vec![(0i64, 0i64); 2];
+    for i in 0..s {
+        let (b0, o) = (begin[i] as i64, out[i] as i64);
+        window.push((-b0, o + b0 - full[i] as i64));
+    }
+    let y = pad(&y, &window, "constant", 0.0)?;
+    t(match b {
+        Some(b) => {
+            let mut dims = vec![1; y.rank()];
+            dims[1] = b.dims()[0];
+            y.add(&b.reshape_dims(&dims)?)?
+        }
+        None => y,
+    })
+}
+
+/// Where a ConvTranspose's output starts in its full result, and its size
+/// per spatial dim, as the ONNX reference computes them from `pads`,
+/// `auto_pad` and `output_shape`.
+fn transpose_window(
+    n: &Node,
+    xd: &[usize],
+    full: &[usize],
+    strides: &[usize],
+    output_padding: &[usize],
+) -> Result<(Vec<usize>, Vec<usize>)> {
+    let s = full.len();
+    let auto = n.string("auto_pad")?.unwrap_or_else(|| "NOTSET".into());
+    let shape = n
+        .ints("output_shape")?
+        .map(|v| v[v.len().saturating_sub(s)..].to_vec());
+    if let Some(v) = &shape {
+        if v.len() != s || v.iter().any(|d| *d < 1) {
+            return Err(n.err(format!("output_shape {v:?} for {s} spatial dims")));
+        }
+    }
+    let sizes = |shape: &Option<Vec<i64>>, p: &[i64]| -> Vec<usize> {
+        match shape {
+            Some(v) => v.iter().map(|d| *d as usize).collect(),
+            None => (0..s)
+                .map(|i| {
+                    (full[i] as i64 + output_padding[i] as i64 - p[i] - p[i + s]).max(0) as usize
+                })
+                .collect(),
+        }
+    };
+    match (n.ints("pads")?, auto.as_str()) {
+        (Some(p), _) => {
+            if p.len() != 2 * s || p.iter().any(|v| *v < 0) {
+                return Err(n.err(format!("pads {p:?} for {s} spatial dims")));
+            }
+            let out = sizes(&shape, &p);
+            Ok(((0..s).map(|i| p[i] as usize).collect(), out))
+        }
+        (None, "NOTSET" | "VALID") => Ok((vec![0; s], sizes(&shape, &vec![0; 2 * s]))),
+        (None, "SAME_UPPER" | "SAME_LOWER") => {
+            let out: Vec<usize> = match &shape {
+                Some(v) => v.iter().map(|d| *d as usize).collect(),
+                None => (0..s).map(|i| xd[2 + i] * strides[i]).collect(),
+            };
+            let begin = (0..s)
+                .map(|i| {
+                    let total = (full[i] + output_padding[i]) as i64 - out[i] as i64;
+                    let half = total.div_euclid(2);
+                    (if auto == "SAME_UPPER" {
+                        half
+                    } else {
+                        total - half
+                    })
+                    .max(0) as usize
+                })
+                .collect();
+            Ok((begin, out))
+        }
+        (None, a) => Err(n.unsupported(format!("auto_pad=`{a}`"))),
+    }
 }
 
 fn batch_norm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
@@ -284,9 +375,9 @@ fn gemm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
 fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let x = input(n, ins, 0)?;
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
+    if !(1..=3).contains(&s) {
         return Err(n.unsupported(format!(
-            "{} with {s} spatial dims (kiln pools in 1-d and 2-d)",
+            "{} with {s} spatial dims (kiln pools in 1-d to 3-d)",
             n.op()
         )));
     }
@@ -310,6 +401,9 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
     if !x.dtype().is_float() {
         return Err(n.unsupported(format!("{} on {} (kiln pools floats)", n.op(), x.dtype())));
+    }
+    if s == 3 {
+        return pool3d(n, &x, kernel, strides, dilations, pads, ceil, include_pad);
     }
     // kiln pools pad at most half a window: wider padding is applied first
     let wide = pads
@@ -357,6 +451,41 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         F::avg_pool2d(&x2, &p, include_pad, None)?
     };
     t(if s == 1 { y.squeeze(Some(&[2]))? } else { y })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn pool3d(
+    n: &Node,
+    x: &Tensor,
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pads: Vec<(usize, usize)>,
+    ceil: bool,
+    include_pad: bool,
+) -> Result<Vec<Value>> {
+    let w = Window3d {
+        kernel,
+        strides,
+        dilations,
+        pads,
+    };
+    // ceil mode changes the result only when a last partial window exists
+    let partial = (0..3).any(|i| {
+        let len = x.dims()[2 + i] + w.pads[i].0 + w.pads[i].1;
+        let span = (w.kernel[i] - 1) * w.dilations[i] + 1;
+        len >= span && (len - span) % w.strides[i] != 0
+    });
+    if ceil && partial {
+        return Err(n.unsupported(format!("{} 3-d with ceil_mode=1", n.op())));
+    }
+    if n.op() == "MaxPool" {
+        return t(ops_nn3d::max_pool3d(n, x, &w)?);
+    }
+    if w.dilations.iter().any(|d| *d != 1) {
+        return Err(n.unsupported("AveragePool with dilations"));
+    }
+    t(ops_nn3d::avg_pool3d(n, x, &w, include_pad)?)
 }
 
 fn pad_node(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {

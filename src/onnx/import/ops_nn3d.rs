@@ -1,0 +1,164 @@
+//! Imported 3-d Conv, MaxPool and AveragePool over (N, C, D, H, W), built
+//! from kiln's 2-d kernels: the input is padded first (every dim, so
+//! asymmetric pads need nothing more), then each depth tap `kd` gathers the
+//! depth slices `od * stride + kd * dilation` (`index_select`) and folds
+//! them into the batch of a 2-d convolution or pool; the taps are summed
+//! (convolution, average) or reduced by `maximum` (max pool). Every step is
+//! a differentiable tensor op, so `compile()` traces it like the rest.
+
+use super::attrs::Node;
+use crate::functional as F;
+use crate::ir::op::conv::{ConvParams, Padding};
+use crate::ir::op::pool::Pool2dParams;
+use crate::{Result, Tensor};
+
+/// Strides, dilations and `(begin, end)` pads of the three spatial dims.
+pub(super) struct Window3d {
+    pub kernel: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub pads: Vec<(usize, usize)>,
+}
+
+impl Window3d {
+    fn span(&self, i: usize) -> usize {
+        (self.kernel[i] - 1) * self.dilations[i] + 1
+    }
+
+    /// Output size along spatial dim `i` of a padded length `len`.
+    fn out_len(&self, n: &Node, i: usize, len: usize) -> Result<usize> {
+        let span = self.span(i);
+        if len < span {
+            return Err(n.err(format!(
+                "spatial dim {i}: padded size {len} is smaller than the window's extent {span}"
+            )));
+        }
+        Ok((len - span) / self.strides[i] + 1)
+    }
+}
+
+fn pads_full(w: &Window3d) -> Vec<(i64, i64)> {
+    let mut v = vec![(0, 0), (0, 0)];
+    v.extend(w.pads.iter().map(|(a, b)| (*a as i64, *b as i64)));
+    v
+}
+
+/// The depth slices tap `k` reads, as `(N * od, C, H, W)`; and `od`.
+fn depth_tap(n: &Node, x: &Tensor, w: &Window3d, k: usize) -> Result<(Tensor, usize)> {
+    let d = x.dims();
+    let od = w.out_len(n, 0, d[2])?;
+    let idx: Vec<i64> = (0..od)
+        .map(|o| (o * w.strides[0] + k * w.dilations[0]) as i64)
+        .collect();
+    let slices = x.index_select(2, &Tensor::from_vec(idx, &[od])?)?;
+    let planes = slices
+        .permute(&[0, 2, 1, 3, 4])?
+        .reshape_dims(&[d[0] * od, d[1], d[3], d[4]])?;
+    Ok((planes, od))
+}
+
+/// `(N * od, C', H', W')` back to `(N, C', od, H', W')`.
+fn unfold_depth(y: &Tensor, batch: usize, od: usize) -> Result<Tensor> {
+    let d = y.dims();
+    y.reshape_dims(&[batch, od, d[1], d[2], d[3]])?
+        .permute(&[0, 2, 1, 3, 4])?
+        .contiguous()
+}
+
+/// ONNX `Conv` with three spatial dims.
+pub(super) fn conv3d(
+    n: &Node,
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    w: &Window3d,
+    groups: usize,
+) -> Result<Tensor> {
+    let x = super::ops_nn::pad(x, &pads_full(w), "constant", 0.0)?;
+    let p2 = ConvParams {
+        stride: w.strides[1..].to_vec(),
+        padding: Padding::Explicit(vec![0, 0]),
+        dilation: w.dilations[1..].to_vec(),
+        groups,
+    };
+    let mut acc: Option<(Tensor, usize)> = None;
+    for k in 0..w.kernel[0] {
+        let (planes, od) = depth_tap(n, &x, w, k)?;
+        let y = F::conv2d(
+            &planes,
+            &weight.select(2, k as i64)?.contiguous()?,
+            None,
+            &p2,
+        )?;
+        acc = Some(match acc {
+            None => (y, od),
+            Some((a, _)) => (a.add(&y)?, od),
+        });
+    }
+    let (y, od) = acc.ok_or_else(|| n.err("the kernel has no depth taps"))?;
+    let y = unfold_depth(&y, x.dims()[0], od)?;
+    match bias {
+        Some(b) => y.add(&b.reshape_dims(&[1, b.dims()[0], 1, 1, 1])?),
+        None => Ok(y),
+    }
+}
+
+/// ONNX `MaxPool` (floor mode) with three spatial dims.
+pub(super) fn max_pool3d(n: &Node, x: &Tensor, w: &Window3d) -> Result<Tensor> {
+    let x = super::ops_nn::pad(x, &pads_full(w), "constant", f64::NEG_INFINITY)?;
+    let p2 = pool2d(w);
+    let mut acc: Option<(Tensor, usize)> = None;
+    for k in 0..w.kernel[0] {
+        let (planes, od) = depth_tap(n, &x, w, k)?;
+        let y = F::max_pool2d(&planes, &p2)?.0;
+        acc = Some(match acc {
+            None => (y, od),
+            Some((a, _)) => (a.maximum(&y)?, od),
+        });
+    }
+    let (y, od) = acc.ok_or_else(|| n.err("the kernel has no depth taps"))?;
+    unfold_depth(&y, x.dims()[0], od)
+}
+
+/// The window sums of a zero-padded `x` (sum pooling).
+fn sum_pool3d(n: &Node, x: &Tensor, w: &Window3d) -> Result<Tensor> {
+    let x = super::ops_nn::pad(x, &pads_full(w), "constant", 0.0)?;
+    let p2 = pool2d(w);
+    let area = (w.kernel[1] * w.kernel[2]) as f64;
+    let mut acc: Option<(Tensor, usize)> = None;
+    for k in 0..w.kernel[0] {
+        let (planes, od) = depth_tap(n, &x, w, k)?;
+        let y = &F::avg_pool2d(&planes, &p2, true, None)? * area;
+        acc = Some(match acc {
+            None => (y, od),
+            Some((a, _)) => (a.add(&y)?, od),
+        });
+    }
+    let (y, od) = acc.ok_or_else(|| n.err("the kernel has no depth taps"))?;
+    unfold_depth(&y, x.dims()[0], od)
+}
+
+/// ONNX `AveragePool` (floor mode, no dilation) with three spatial dims:
+/// window sums over the window's element count, padding counted or not.
+pub(super) fn avg_pool3d(n: &Node, x: &Tensor, w: &Window3d, include_pad: bool) -> Result<Tensor> {
+    let sums = sum_pool3d(n, x, w)?;
+    if include_pad || w.pads.iter().all(|p| *p == (0, 0)) {
+        let count = w.kernel.iter().product::<usize>() as f64;
+        return Ok(&sums * (1.0 / count));
+    }
+    // how many real (unpadded) elements each window covers
+    let d = x.dims();
+    let ones = Tensor::ones(&[1, 1, d[2], d[3], d[4]], x.dtype());
+    let counts = sum_pool3d(n, &ones, w)?;
+    sums.div(&counts)
+}
+
+fn pool2d(w: &Window3d) -> Pool2dParams {
+    Pool2dParams {
+        kernel: [w.kernel[1], w.kernel[2]],
+        stride: [w.strides[1], w.strides[2]],
+        padding: [0, 0],
+        dilation: [w.dilations[1], w.dilations[2]],
+        ceil_mode: false,
+    }
+}
