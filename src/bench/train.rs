@@ -8,7 +8,7 @@
 //! `manual_seed(1)` and trains it on one fixed batch; a compiled row reports
 //! its first step (trace and compile) as `compile_ms`.
 
-use super::{randn, row, time_ms, Row};
+use super::{peak_of, randn, row, time_ms, Row};
 use crate::ir::op::conv::Padding;
 use crate::models::gpt2::{Gpt2Config, Gpt2LMHeadModel};
 use crate::nn::{
@@ -213,11 +213,12 @@ pub fn step(
 }
 
 /// Times `w`'s step eagerly, or with the model compiled (its first step is
-/// reported as `compile_ms`); median of `iters` steps after 2 warm-up steps.
+/// reported as `compile_ms`); median of `iters` steps after 2 warm-up steps,
+/// then the peak memory of one more step.
 pub fn measure_train(w: &TrainWorkload, compiled: bool, iters: usize) -> Result<Row> {
     let (model, mut opt) = (w.build)(compiled)?;
     model.train();
-    let (ms, compile_ms) = if compiled {
+    let (ms, compile_ms, peak) = if compiled {
         let c = crate::compile::compile(model.as_ref());
         let fwd = |x: &Tensor| c.forward(x);
         let s = Instant::now();
@@ -227,19 +228,24 @@ pub fn measure_train(w: &TrainWorkload, compiled: bool, iters: usize) -> Result<
             std::hint::black_box(step(&fwd, &mut *opt, &w.x, &w.y)?);
             Ok(())
         })?;
-        (ms, Some(first))
+        let peak = peak_of(|| Ok(vec![step(&fwd, &mut *opt, &w.x, &w.y)?]))?;
+        (ms, Some(first), peak)
     } else {
         let fwd = |x: &Tensor| model.forward(x);
         let ms = time_ms(iters, 2, || {
             std::hint::black_box(step(&fwd, &mut *opt, &w.x, &w.y)?);
             Ok(())
         })?;
-        (ms, None)
+        let peak = peak_of(|| Ok(vec![step(&fwd, &mut *opt, &w.x, &w.y)?]))?;
+        (ms, None, peak)
     };
     let mut r = row(w.name, w.what, ms, w.unit, w.amount);
     if compiled {
         r.mode = "compiled".into();
     }
     r.compile_ms = compile_ms;
+    // a warm step's high-water mark beyond what was live before it: the
+    // gradients and every temporary of forward, backward and optimizer step
+    r.peak_bytes = Some(peak);
     Ok(r)
 }

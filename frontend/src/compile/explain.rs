@@ -88,6 +88,8 @@ pub struct BackwardReport {
     /// Forward values the backward recomputes instead of saving.
     pub recomputed: usize,
     pub recomputed_bytes: usize,
+    /// The backward's recorded launch list, as [`EntryReport::launch_list`].
+    pub launch_list: Option<std::result::Result<LaunchList, String>>,
 }
 
 impl EntryReport {
@@ -113,6 +115,17 @@ impl EntryReport {
             t.kernels_compiled
         )
     }
+}
+
+/// `exec`'s recorded launch list (see [`EntryReport::launch_list`]).
+fn launch_list(exec: &super::exec::Executable) -> Option<std::result::Result<LaunchList, String>> {
+    exec.program_summary().map(|p| {
+        p.map(|(launches, node_steps, planned_bytes)| LaunchList {
+            launches,
+            node_steps,
+            planned_bytes,
+        })
+    })
 }
 
 fn unfused_reason(g: &Graph, id: NodeId, readers: &[Vec<NodeId>]) -> String {
@@ -173,6 +186,7 @@ impl Entry {
                 saved_bytes: p.saved_bytes,
                 recomputed: p.recomputed,
                 recomputed_bytes: p.recomputed_bytes,
+                launch_list: launch_list(b),
             }
         });
         let g = &exec.graph;
@@ -197,13 +211,7 @@ impl Entry {
             }
         }
         r.conv_algorithms = super::conv_report::conv_algorithms(g);
-        r.launch_list = exec.program_summary().map(|p| {
-            p.map(|(launches, node_steps, planned_bytes)| LaunchList {
-                launches,
-                node_steps,
-                planned_bytes,
-            })
-        });
+        r.launch_list = launch_list(exec);
         r.planned_peak = exec.memory.planned_peak;
         r.unplanned = exec.memory.unplanned;
         r.eager_peak = self.traced.as_ref().map_or(0, |t| {
@@ -271,6 +279,11 @@ impl fmt::Display for EntryReport {
             writeln!(f, "  backward: {} kernels:", b.kernels.len())?;
             for (i, k) in b.kernels.iter().enumerate() {
                 writeln!(f, "    {i}: {k}")?;
+            }
+            match &b.launch_list {
+                Some(Ok(l)) => writeln!(f, "  backward warm calls: {l}")?,
+                Some(Err(why)) => writeln!(f, "  backward warm calls: node by node ({why})")?,
+                None => {}
             }
         }
         writeln!(

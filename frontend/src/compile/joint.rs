@@ -17,7 +17,7 @@ use crate::Tensor;
 use kiln_ir::Result;
 use kiln_passes::partition::{BackwardInput, Partition};
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// A traced joint graph. Its outputs: the function's results, the new values
 /// of buffers it updates in place, then one gradient per `grad_of` entry.
@@ -136,6 +136,11 @@ pub(crate) fn trace_joint(
 pub(crate) struct TrainPlan {
     pub partition: Partition,
     backward: Arc<Executable>,
+    /// The backward's values computed only from constants (the backward has
+    /// no captured inputs), kept between calls: with a fresh cache every
+    /// call, a backward with such values never replayed its launch list and
+    /// recomputed them each time.
+    backward_cache: Arc<Mutex<HoistCache>>,
     n_outs: usize,
     diff_outs: Vec<usize>,
     /// Per joint-graph input: the differentiable result it is the tangent of.
@@ -157,6 +162,7 @@ impl TrainPlan {
         let backward = Arc::new(Executable::new(partition.backward.clone(), &[]));
         let plan = TrainPlan {
             backward,
+            backward_cache: Arc::default(),
             n_outs: joint.n_outs,
             diff_outs: joint.diff_outs.clone(),
             tangent_of: joint
@@ -248,6 +254,7 @@ impl TrainPlan {
             .map(|&k| inputs[k].as_ref().expect("gradients are of primal inputs"))
             .collect();
         let backward = self.backward.clone();
+        let cache = self.backward_cache.clone();
         let run_backward = move |tangents: &[Tensor]| -> Result<Vec<Option<Tensor>>> {
             let ins: Vec<Tensor> = bwd_ins
                 .iter()
@@ -256,7 +263,12 @@ impl TrainPlan {
                     BackwardValue::Tangent(k) => Ok(tangents[*k].clone()),
                 })
                 .collect::<Result<_>>()?;
-            let grads = backward.run(&ins, &[], &mut HoistCache::default())?;
+            // a backward running on another thread holds the cache: this
+            // one computes its constant values afresh rather than wait
+            let grads = match cache.try_lock() {
+                Ok(mut c) => backward.run(&ins, &[], &mut c)?,
+                Err(_) => backward.run(&ins, &[], &mut HoistCache::default())?,
+            };
             Ok(grads.into_iter().map(Some).collect())
         };
         match self.diff_outs.as_slice() {

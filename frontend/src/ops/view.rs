@@ -347,8 +347,6 @@ impl Tensor {
         }
         let idx = index.to_dtype(DType::I64)?.to_vec::<i64>()?;
         let n = self.dims()[d] as i64;
-        let mut dims = self.dims_vec();
-        dims[d] = idx.len();
         for &i in &idx {
             // negative indices are out of range, as in PyTorch (no wrapping)
             if i < 0 || i >= n {
@@ -359,14 +357,7 @@ impl Tensor {
                 );
             }
         }
-        let out = Tensor::empty_on(&dims, self.dtype(), self.device())?;
-        let x = self.detach();
-        for (j, &i) in idx.iter().enumerate() {
-            crate::ops::pointwise::copy_into(
-                &x.select(d as i64, i)?,
-                &out.select(d as i64, j as i64)?,
-            )?;
-        }
+        let out = super::gather_kernel::take_rows_host(&self.detach(), d, &idx)?;
         crate::autograd::rules::index::index_select(self, d, index, out)
     }
 

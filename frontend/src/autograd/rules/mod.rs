@@ -51,11 +51,33 @@ pub(crate) fn embed(
         crate::ops::pointwise::copy_into(g, &region(&z)?)?;
         return Ok(z);
     }
-    // While tracing, an in-place write records no graph node: gather instead.
-    // The region's layout (shapes only, no values) says which element of the
+    // While tracing, an in-place write records no graph node. A narrow is
+    // a cat with zero blocks: the copies a cat costs, where a gather would
+    // build and read an index as large as the result.
+    let v = region(&z)?;
+    if let (Some((d, before)), true) = (narrow_of(&z, &v), g.dims() == v.dims()) {
+        let after = dims[d] - before - v.dims()[d];
+        let block = |n: usize| {
+            let mut bd = dims.to_vec();
+            bd[d] = n;
+            Tensor::zeros_on(&bd, g.dtype(), g.device())
+        };
+        let mut parts = vec![];
+        if before > 0 {
+            parts.push(block(before)?);
+        }
+        parts.push(g.clone());
+        if after > 0 {
+            parts.push(block(after)?);
+        }
+        return match parts.len() {
+            1 => Ok(g.clone()),
+            _ => Tensor::cat(&parts.iter().collect::<Vec<_>>(), d as i64),
+        };
+    }
+    // Any other region: gather. The region's layout (shapes only, no values) says which element of the
     // result each element of `g` lands on; the result reads `g` through that
     // inverse map and is zero elsewhere.
-    let v = region(&z)?;
     let n: usize = dims.iter().product();
     let mut from = vec![-1i64; n];
     let (vd, vs) = (v.dims().to_vec(), v.strides().to_vec());
@@ -83,4 +105,25 @@ pub(crate) fn embed(
         .to_device(g.device())?;
     let picked = g.reshape(&[-1])?.index_select(0, &idx)?;
     keep(&hit, &picked)?.reshape_dims(dims)
+}
+
+/// `(dim, start)` when the view `v` of the contiguous `z` is `z.narrow(dim,
+/// start, len)`: same rank and strides, one dim shortened (or none: the
+/// whole of `z`, start 0).
+fn narrow_of(z: &Tensor, v: &Tensor) -> Option<(usize, usize)> {
+    if v.rank() != z.rank() || v.strides() != z.strides() || !z.is_contiguous() {
+        return None;
+    }
+    let short: Vec<usize> = (0..z.rank())
+        .filter(|&k| v.dims()[k] != z.dims()[k])
+        .collect();
+    let off = v.offset().checked_sub(z.offset())?;
+    match short.as_slice() {
+        [] => (off == 0).then_some((0, 0)),
+        [d] => {
+            let stride = z.strides()[*d] as usize;
+            (stride > 0 && off % stride == 0).then_some((*d, off / stride))
+        }
+        _ => None,
+    }
 }

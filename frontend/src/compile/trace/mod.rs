@@ -163,6 +163,14 @@ fn with<R>(f: impl FnOnce(&mut Tracer) -> R) -> Option<R> {
     TRACER.with(|t| t.borrow_mut().as_mut().map(f))
 }
 
+/// How many traces this process has run (each compiled entry's first
+/// call traces once; a warm call traces nothing). Tests count on it.
+pub fn traces_run() -> usize {
+    TRACES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+static TRACES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Traces `f(args)`: `args` become graph inputs `x0, x1, ...` and the tensors
 /// `f` returns the graph outputs. `names` gives captured tensors (by storage)
 /// readable input names, e.g. a module's `conv1.weight`.
@@ -178,6 +186,7 @@ pub fn trace(
     if is_tracing() {
         return Err(Error::op("compile", "cannot trace while already tracing"));
     }
+    TRACES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tr = Tracer {
         graph: Graph::new(name),
         values: HashMap::new(),
