@@ -96,7 +96,7 @@ fn update_running_stats(x: &Tensor, r: RunningStats, momentum: f64) -> Result<()
 /// let x = Tensor::from_vec(vec![2.0f32], &[1, 1, 1]).unwrap();
 /// // 2 / (1 + 1 * 4)^1
 /// let y = F::local_response_norm(&x, 1, 1.0, 1.0, 1.0).unwrap();
-/// assert_eq!(y.to_f64_vec(), vec![0.4]);
+/// assert_eq!(y.to_f64_vec(), vec![0.4f32 as f64]);
 /// ```
 pub fn local_response_norm(
     x: &Tensor,
