@@ -15,6 +15,7 @@
 #[allow(dead_code)]
 mod real_models;
 
+mod onnx_support;
 use kiln::export::{self, DynamicDim, ExportedModel};
 use kiln::models::bert::BertForSequenceClassification;
 use kiln::models::catalog;
@@ -28,44 +29,15 @@ use kiln::models::vit::VisionTransformer;
 use kiln::nn::{BatchNormOptions, Module, ModuleExt};
 use kiln::onnx::proto::ModelProto;
 use kiln::Tensor;
+use onnx_support::{dir, python, write_pb};
 use prost::Message;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// Makes one model input at a batch size (the batch is dim 0 of every input).
 type MakeInputs = fn(usize) -> Vec<Tensor>;
 
 fn images(c: usize, hw: usize) -> impl Fn(usize) -> Vec<Tensor> {
     move |b| vec![kiln::random::randn(&[b, c, hw, hw], None)]
-}
-
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kiln-deploy-models-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("KILN_ONNX_PYTHON").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-onnx/bin/python")),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        p.exists()
-            && std::process::Command::new(p)
-                .args(["-c", "import onnx, onnxruntime"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-    })
-}
-
-fn write_pb(path: &Path, t: &Tensor) {
-    std::fs::write(
-        path,
-        kiln::onnx::tensor::to_proto("t", t)
-            .unwrap()
-            .encode_to_vec(),
-    )
-    .unwrap();
 }
 
 /// Loads the fixture's `state/*` strictly and puts the model in eval mode.
@@ -112,7 +84,7 @@ fn deploy<M: Module>(name: &str, model: &M, inputs: &dyn Fn(usize) -> Vec<Tensor
         Ok(ys.into_iter().take(1).collect())
     };
     let e = export::export_fn("forward", forward, &names, &example, &dynamic).unwrap();
-    let d = dir();
+    let d = dir("deploy-models");
     let path = d.join(format!("{name}.kiln"));
     e.save(&path).unwrap();
     let loaded = export::load(&path).unwrap();
@@ -144,7 +116,7 @@ fn deploy<M: Module>(name: &str, model: &M, inputs: &dyn Fn(usize) -> Vec<Tensor
 /// ONNX export of `e`; the file imported back into kiln, then checked by
 /// onnx.checker and onnxruntime. Returns the ONNX op histogram.
 fn onnx(name: &str, e: &ExportedModel, cases: &[(Vec<Tensor>, Tensor)]) -> String {
-    let d = dir();
+    let d = dir("deploy-models");
     let path = d.join(format!("{name}.onnx"));
     kiln::onnx::from_exported(e, &path, 17).unwrap();
     let proto = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();

@@ -5,13 +5,15 @@
 //! with a message when neither has onnx and onnxruntime). Without Python,
 //! the exported file is imported back into kiln and checked against eager.
 
+mod onnx_support;
 use kiln::export::DynamicDim;
 use kiln::nn::{Module, ModuleExt, Sequential};
 use kiln::onnx::proto::ModelProto;
 use kiln::train::ModelKind;
 use kiln::Tensor;
+use onnx_support::{dir, python, write_pb};
 use prost::Message;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 fn model(kind: ModelKind) -> Sequential {
     kiln::manual_seed(5);
@@ -37,39 +39,9 @@ fn input(kind: ModelKind, batch: usize) -> Tensor {
     }
 }
 
-fn dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("kiln-onnx-export-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn python() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("KILN_ONNX_PYTHON").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-onnx/bin/python")),
-    ];
-    candidates.into_iter().flatten().find(|p| {
-        p.exists()
-            && std::process::Command::new(p)
-                .args(["-c", "import onnx, onnxruntime"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-    })
-}
-
-fn write_pb(path: &Path, t: &Tensor) {
-    std::fs::write(
-        path,
-        kiln::onnx::tensor::to_proto("t", t)
-            .unwrap()
-            .encode_to_vec(),
-    )
-    .unwrap();
-}
-
 fn check(kind: ModelKind) {
     let m = model(kind);
-    let d = dir();
+    let d = dir("onnx-export");
     let path = d.join(format!("{}.onnx", kind.name()));
     kiln::onnx::export_dynamic(
         &m,
@@ -172,7 +144,7 @@ fn unsupported_kiln_op_is_named() {
         &[],
     )
     .unwrap();
-    let err = kiln::onnx::from_exported(&e, dir().join("var.onnx"), 17)
+    let err = kiln::onnx::from_exported(&e, dir("onnx-export").join("var.onnx"), 17)
         .unwrap_err()
         .to_string();
     assert!(err.contains("kiln op `var` has no ONNX export"), "{err}");
