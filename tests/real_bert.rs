@@ -12,19 +12,9 @@ mod real_models;
 use kiln::models::bert::{BertConfig, BertForSequenceClassification};
 use kiln::{ClassLossOpts, Tensor};
 
+/// The fixture's configuration, as `kiln::models::catalog` builds it.
 fn config() -> BertConfig {
-    BertConfig {
-        vocab_size: 128,
-        hidden_size: 32,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        intermediate_size: 64,
-        max_position_embeddings: 32,
-        hidden_dropout_prob: 0.0,
-        attention_probs_dropout_prob: 0.0,
-        num_labels: 3,
-        ..BertConfig::default()
-    }
+    kiln::models::catalog::bert_tiny_config()
 }
 
 fn run(compiled: bool) {

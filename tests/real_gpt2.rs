@@ -11,18 +11,9 @@ use kiln::models::gpt2::{Gpt2Config, Gpt2LMHeadModel};
 use kiln::nn::ModuleExt;
 use kiln::{ClassLossOpts, Tensor};
 
+/// The fixture's configuration, as `kiln::models::catalog` builds it.
 fn config() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 256,
-        n_positions: 32,
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-        ..Gpt2Config::default()
-    }
+    kiln::models::catalog::gpt2_tiny_config()
 }
 
 fn run(compiled: bool) {
