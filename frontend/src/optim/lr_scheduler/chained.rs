@@ -1,7 +1,7 @@
 //! ChainedScheduler: steps every one of its schedulers at each step, so
 //! their factors multiply.
 
-use super::{HasParamGroups, LRScheduler};
+use super::{load_sub_states, HasParamGroups, LRScheduler};
 use crate::optim::group::{get_floats, Dict, Value};
 use kiln_ir::{bail, Result};
 
@@ -74,22 +74,7 @@ impl LRScheduler for ChainedScheduler {
     fn load_state_dict(&mut self, sd: &Dict) -> Result<()> {
         const NAME: &str = "ChainedScheduler";
         self.last_lr = get_floats(sd, NAME, "_last_lr")?;
-        let subs = match sd.get("_schedulers") {
-            Some(Value::List(l)) => l,
-            _ => bail!(NAME, "state has no '_schedulers' list"),
-        };
-        if subs.len() != self.schedulers.len() {
-            bail!(
-                NAME,
-                "state has {} sub-schedulers, this one {}",
-                subs.len(),
-                self.schedulers.len()
-            );
-        }
-        for (s, d) in self.schedulers.iter_mut().zip(subs) {
-            s.load_state_dict(d)?;
-        }
-        Ok(())
+        load_sub_states(NAME, sd, &mut self.schedulers)
     }
 
     fn update_lr(&mut self, opt: &mut dyn HasParamGroups, epoch: Option<i64>) -> Result<()> {

@@ -251,3 +251,28 @@ pub(crate) fn num(d: &Dict, owner: &str, key: &str) -> Result<f64> {
 pub(crate) fn bisect_right(xs: &[i64], x: i64) -> usize {
     xs.partition_point(|&m| m <= x)
 }
+
+/// Loads a container scheduler's `_schedulers` list (`owner` names it in
+/// errors) into its sub-schedulers, one state each, in order.
+pub(crate) fn load_sub_states(
+    owner: &str,
+    sd: &Dict,
+    schedulers: &mut [Box<dyn LRScheduler>],
+) -> Result<()> {
+    let subs = match sd.get("_schedulers") {
+        Some(Value::List(l)) => l,
+        _ => kiln_ir::bail!(owner, "state has no '_schedulers' list"),
+    };
+    if subs.len() != schedulers.len() {
+        kiln_ir::bail!(
+            owner,
+            "state has {} sub-schedulers, this one {}",
+            subs.len(),
+            schedulers.len()
+        );
+    }
+    for (s, d) in schedulers.iter_mut().zip(subs) {
+        s.load_state_dict(d)?;
+    }
+    Ok(())
+}

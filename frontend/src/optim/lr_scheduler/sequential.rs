@@ -1,6 +1,6 @@
 //! SequentialLR: hands over from one scheduler to the next at milestones.
 
-use super::{bisect_right, HasParamGroups, LRScheduler};
+use super::{bisect_right, load_sub_states, HasParamGroups, LRScheduler};
 use crate::optim::group::{get_floats, get_i64, Dict, Value};
 use kiln_ir::{bail, Result};
 
@@ -92,22 +92,7 @@ impl LRScheduler for SequentialLR {
         if let Some(Value::Ints(m)) = sd.get("_milestones") {
             self.milestones = m.clone();
         }
-        let subs = match sd.get("_schedulers") {
-            Some(Value::List(l)) => l,
-            _ => bail!(NAME, "state has no '_schedulers' list"),
-        };
-        if subs.len() != self.schedulers.len() {
-            bail!(
-                NAME,
-                "state has {} sub-schedulers, this one {}",
-                subs.len(),
-                self.schedulers.len()
-            );
-        }
-        for (s, d) in self.schedulers.iter_mut().zip(subs) {
-            s.load_state_dict(d)?;
-        }
-        Ok(())
+        load_sub_states(NAME, sd, &mut self.schedulers)
     }
 
     fn update_lr(&mut self, opt: &mut dyn HasParamGroups, epoch: Option<i64>) -> Result<()> {
