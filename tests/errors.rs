@@ -57,7 +57,7 @@ fn conv_channel_and_group_mismatch() {
 
 #[test]
 fn view_on_incompatible_strides_suggests_reshape() {
-    let e = err(zeros(&[4, 6]).t().unwrap().view_as_shape(&[-1]));
+    let e = err(zeros(&[4, 6]).t().unwrap().view(&[-1]));
     assert!(
         e.starts_with("view:") && e.contains("[6,4]") && e.contains("reshape"),
         "{e}"

@@ -158,8 +158,8 @@ impl Tensor {
         }
     }
 
-    /// The runtime's view of this tensor.
-    pub fn view(&self) -> View<'_> {
+    /// The runtime's view of this tensor (storage + layout), as kernels take it.
+    pub fn runtime_view(&self) -> View<'_> {
         View {
             storage: &self.storage,
             layout: &self.layout,
@@ -220,7 +220,7 @@ impl Tensor {
     fn host_copy(&self, dtype: DType) -> Tensor {
         let out = Tensor::empty(self.dims(), dtype);
         let src = self.on_host().expect("a copy to the host");
-        kiln_runtime::convert(src.view(), out.view());
+        kiln_runtime::convert(src.runtime_view(), out.runtime_view());
         out
     }
 

@@ -33,7 +33,7 @@ pub(crate) fn tile_of(t: &Tensor, dims: &[usize], tile: Tile) -> Result<Tensor> 
         t.expand_to(dims)?
             .select(0, tile.n as i64)?
             .narrow(0, tile.c0 as i64, tile.channels)?;
-    v.view_as_shape(&[tile.channels as i64, -1])?
+    v.view(&[tile.channels as i64, -1])?
         .narrow(1, tile.p0 as i64, tile.cols)
 }
 

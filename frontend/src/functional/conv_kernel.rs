@@ -78,10 +78,10 @@ fn conv_views<'a>(
     out: &'a Tensor,
 ) -> ConvViews<'a> {
     ConvViews {
-        x: x.view(),
-        w: w.view(),
-        bias: bias.map(|b| b.view()),
-        out: out.view(),
+        x: x.runtime_view(),
+        w: w.runtime_view(),
+        bias: bias.map(|b| b.runtime_view()),
+        out: out.runtime_view(),
     }
 }
 

@@ -24,7 +24,12 @@ pub(super) fn matmul_kernel(ae: &Tensor, be: &Tensor, dt: DType) -> Result<Tenso
         let a = ae.reshape(&[batch as i64, m as i64, k as i64])?;
         let b = be.reshape(&[batch as i64, k as i64, n as i64])?;
         let out = Tensor::empty_on(&[batch, m, n], c, ae.device())?;
-        kiln_runtime::cuda::gemm::gemm(a.view(), b.view(), out.view(), None)?;
+        kiln_runtime::cuda::gemm::gemm(
+            a.runtime_view(),
+            b.runtime_view(),
+            out.runtime_view(),
+            None,
+        )?;
         let mut dims = ae.dims()[..r - 2].to_vec();
         dims.extend([m, n]);
         return out.reshape_dims(&dims)?.to_dtype(dt);
@@ -89,7 +94,12 @@ pub fn matmul_with_epilogue_on_device(
             views,
             scalars,
         };
-        kiln_runtime::cuda::gemm::gemm(a3.view(), b3.view(), out.view(), Some(&e))
+        kiln_runtime::cuda::gemm::gemm(
+            a3.runtime_view(),
+            b3.runtime_view(),
+            out.runtime_view(),
+            Some(&e),
+        )
     })?;
     Ok(Some(out.reshape_dims(&plan.out)?))
 }

@@ -43,7 +43,7 @@ pub(crate) fn take_rows(x: &Tensor, d: usize, idx: &Tensor) -> Result<Tensor> {
     let x3 = x.reshape(&[outer as i64, dims[d] as i64, inner as i64])?;
     let out = Tensor::empty_on(&[outer, k, inner], x.dtype(), x.device())?;
     let flat = idx.reshape(&[k as i64])?;
-    kiln_runtime::cuda::take::take(x3.view(), flat.view(), out.view())?;
+    kiln_runtime::cuda::take::take(x3.runtime_view(), flat.runtime_view(), out.runtime_view())?;
     let mut od = dims.to_vec();
     od[d] = k;
     out.reshape_dims(&od)

@@ -198,7 +198,7 @@ impl KernelCall {
             extra_out: vec![],
             rows: None,
         };
-        let mut views = vec![out.view()];
+        let mut views = vec![out.runtime_view()];
         views.extend(
             self.inputs
                 .iter()
@@ -253,7 +253,7 @@ impl KernelCall {
             extra_out: values[1..].to_vec(),
             rows: None,
         };
-        let mut views: Vec<kiln_runtime::View> = outs.iter().map(|o| o.view()).collect();
+        let mut views: Vec<kiln_runtime::View> = outs.iter().map(|o| o.runtime_view()).collect();
         views.extend(
             self.inputs
                 .iter()
@@ -406,7 +406,7 @@ impl KernelCall {
                     loop_dims
                 );
             }
-            views.push(t.view());
+            views.push(t.runtime_view());
         }
         views.extend(
             self.inputs

@@ -94,7 +94,7 @@ pub(crate) fn copy_into(src: &Tensor, dst: &Tensor) -> Result<()> {
                 storage: &src.storage,
                 layout: &l,
             },
-            dst.view(),
+            dst.runtime_view(),
         );
         return Ok(());
     }
@@ -497,9 +497,9 @@ fn check_int_divisor(op: BinaryOp, compute: DType, divisor: &Tensor) -> Result<(
 fn scalar_tensor(s: Scalar, compute: DType, out: DType) -> Tensor {
     let src = Tensor::scalar(s.value());
     let c = Tensor::empty(&[], compute);
-    kiln_runtime::convert(src.view(), c.view());
+    kiln_runtime::convert(src.runtime_view(), c.runtime_view());
     let t = Tensor::empty(&[], out);
-    kiln_runtime::convert(c.view(), t.view());
+    kiln_runtime::convert(c.runtime_view(), t.runtime_view());
     t
 }
 

@@ -12,8 +12,15 @@ use kiln_ir::{bail, promote_types, DType, Result};
 use kiln_runtime::strided::for_each_offset;
 
 impl Tensor {
-    /// `view(shape)`: shares storage; errors (suggesting `reshape`) when the strides do not allow it.
-    pub fn view_as_shape(&self, shape: &[i64]) -> Result<Tensor> {
+    /// `view(shape)`, as PyTorch names it: shares storage; errors (suggesting
+    /// `reshape`) when the strides do not allow it. One size may be `-1`.
+    ///
+    /// ```
+    /// let x = kiln::Tensor::from_vec((0..6).map(|v| v as f32).collect(), &[2, 3]).unwrap();
+    /// assert_eq!(x.view(&[3, -1]).unwrap().dims(), &[3, 2]);
+    /// assert!(x.t().unwrap().view(&[-1]).is_err()); // not contiguous: use reshape
+    /// ```
+    pub fn view(&self, shape: &[i64]) -> Result<Tensor> {
         trace::record(
             || Op::View(shape.to_vec()),
             &[self],
@@ -40,7 +47,7 @@ impl Tensor {
                         });
                         rules::reshape_like("reshape", self, y)
                     }
-                    None => self.copy()?.view_as_shape(shape),
+                    None => self.copy()?.view(shape),
                 }
             },
         )

@@ -45,7 +45,7 @@ fn fusable(p: &Tensor, grad: &Tensor, st: &ParamState) -> bool {
 }
 
 fn flat(t: &Tensor) -> Result<Tensor> {
-    t.view_as_shape(&[t.numel() as i64])
+    t.view(&[t.numel() as i64])
 }
 
 /// Pending expressions built in the eager ops' exact instruction order.
