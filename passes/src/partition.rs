@@ -235,8 +235,21 @@ pub fn partition_with(
                     .filter(|o| !avail[o.index()] && joint.node(*o).meta().is_some())
                     .collect();
                 let cost: usize = missing.iter().map(|o| bytes(joint, *o)).sum();
-                // a checkpointed value is rebuilt whatever its operands cost
-                if recomputable || cost <= bytes(joint, id) {
+                // a checkpointed value is rebuilt whatever its operands cost; on
+                // a tie a view is rebuilt (it costs nothing), while a computed
+                // value is kept, so its producer's fused epilogue stays whole
+                let is_view = matches!(
+                    node.op,
+                    NodeOp::Op(
+                        Op::View(_)
+                            | Op::Permute(_)
+                            | Op::Expand(_)
+                            | Op::Slice { .. }
+                            | Op::Select { .. }
+                    )
+                );
+                let own = bytes(joint, id);
+                if recomputable || cost < own || (cost == own && is_view) {
                     for o in missing {
                         forced[o.index()] = true;
                         avail[o.index()] = true;

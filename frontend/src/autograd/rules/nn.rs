@@ -35,12 +35,51 @@ pub(crate) fn matmul(a: &Tensor, b: &Tensor, y: Tensor) -> Result<Tensor> {
         if bv {
             g2 = g2.unsqueeze(-1)?;
         }
-        let ga = F::matmul(&g2, &b2.transpose(-1, -2)?)?;
-        let gb = F::matmul(&a2.transpose(-1, -2)?, &g2)?;
+        let ga = if transposed(&a2) {
+            F::matmul(&b2, &g2.transpose(-1, -2)?)?.transpose(-1, -2)?
+        } else {
+            F::matmul(&g2, &b2.transpose(-1, -2)?)?
+        };
+        let gb = if b2.rank() == 2 && a2.rank() > 2 {
+            // a matrix shared by every batch item (a Linear on [B, T, C]): one
+            // GEMM over the flattened rows, not a batched product summed back
+            let k = a2.dims()[a2.rank() - 1] as i64;
+            let n = g2.dims()[g2.rank() - 1] as i64;
+            mat2_grad(
+                &a2.reshape(&[-1, k])?,
+                &g2.reshape(&[-1, n])?,
+                transposed(&b2),
+            )?
+        } else {
+            mat2_grad(&a2, &g2, transposed(&b2))?
+        };
         let ga = if av { ga.squeeze(Some(&[-2]))? } else { ga };
         let gb = if bv { gb.squeeze(Some(&[-1]))? } else { gb };
         Ok(vec![Some(ga), Some(gb)])
     })
+}
+
+/// Whether `t`'s last two dims are a transposed contiguous block (`w.t()` of
+/// a row-major `w`), so a gradient for it is best produced in that layout.
+fn transposed(t: &Tensor) -> bool {
+    let r = t.rank();
+    r >= 2
+        && !t.is_contiguous()
+        && t.dims()[r - 1] > 1
+        && t.dims()[r - 2] > 1
+        && t.transpose(-1, -2).is_ok_and(|tt| tt.is_contiguous())
+}
+
+/// The gradient of `b` in `a @ b` for the output gradient `g`: `a^T @ g`, or,
+/// when `b` is a transposed view, `(g^T @ a)^T`, as PyTorch's
+/// `mm_mat2_backward` does. A Linear's `weight.t()` then gets a contiguous
+/// `[out, in]` gradient with no transpose copy before the optimizer reads it.
+fn mat2_grad(a: &Tensor, g: &Tensor, b_transposed: bool) -> Result<Tensor> {
+    if b_transposed {
+        F::matmul(&g.transpose(-1, -2)?, a)?.transpose(-1, -2)
+    } else {
+        F::matmul(&a.transpose(-1, -2)?, g)
+    }
 }
 
 /// A zero-padded copy of a 4-D `x` (`pb` before, `pe` after each spatial dim).
