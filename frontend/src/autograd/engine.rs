@@ -43,7 +43,13 @@ fn accumulate(slot: &mut Option<Tensor>, g: Tensor) -> Result<()> {
 }
 
 fn accumulate_leaf(m: &Arc<AutogradMeta>, g: Tensor) -> Result<()> {
-    let g = g.contiguous()?;
+    // `contiguous()` of a contiguous tensor is a second handle on its storage:
+    // take it only when it copies, or the share test below copies every grad
+    let g = if g.is_contiguous() {
+        g
+    } else {
+        g.contiguous()?
+    };
     let mut slot = m.grad.lock().unwrap_or_else(|e| e.into_inner());
     let new = match slot.take() {
         None if g.storage_is_shared() => g.copy()?,

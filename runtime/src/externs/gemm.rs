@@ -76,25 +76,6 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
         }
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && blocked::applies(m, k, n) {
-        let threads = match par {
-            Parallelism::None => 1,
-            Parallelism::Rayon(0) => threads(),
-            Parallelism::Rayon(t) => t,
-        };
-        // SAFETY: T is f32 (checked above); the caller's contract is sgemm's.
-        return blocked::sgemm(
-            m,
-            k,
-            n,
-            (a as *const f32, a_rs, a_cs),
-            (b as *const f32, b_rs, b_cs),
-            (dst as *mut f32, dst_rs, dst_cs),
-            accumulate,
-            threads,
-        );
-    }
     // gemm computes dst := alpha*dst + beta*lhs*rhs (alpha read only if read_dst).
     gemm::gemm(
         m,
@@ -475,7 +456,5 @@ pub fn matmul_half<H: HalfElem>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-mod blocked;
 #[cfg(test)]
 mod tests;
