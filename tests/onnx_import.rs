@@ -283,5 +283,5 @@ fn unsupported_op_and_attribute_name_node_op_and_opset() {
 /// The ONNX node test cases for the ops kiln supports (scripts/onnx-node-fixtures.py).
 #[test]
 fn onnx_node() {
-    check_suite("node", 752);
+    check_suite("node", 753);
 }

@@ -190,9 +190,9 @@ fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
 fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
+    if !(1..=3).contains(&s) {
         return Err(n.unsupported(format!(
-            "ConvTranspose with {s} spatial dims (kiln has 1-d and 2-d)"
+            "ConvTranspose with {s} spatial dims (kiln has 1-d to 3-d)"
         )));
     }
     let _ = n.ints("kernel_shape")?;
@@ -229,14 +229,28 @@ fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     } else {
         (x.clone(), w.clone())
     };
-    if symmetric && small_extra {
+    if symmetric && small_extra && s < 3 {
         let y = F::conv_transpose2d(&x2, &w2, b.as_ref(), &p)?;
         return t(if s == 1 { y.squeeze(Some(&[2]))? } else { y });
     }
     // asymmetric pads, output_shape or auto_pad: the full result, cropped
     // (or extended with zeros) to the kept window, then the bias
-    let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
-    let y = if s == 1 { y.squeeze(Some(&[2]))? } else { y };
+    let y = match s {
+        3 => super::ops_nn3d::conv_transpose3d_full(n, &x, &w, &strides, &dilations, groups)?,
+        _ => {
+            let p = ConvTransposeParams {
+                padding: vec![0, 0],
+                output_padding: vec![0, 0],
+                ..p
+            };
+            let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
+            if s == 1 {
+                y.squeeze(Some(&[2]))?
+            } else {
+                y
+            }
+        }
+    };
     let mut window = vec![(0i64, 0i64); 2];
     for i in 0..s {
         let (b0, o) = (begin[i] as i64, out[i] as i64);

@@ -162,3 +162,66 @@ fn pool2d(w: &Window3d) -> Pool2dParams {
         ceil_mode: false,
     }
 }
+
+/// The full (uncropped, unpadded) result of a 3-d transposed convolution
+/// without bias, `(N, C_out, full_d, full_h, full_w)`: each depth tap `k`
+/// is a 2-d transposed convolution of every input depth slice (folded into
+/// the batch), whose slices land on output depths `id * stride + k *
+/// dilation`: spread by the stride (zeros between), shifted by the tap,
+/// and summed over the taps. The caller crops it to the node's window.
+pub(super) fn conv_transpose3d_full(
+    n: &Node,
+    x: &Tensor,
+    weight: &Tensor,
+    strides: &[usize],
+    dilations: &[usize],
+    groups: usize,
+) -> Result<Tensor> {
+    let d = x.dims().to_vec();
+    let (batch, depth, kd) = (d[0], d[2], weight.dims()[2]);
+    let planes = x
+        .permute(&[0, 2, 1, 3, 4])?
+        .reshape_dims(&[batch * depth, d[1], d[3], d[4]])?;
+    let p2 = crate::ir::op::conv::ConvTransposeParams {
+        stride: strides[1..].to_vec(),
+        padding: vec![0, 0],
+        output_padding: vec![0, 0],
+        dilation: dilations[1..].to_vec(),
+        groups,
+    };
+    let full_d = strides[0] * (depth - 1) + (kd - 1) * dilations[0] + 1;
+    let mut acc: Option<Tensor> = None;
+    for k in 0..kd {
+        let w2 = weight.select(2, k as i64)?.contiguous()?;
+        let y = F::conv_transpose2d(&planes, &w2, None, &p2)?;
+        let y = unfold_depth(&y, batch, depth)?;
+        let y = spread_depth(&y, strides[0])?;
+        let front = (k * dilations[0]) as i64;
+        let back = full_d as i64 - front - y.dims()[2] as i64;
+        let window = [(0, 0), (0, 0), (front, back), (0, 0), (0, 0)];
+        let y = super::ops_nn::pad(&y, &window, "constant", 0.0)?;
+        acc = Some(match acc {
+            None => y,
+            Some(a) => a.add(&y)?,
+        });
+    }
+    acc.ok_or_else(|| n.err("the kernel has no depth taps"))
+}
+
+/// `(N, C, D, H, W)` with `stride - 1` zero slices between depth slices:
+/// depth `(D - 1) * stride + 1`.
+fn spread_depth(y: &Tensor, stride: usize) -> Result<Tensor> {
+    if stride == 1 {
+        return Ok(y.clone());
+    }
+    let d = y.dims().to_vec();
+    let zeros = Tensor::zeros(&[d[0], d[1], d[2], stride - 1, d[3], d[4]], y.dtype());
+    let spread = Tensor::cat(&[&y.unsqueeze(3)?, &zeros], 3)?.reshape_dims(&[
+        d[0],
+        d[1],
+        d[2] * stride,
+        d[3],
+        d[4],
+    ])?;
+    spread.narrow(2, 0, (d[2] - 1) * stride + 1)
+}
