@@ -416,6 +416,21 @@ fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     if !x.dtype().is_float() {
         return Err(n.unsupported(format!("{} on {} (kiln pools floats)", n.op(), x.dtype())));
     }
+    let dilated = dilations.iter().any(|d| *d != 1);
+    let sym = symmetric(&pads).is_some();
+    let half = pads
+        .iter()
+        .zip(&kernel)
+        .all(|((a, b), k)| 2 * a.max(b) <= *k);
+    if !max && (dilated || (s < 3 && !include_pad && !(sym && half))) {
+        let w = Window3d {
+            kernel,
+            strides,
+            dilations,
+            pads,
+        };
+        return t(ops_nn3d::avg_pool_taps(n, &x, &w, include_pad, ceil)?);
+    }
     if s == 3 {
         return pool3d(n, &x, kernel, strides, dilations, pads, ceil, include_pad);
     }

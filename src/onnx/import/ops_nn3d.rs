@@ -225,3 +225,100 @@ fn spread_depth(y: &Tensor, stride: usize) -> Result<Tensor> {
     ])?;
     spread.narrow(2, 0, (d[2] - 1) * stride + 1)
 }
+
+/// ONNX `AveragePool` over any number of spatial dims as a sum of strided
+/// slices, one per kernel tap, over the count of elements each window
+/// covers (real ones, or with `count_include_pad` padding too): the pools
+/// kiln's 2-d kernels do not take (dilations; asymmetric or
+/// wider-than-half-window pads with `count_include_pad=0`). In ceil mode
+/// the last partial windows reach past the padding into zeros that no
+/// count includes, and a window starting in the end padding is dropped.
+pub(super) fn avg_pool_taps(
+    n: &Node,
+    x: &Tensor,
+    w: &Window3d,
+    include_pad: bool,
+    ceil: bool,
+) -> Result<Tensor> {
+    let s = w.kernel.len();
+    let mut outs = vec![];
+    let mut extra = vec![];
+    for i in 0..s {
+        let (len, (b, e)) = (x.dims()[2 + i], w.pads[i]);
+        let padded = len + b + e;
+        let span = w.span(i);
+        if padded < span {
+            return Err(n.err(format!(
+                "spatial dim {i}: padded size {padded} is smaller than the window's extent {span}"
+            )));
+        }
+        let st = w.strides[i];
+        let mut o = if ceil {
+            (padded - span).div_ceil(st) + 1
+        } else {
+            (padded - span) / st + 1
+        };
+        if ceil && (o - 1) * st >= len + b {
+            o -= 1;
+        }
+        outs.push(o);
+        extra.push(((o - 1) * w.strides[i] + span).saturating_sub(padded));
+    }
+    let full: Vec<(i64, i64)> = [(0, 0), (0, 0)]
+        .into_iter()
+        .chain((0..s).map(|i| (w.pads[i].0 as i64, (w.pads[i].1 + extra[i]) as i64)))
+        .collect();
+    let pad = |t: &Tensor, p: &[(i64, i64)]| super::ops_nn::pad(t, p, "constant", 0.0);
+    let sums = tap_sum(&pad(x, &full)?, w, &outs)?;
+    // ones where a window's elements count: the input, or the padded input
+    let mut dims = vec![1, 1];
+    dims.extend_from_slice(&x.dims()[2..]);
+    let counted = if include_pad {
+        let around: Vec<(i64, i64)> = (0..s + 2)
+            .map(|i| {
+                if i < 2 {
+                    (0, 0)
+                } else {
+                    (w.pads[i - 2].0 as i64, w.pads[i - 2].1 as i64)
+                }
+            })
+            .collect();
+        let ones = pad(&Tensor::ones(&dims, x.dtype()), &around)?;
+        let rest: Vec<(i64, i64)> = (0..s + 2)
+            .map(|i| {
+                if i < 2 {
+                    (0, 0)
+                } else {
+                    (0, extra[i - 2] as i64)
+                }
+            })
+            .collect();
+        pad(&ones, &rest)?
+    } else {
+        pad(&Tensor::ones(&dims, x.dtype()), &full)?
+    };
+    sums.div(&tap_sum(&counted, w, &outs)?)
+}
+
+/// The window sums of an already padded `x` at `outs` windows per dim:
+/// one strided slice per tap.
+fn tap_sum(x: &Tensor, w: &Window3d, outs: &[usize]) -> Result<Tensor> {
+    let s = w.kernel.len();
+    let taps: usize = w.kernel.iter().product();
+    let mut acc: Option<Tensor> = None;
+    for tap in 0..taps {
+        let (mut rest, mut t) = (tap, x.clone());
+        for i in (0..s).rev() {
+            let k = rest % w.kernel[i];
+            rest /= w.kernel[i];
+            let start = (k * w.dilations[i]) as i64;
+            let stop = start + ((outs[i] - 1) * w.strides[i]) as i64 + 1;
+            t = t.slice((2 + i) as i64, Some(start), Some(stop), w.strides[i] as i64)?;
+        }
+        acc = Some(match acc {
+            None => t.contiguous()?,
+            Some(a) => a.add(&t)?,
+        });
+    }
+    acc.ok_or_else(|| kiln_ir::Error::op("AveragePool", "the kernel has no taps"))
+}
