@@ -345,5 +345,5 @@ fn mod_signs_follow_fmod() {
 /// The ONNX node test cases for the ops kiln supports (scripts/onnx-node-fixtures.py).
 #[test]
 fn onnx_node() {
-    check_suite("node", 759);
+    check_suite("node", 763);
 }

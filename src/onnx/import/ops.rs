@@ -542,6 +542,18 @@ fn reduce(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             a as usize
         }) == Some(&0)
     });
+    // the maximum of nothing is -inf (false), the minimum +inf (true)
+    let float_or_bool = x.dtype().is_float() || x.dtype() == DType::Bool;
+    if empty && float_or_bool && matches!(n.op(), "ReduceMax" | "ReduceMin") {
+        let max = n.op() == "ReduceMax";
+        let fill = match (x.dtype() == DType::Bool, max) {
+            (true, m) => (!m) as i64 as f64,
+            (false, true) => f64::NEG_INFINITY,
+            (false, false) => f64::INFINITY,
+        };
+        let dims = x.to_dtype(DType::F32)?.sum(d, keep)?.dims().to_vec();
+        return t(Tensor::try_full(&dims, fill, x.dtype())?);
+    }
     if empty && matches!(n.op(), "ReduceMax" | "ReduceMin") {
         return Err(n.unsupported(format!(
             "{} over an empty dim (shape {:?})",
