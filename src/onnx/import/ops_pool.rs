@@ -70,25 +70,17 @@ pub(super) fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         return pool3d(n, &x, kernel, strides, dilations, pads, ceil, include_pad);
     }
     // kiln pools pad at most half a window: wider padding is applied first
-    let wide = pads
-        .iter()
-        .zip(&kernel)
-        .any(|((a, b), k)| 2 * a.max(b) > *k);
-    let (x, pads) = match symmetric(&pads).filter(|_| !wide) {
+    // (an AveragePool without count_include_pad took the tap sums above)
+    let (x, pads) = match symmetric(&pads).filter(|_| half) {
         Some(p) => (x, p),
         None if want_indices => {
             return Err(
                 n.unsupported("the Indices output with asymmetric or wider-than-half-window pads")
             )
         }
-        None if max || include_pad => {
+        None => {
             let fill = if max { f64::NEG_INFINITY } else { 0.0 };
             (pad(&x, &pads_full(&pads), "constant", fill)?, vec![0; s])
-        }
-        None => {
-            return Err(
-                n.unsupported("asymmetric or wider-than-half-window pads with count_include_pad=0")
-            )
         }
     };
     if !max && dilations.iter().any(|d| *d != 1) {
