@@ -5,11 +5,16 @@ backend test data is laid out (model.onnx, test_data_set_N/{input,output}_K.pb).
 Cases with inputs or outputs kiln has no dtype for (strings, uint16/32/64,
 float8, complex), ragged sequences, or over 20 KB are left out.
 
-    /opt/onnxvenv/bin/python scripts/onnx-node-fixtures.py
+    /opt/onnxvenv/bin/python scripts/onnx-node-fixtures.py [OP ...]
+
+With OPs, only the cases using one of them are (re)written and the others
+are left as they are (a newly supported op adds its cases without
+regenerating the random data of every other case).
 """
 import os
 import re
 import shutil
+import sys
 
 import numpy as np
 import onnx
@@ -35,18 +40,23 @@ def dtype_of(v):
 
 
 dst = os.path.join(here, "..", "tests", "fixtures", "onnx", "node")
-shutil.rmtree(dst, ignore_errors=True)
+only = set(sys.argv[1:])
+if not only:
+    shutil.rmtree(dst, ignore_errors=True)
 kept = 0
 for case in collect_testcases():
     model = case.model
     ops = {n.op_type for n in model.graph.node}
     if not ops <= supported or any(n.domain not in ("", "ai.onnx") for n in model.graph.node):
         continue
+    if only and not ops & only:
+        continue
     if case.data_sets is None or any(
         dtype_of(v) not in ok_types for ins, outs in case.data_sets for v in list(ins) + list(outs)
     ):
         continue
     out = os.path.join(dst, case.name)
+    shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     with open(os.path.join(out, "model.onnx"), "wb") as f:
         f.write(model.SerializeToString())

@@ -130,8 +130,9 @@ fn export_zoo(a: &ExportArgs) -> Result<String> {
         let args: Vec<Option<&Tensor>> = xs.iter().map(Some).collect();
         Ok(model.forward_many(&args)?.into_iter().take(1).collect())
     };
-    let e = export::export_fn("forward", first_output, &names, &xs, &dynamic)?;
     let onnx_out = a.output.extension().is_some_and(|x| x == "onnx");
+    // for ONNX, LSTM/GRU layers are traced as scopes (written as ONNX LSTM/GRU nodes)
+    let e = export::export_traced("forward", first_output, &names, &xs, &dynamic, onnx_out)?;
     if onnx_out {
         onnx::from_exported(&e, &a.output, a.opset)?;
     } else {

@@ -19,11 +19,13 @@ mod onnx_support;
 use kiln::export::{self, DynamicDim, ExportedModel};
 use kiln::models::bert::BertForSequenceClassification;
 use kiln::models::catalog;
-use kiln::models::efficientnet::{efficientnet_conf, EfficientNet};
+use kiln::models::efficientnet::{
+    efficientnet_b0, efficientnet_conf, EfficientNet, EfficientNetOptions,
+};
 use kiln::models::gpt2::Gpt2LMHeadModel;
 use kiln::models::lstm::{LstmClassifier, LstmClassifierConfig};
 use kiln::models::mobilenetv3::{mobilenet_v3_large, mobilenet_v3_small, MobileNetV3Options};
-use kiln::models::resnet::{resnet18, resnet50};
+use kiln::models::resnet::{resnet18, resnet34, resnet50};
 use kiln::models::unet::{UNet, UNetConfig};
 use kiln::models::vit::VisionTransformer;
 use kiln::nn::{BatchNormOptions, Module, ModuleExt};
@@ -70,9 +72,20 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// Both formats for `model` (its first output), traced at batch 2 and
 /// checked at batch 3 and 5.
 fn deploy<M: Module>(name: &str, model: &M, inputs: &dyn Fn(usize) -> Vec<Tensor>) {
+    deploy_at(name, model, inputs, 2, &[3, 5]);
+}
+
+/// [`deploy`] traced at batch `example_batch` and checked at `batches`.
+fn deploy_at<M: Module>(
+    name: &str,
+    model: &M,
+    inputs: &dyn Fn(usize) -> Vec<Tensor>,
+    example_batch: usize,
+    batches: &[usize],
+) {
     kiln::manual_seed(11);
     let _ng = kiln::autograd::no_grad();
-    let example = inputs(2);
+    let example = inputs(example_batch);
     let dynamic: Vec<DynamicDim> = (0..example.len())
         .map(|i| DynamicDim::new(i, 0, "batch"))
         .collect();
@@ -88,9 +101,9 @@ fn deploy<M: Module>(name: &str, model: &M, inputs: &dyn Fn(usize) -> Vec<Tensor
     let path = d.join(format!("{name}.kiln"));
     e.save(&path).unwrap();
     let loaded = export::load(&path).unwrap();
-    let cases: Vec<(Vec<Tensor>, Tensor)> = [3, 5]
-        .into_iter()
-        .map(|b| {
+    let cases: Vec<(Vec<Tensor>, Tensor)> = batches
+        .iter()
+        .map(|&b| {
             let xs = inputs(b);
             let want = forward(&xs).unwrap().remove(0);
             (xs, want)
@@ -108,7 +121,7 @@ fn deploy<M: Module>(name: &str, model: &M, inputs: &dyn Fn(usize) -> Vec<Tensor
     }
     let ops = onnx(name, &e, &cases);
     println!(
-        "deploy {name}: {} kiln ok at batch 3 and 5, onnx ok ({ops})",
+        "deploy {name}: {} kiln ok at batch {batches:?}, onnx ok ({ops})",
         loaded.signature()
     );
 }
@@ -284,4 +297,22 @@ fn mobilenet_v3_large_zoo() {
     };
     let m = random_stats(mobilenet_v3_large(&o).unwrap());
     deploy("mobilenet_v3_large", &m, &images(3, 32));
+}
+
+/// Full-size torchvision resnet34 (1000 classes) at 224x224, traced at
+/// batch 1 and checked at batch 1 and 2.
+#[test]
+fn resnet34_full_size() {
+    kiln::manual_seed(2);
+    let m = random_stats(resnet34(1000).unwrap());
+    deploy_at("resnet34", &m, &images(3, 224), 1, &[1, 2]);
+}
+
+/// Full-size torchvision efficientnet_b0 (1000 classes) at 224x224, traced
+/// at batch 1 and checked at batch 1 and 2.
+#[test]
+fn efficientnet_b0_full_size() {
+    kiln::manual_seed(2);
+    let m = random_stats(efficientnet_b0(&EfficientNetOptions::default()).unwrap());
+    deploy_at("efficientnet_b0", &m, &images(3, 224), 1, &[1, 2]);
 }

@@ -200,6 +200,17 @@ fn onnx_pytorch_operator() {
 }
 
 fn one_node_model(op: &str, attribute: Vec<AttributeProto>, opset: i64) -> Vec<u8> {
+    node_model(op, attribute, opset, &["x"], 1)
+}
+
+/// A model of one node reading `inputs`, every value of ONNX dtype `elem_type` and shape [3].
+fn node_model(
+    op: &str,
+    attribute: Vec<AttributeProto>,
+    opset: i64,
+    inputs: &[&str],
+    elem_type: i32,
+) -> Vec<u8> {
     use kiln::onnx::proto::{
         tensor_shape_proto, type_proto, TensorShapeProto, TypeProto, ValueInfoProto,
     };
@@ -207,7 +218,7 @@ fn one_node_model(op: &str, attribute: Vec<AttributeProto>, opset: i64) -> Vec<u
         name: name.into(),
         r#type: Some(TypeProto {
             value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                elem_type: 1,
+                elem_type,
                 shape: Some(TensorShapeProto {
                     dim: vec![tensor_shape_proto::Dimension {
                         value: Some(tensor_shape_proto::dimension::Value::DimValue(3)),
@@ -227,14 +238,14 @@ fn one_node_model(op: &str, attribute: Vec<AttributeProto>, opset: i64) -> Vec<u
         }],
         graph: Some(GraphProto {
             node: vec![NodeProto {
-                input: vec!["x".into()],
+                input: inputs.iter().map(|s| s.to_string()).collect(),
                 output: vec!["y".into()],
                 name: "the_node".into(),
                 op_type: op.into(),
                 attribute,
                 ..Default::default()
             }],
-            input: vec![vi("x")],
+            input: inputs.iter().map(|s| vi(s)).collect(),
             output: vec![vi("y")],
             ..Default::default()
         }),
@@ -280,8 +291,59 @@ fn unsupported_op_and_attribute_name_node_op_and_opset() {
     assert!(junk.contains("not an ONNX model"), "{junk}");
 }
 
+/// `Mod` (the node suite has it only at opset 28): with `fmod=0` the
+/// remainder takes the divisor's sign (`x - y*floor(x/y)`), with `fmod=1`
+/// the dividend's (`x - y*trunc(x/y)`), for integers and floats.
+#[test]
+fn mod_signs_follow_fmod() {
+    let (a, b) = ([-7.0f64, 7.0, -7.5], [3.0f64, -3.0, -2.0]);
+    for (elem_type, dtype) in [(7, kiln::DType::I64), (1, kiln::DType::F32)] {
+        for fmod in [0, 1] {
+            let attr = AttributeProto {
+                name: "fmod".into(),
+                r#type: attribute_type::INT,
+                i: fmod,
+                ..Default::default()
+            };
+            let m = node_model("Mod", vec![attr], 13, &["x", "y"], elem_type);
+            let m = kiln::onnx::from_bytes(&m).unwrap();
+            let ints = |v: &[f64]| {
+                v.iter()
+                    .map(|x| {
+                        if dtype == kiln::DType::I64 {
+                            x.trunc()
+                        } else {
+                            *x
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (x, y) = (ints(&a), ints(&b));
+            let t = |v: &[f64]| {
+                Tensor::from_vec(v.to_vec(), &[3])
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            };
+            let got = m.forward(&[t(&x), t(&y)]).unwrap()[0].to_f64_vec();
+            let want: Vec<f64> = x
+                .iter()
+                .zip(&y)
+                .map(|(x, y)| {
+                    x - y * if fmod == 0 {
+                        (x / y).floor()
+                    } else {
+                        (x / y).trunc()
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "Mod fmod={fmod} on {dtype}");
+        }
+    }
+}
+
 /// The ONNX node test cases for the ops kiln supports (scripts/onnx-node-fixtures.py).
 #[test]
 fn onnx_node() {
-    check_suite("node", 752);
+    check_suite("node", 763);
 }

@@ -190,5 +190,6 @@ pub(super) fn read(
         sources,
         weights: kept,
         graphs: Default::default(),
+        scopes: vec![],
     })
 }

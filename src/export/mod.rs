@@ -26,6 +26,7 @@
 pub mod format;
 mod manifest;
 mod run;
+pub(crate) mod scopes;
 pub mod symbolic;
 mod trace;
 
@@ -36,6 +37,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use symbolic::Template;
 
+pub(crate) use trace::export_traced;
 pub use trace::{export, export_fn};
 
 /// A dim left free in the export: dim `dim` of input `input`, called `name`.
@@ -115,6 +117,9 @@ pub struct ExportedModel {
     weights: Vec<(String, Tensor)>,
     /// Parsed graphs by dynamic-dim sizes.
     graphs: Mutex<HashMap<Vec<usize>, Arc<Graph>>>,
+    /// Module calls collapsed for the ONNX writer (empty but in
+    /// [`trace::export_traced`]'s scoped exports).
+    scopes: Vec<scopes::Scope>,
 }
 
 impl ExportedModel {
@@ -146,6 +151,11 @@ impl ExportedModel {
     /// The weights (parameters, buffers, captured tensors) by key.
     pub fn weights(&self) -> &[(String, Tensor)] {
         &self.weights
+    }
+
+    /// The module calls the ONNX writer writes as their own nodes.
+    pub(crate) fn scopes(&self) -> &[scopes::Scope] {
+        &self.scopes
     }
 
     /// The IR text of the graph at the example sizes.

@@ -54,27 +54,55 @@ pub fn export_fn(
     example: &[Tensor],
     dynamic: &[DynamicDim],
 ) -> Result<ExportedModel> {
+    export_traced(name, f, names, example, dynamic, false)
+}
+
+/// [`export_fn`]; with `scoped`, the export scopes the model records (an
+/// LSTM) are collapsed into placeholders for the ONNX writer (see
+/// [`super::scopes`]), and the result only serves to write ONNX.
+pub(crate) fn export_traced(
+    name: &str,
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    names: &[(String, Tensor)],
+    example: &[Tensor],
+    dynamic: &[DynamicDim],
+    scoped: bool,
+) -> Result<ExportedModel> {
     let (dim_names, base, which) = dims_of(example, dynamic)?;
     let _ng = crate::autograd::no_grad();
     let sizes = symbolic::sample_sizes(&base);
     let mut texts = vec![];
     let mut out_dims: Vec<Vec<Vec<usize>>> = vec![];
     let mut first = None;
+    let mut scopes = vec![];
     for (k, s) in sizes.iter().enumerate() {
         let inputs = if k == 0 {
             example.to_vec()
         } else {
             resized(example, &which, s)?
         };
-        let (mut tr, outs) = match trace::trace(name, &inputs, names, |xs| f(xs))? {
+        let traced = || trace::trace(name, &inputs, names, |xs| f(xs));
+        let traced = if scoped {
+            trace::recording_scopes(traced)?
+        } else {
+            traced()?
+        };
+        let (mut tr, outs) = match traced {
             Ok(r) => r,
             Err(b) => bail!("export", "cannot trace `{name}`: {b}"),
         };
         check_inference(name, &tr)?;
+        let sc = if scoped {
+            super::scopes::collapse(&mut tr)?
+        } else {
+            vec![]
+        };
         fold_uniform_captures(&mut tr, names)?;
         texts.push(tr.graph.to_text());
         out_dims.push(outs.iter().map(|o| o.dims().to_vec()).collect());
         if k == 0 {
+            scopes = sc;
+            super::scopes::renumber(&mut scopes, &tr.graph.numbering());
             first = Some(tr);
         }
     }
@@ -152,6 +180,7 @@ pub fn export_fn(
         sources,
         weights,
         graphs: Default::default(),
+        scopes,
     })
 }
 

@@ -10,9 +10,10 @@ use super::proto::{
     NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 use super::tensor::{onnx_dtype, to_proto};
+use crate::export::scopes::Scope;
 use crate::export::{Dim, DynamicDim, ExportedModel, TensorSpec};
 use crate::ir::op::Op;
-use crate::nn::Module;
+use crate::nn::{Module, ModuleExt};
 use crate::{Result, Tensor};
 use elementwise::binary_name;
 use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
@@ -26,6 +27,7 @@ pub const DEFAULT_OPSET: i64 = 17;
 mod data;
 mod elementwise;
 mod layers;
+mod rnn;
 
 /// Exports `model` traced on `example` to an ONNX file at `path` (all dims
 /// fixed; see [`export_dynamic`] for a dynamic batch).
@@ -39,6 +41,8 @@ pub fn export<M: Module>(
 }
 
 /// [`export`] with dims left free, e.g. `[DynamicDim::new(0, 0, "batch")]`.
+/// An `nn::LSTM`/`nn::GRU` inside the model is written as ONNX `LSTM`/`GRU`
+/// nodes, so its sequence axis may be dynamic too.
 pub fn export_dynamic<M: Module>(
     model: &M,
     example: &[Tensor],
@@ -46,7 +50,43 @@ pub fn export_dynamic<M: Module>(
     path: impl AsRef<Path>,
     opset: i64,
 ) -> Result<()> {
-    let e = crate::export::export(model, example, dynamic)?;
+    if example.len() != 1 {
+        bail!(
+            "onnx::export",
+            "a module's forward takes one input, got {} example inputs (use export_fn for several)",
+            example.len()
+        );
+    }
+    let mut names = model.named_parameters();
+    names.extend(model.named_buffers());
+    let forward = |xs: &[Tensor]| Ok(vec![model.forward(&xs[0])?]);
+    export_fn("forward", forward, &names, example, dynamic, path, opset)
+}
+
+/// Exports a function of several tensors with several results as ONNX
+/// (the arguments of [`crate::export::export_fn`], then the file and opset),
+/// LSTM/GRU layers as their ONNX ops (see [`export_dynamic`]).
+///
+/// ```no_run
+/// use kiln::export::DynamicDim;
+/// use kiln::nn::{Module, ModuleExt, RnnOptions, LSTM};
+/// let lstm = LSTM::new(16, 32, RnnOptions { batch_first: true, ..Default::default() })?;
+/// let f = |xs: &[kiln::Tensor]| lstm.forward_many(&[Some(&xs[0])]); // [output, h_n, c_n]
+/// let x = kiln::Tensor::zeros(&[2, 7, 16], kiln::DType::F32);
+/// let dynamic = [DynamicDim::new(0, 0, "batch"), DynamicDim::new(0, 1, "seq")];
+/// kiln::onnx::export_fn("lstm", f, &lstm.named_parameters(), &[x], &dynamic, "lstm.onnx", 17)?;
+/// # Ok::<(), kiln::Error>(())
+/// ```
+pub fn export_fn(
+    name: &str,
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    names: &[(String, Tensor)],
+    example: &[Tensor],
+    dynamic: &[DynamicDim],
+    path: impl AsRef<Path>,
+    opset: i64,
+) -> Result<()> {
+    let e = crate::export::export_traced(name, f, names, example, dynamic, true)?;
     from_exported(&e, path, opset)
 }
 
@@ -82,9 +122,17 @@ pub fn to_model(e: &ExportedModel, opset: i64) -> Result<ModelProto> {
         example_batch: base.first().copied().unwrap_or(0),
         dynamic_names: e.dynamic_dims().len(),
         uses: g.use_counts(),
+        weights: e.weights(),
     };
     w.name_values(e)?;
     for (id, node) in g.iter() {
+        if let Some(s) = e.scopes().iter().find(|s| s.outputs.contains(&id)) {
+            // a placeholder: the scope's nodes are written at its first one
+            if s.outputs[0] == id {
+                w.scope(s)?;
+            }
+            continue;
+        }
         if let NodeOp::Op(op) = &node.op {
             w.op(id, op)?;
         } else if let NodeOp::Project(k) = &node.op {
@@ -112,8 +160,17 @@ pub fn to_model(e: &ExportedModel, opset: i64) -> Result<ModelProto> {
     for spec in e.inputs() {
         inputs.push(value_info(spec));
     }
+    // a weight only a collapsed scope read is in the scope's own initializers
+    let unused: Vec<&str> = g
+        .inputs()
+        .iter()
+        .filter(|i| w.uses[i.index()] == 0 && !e.scopes().is_empty())
+        .map(|i| w.names[i.index()].as_str())
+        .collect();
     for (k, t) in e.weights() {
-        w.inits.push(to_proto(k, t)?);
+        if !unused.contains(&k.as_str()) {
+            w.inits.push(to_proto(k, t)?);
+        }
     }
     let graph = GraphProto {
         node: w.nodes,
@@ -215,6 +272,7 @@ struct Writer<'a> {
     dynamic_names: usize,
     /// How many nodes read each value.
     uses: Vec<usize>,
+    weights: &'a [(String, Tensor)],
 }
 
 /// The first input dim of the export's one dynamic dim name.
@@ -254,6 +312,23 @@ impl Writer<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A collapsed module call, by the rule its scope names.
+    fn scope(&mut self, s: &Scope) -> Result<()> {
+        for o in &s.outputs {
+            if !matches!(self.g.node(*o).op, NodeOp::Const(_)) {
+                bail!(
+                    "onnx::export",
+                    "a `{}` scope's placeholder moved in the graph text",
+                    s.kind
+                );
+            }
+        }
+        match s.kind {
+            "rnn" => self.rnn_scope(s),
+            other => bail!("onnx::export", "no ONNX rule for `{other}` scopes"),
+        }
     }
 
     fn tmp(&mut self, what: &str) -> String {

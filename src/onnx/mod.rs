@@ -19,5 +19,5 @@ mod import;
 pub mod proto;
 pub mod tensor;
 
-pub use export::{export, export_dynamic, from_exported, DEFAULT_OPSET};
+pub use export::{export, export_dynamic, export_fn, from_exported, DEFAULT_OPSET};
 pub use import::{from_bytes, load, OnnxModel};

@@ -150,6 +150,33 @@ impl Writer<'_> {
         Ok(())
     }
 
+    /// A select's index as ONNX Gather takes it: as is, or counted from the
+    /// end (`out[:, -1]` of a dynamic sequence) when it moves with the dim's size.
+    fn select_index(&self, id: NodeId, dim: i64, index: i64) -> Result<i64> {
+        let src = self.g.node(id).operands[0];
+        let d = dim.rem_euclid(self.meta(src).dims.len().max(1) as i64) as usize;
+        let size = self.meta(src).dims[d] as i64;
+        let Some(b) = self.bumped else {
+            return Ok(index);
+        };
+        let (bsize, bindex) = match (&b.node(id).op, b.node(src).meta()) {
+            (kiln_ir::graph::NodeOp::Op(Op::Select { index: i, .. }), Some(m)) => {
+                (m.dims[d] as i64, *i)
+            }
+            _ => (size, index),
+        };
+        if bindex == index {
+            Ok(index)
+        } else if bindex - bsize == index - size {
+            Ok(index - size)
+        } else {
+            Err(Error::op(
+                "onnx::export",
+                format!("select's index {index} of dim {dim} changes with the dynamic dims other than from the end; no static ONNX Gather"),
+            ))
+        }
+    }
+
     /// Slice, select, expand, embedding, index_select, gather and
     /// masked_fill; `Ok(false)` for any other op.
     pub(super) fn data_op(&mut self, id: NodeId, op: &Op, x: &[&str], out: &str) -> Result<bool> {
@@ -172,8 +199,8 @@ impl Writer<'_> {
                 self.node("Slice", &[x[0], &starts, &ends, &axes, &steps], &o, vec![]);
             }
             Op::Select { dim, index } => {
-                self.static_op(id, op)?;
-                let i = self.constant("index", &Tensor::from_vec(vec![*index], &[])?)?;
+                let i = self.select_index(id, *dim, *index)?;
+                let i = self.constant("index", &Tensor::from_vec(vec![i], &[])?)?;
                 self.node("Gather", &[x[0], &i], &o, vec![attr_int("axis", *dim)]);
             }
             Op::Expand(_) => {

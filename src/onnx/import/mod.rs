@@ -23,6 +23,7 @@ mod ops;
 mod ops_more;
 mod ops_nn;
 mod ops_nn3d;
+mod ops_pool;
 mod ops_resize;
 mod ops_rnn;
 mod ops_seq;

@@ -122,6 +122,7 @@ pub(crate) const SUPPORTED: &[&str] = &[
     "IsInf",
     "GatherElements",
     "Trilu",
+    "Mod",
     "CumSum",
     // sequences
     "SequenceEmpty",
@@ -380,6 +381,15 @@ fn host_binary(op: &str, a: &Host, b: &Host) -> Option<Host> {
         "Equal" => |x, y| Some((x == y) as i64),
         _ => return None,
     };
+    let mut h = host_map(a, b, f)?;
+    if op == "Equal" {
+        h.dtype = DType::Bool;
+    }
+    Some(h)
+}
+
+/// `f` over two host integer tensors of one shape, or one of them a scalar.
+pub(super) fn host_map(a: &Host, b: &Host, f: fn(i64, i64) -> Option<i64>) -> Option<Host> {
     let (dims, n) = if a.data.len() == b.data.len() && a.dims == b.dims {
         (a.dims.clone(), a.data.len())
     } else if b.data.len() == 1 && b.dims.len() <= a.dims.len() {
@@ -393,8 +403,11 @@ fn host_binary(op: &str, a: &Host, b: &Host) -> Option<Host> {
     let data = (0..n)
         .map(|i| f(at(a, i), at(b, i)))
         .collect::<Option<Vec<_>>>()?;
-    let dtype = if op == "Equal" { DType::Bool } else { a.dtype };
-    Some(Host { dims, data, dtype })
+    Some(Host {
+        dims,
+        data,
+        dtype: a.dtype,
+    })
 }
 
 fn binary(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
@@ -529,6 +542,18 @@ fn reduce(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             a as usize
         }) == Some(&0)
     });
+    // the maximum of nothing is -inf (false), the minimum +inf (true)
+    let float_or_bool = x.dtype().is_float() || x.dtype() == DType::Bool;
+    if empty && float_or_bool && matches!(n.op(), "ReduceMax" | "ReduceMin") {
+        let max = n.op() == "ReduceMax";
+        let fill = match (x.dtype() == DType::Bool, max) {
+            (true, m) => (!m) as i64 as f64,
+            (false, true) => f64::NEG_INFINITY,
+            (false, false) => f64::INFINITY,
+        };
+        let dims = x.to_dtype(DType::F32)?.sum(d, keep)?.dims().to_vec();
+        return t(Tensor::try_full(&dims, fill, x.dtype())?);
+    }
     if empty && matches!(n.op(), "ReduceMax" | "ReduceMin") {
         return Err(n.unsupported(format!(
             "{} over an empty dim (shape {:?})",

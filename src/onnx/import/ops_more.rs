@@ -1,11 +1,11 @@
 //! More imported ops that PyTorch's exporter writes for transformers and
 //! detection heads: the remaining trigonometric and hyperbolic functions,
-//! Round, IsNaN/IsInf, GatherElements, Trilu and CumSum.
+//! Round, IsNaN/IsInf, GatherElements, Trilu, CumSum and Mod.
 
 use super::attrs::Node;
 use super::host::Value;
 use super::ops::input;
-use crate::ir::UnaryOp;
+use crate::ir::{BinaryOp, UnaryOp};
 use crate::{DType, Result, Tensor};
 
 fn t(v: Tensor) -> Result<Vec<Value>> {
@@ -26,6 +26,7 @@ pub(super) const OPS: &[&str] = &[
     "GatherElements",
     "Trilu",
     "CumSum",
+    "Mod",
 ];
 
 /// An axis attribute or input resolved against `rank`.
@@ -39,6 +40,9 @@ fn axis(n: &Node, a: i64, rank: usize) -> Result<i64> {
 
 /// Runs one node.
 pub(super) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    if n.op() == "Mod" {
+        return modulo(n, ins);
+    }
     let x = input(n, ins, 0)?;
     let unary = |u: UnaryOp| -> Result<Vec<Value>> {
         if !x.dtype().is_float() {
@@ -127,4 +131,37 @@ pub(super) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         }
         op => unreachable!("{op} is not in ops_more"),
     }
+}
+
+/// ONNX `Mod`: `fmod=0` takes the divisor's sign (Python's `%`, kiln's
+/// `remainder`), `fmod=1` the dividend's (C's `fmod`). Shape arithmetic (host
+/// integers, as `nn.MultiheadAttention`'s export computes head sizes) stays
+/// on the host.
+fn modulo(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
+    let fmod = n.int_or("fmod", 0)? != 0;
+    if let (Some(a), Some(b)) = (ins[0].host(), ins.get(1).and_then(|v| v.host())) {
+        let f: fn(i64, i64) -> Option<i64> = if fmod {
+            |x, y| x.checked_rem(y)
+        } else {
+            |x, y| {
+                x.checked_rem(y).map(|r| {
+                    if r != 0 && (r < 0) != (y < 0) {
+                        r + y
+                    } else {
+                        r
+                    }
+                })
+            }
+        };
+        if let Some(h) = super::ops::host_map(a, b, f) {
+            return Ok(vec![Value::Host(h)]);
+        }
+    }
+    let (a, b) = (input(n, ins, 0)?, input(n, ins, 1)?);
+    let op = if fmod {
+        BinaryOp::Fmod
+    } else {
+        BinaryOp::Remainder
+    };
+    t(a.binary(op, &b)?)
 }

@@ -6,7 +6,6 @@ use super::ops::input;
 use super::ops_nn3d::{self, Window3d};
 use crate::functional as F;
 use crate::ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
-use crate::ir::op::pool::Pool2dParams;
 use crate::{Result, Tensor};
 
 fn t(v: Tensor) -> Result<Vec<Value>> {
@@ -62,7 +61,7 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         }
         "Gemm" => gemm(n, ins),
         "MatMul" => t(F::matmul(&input(n, ins, 0)?, &input(n, ins, 1)?)?),
-        "MaxPool" | "AveragePool" => pool(n, ins),
+        "MaxPool" | "AveragePool" => super::ops_pool::pool(n, ins),
         "GlobalAveragePool" | "GlobalMaxPool" => {
             let x = input(n, ins, 0)?;
             let dims: Vec<i64> = (2..x.rank() as i64).collect();
@@ -81,7 +80,7 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
 }
 
 /// Per spatial dim `(begin, end)` padding from `pads`/`auto_pad`.
-fn spatial_pads(
+pub(super) fn spatial_pads(
     n: &Node,
     in_sizes: &[usize],
     kernel: &[usize],
@@ -118,7 +117,7 @@ fn spatial_pads(
     }
 }
 
-fn ints_or(n: &Node, name: &str, len: usize, default: usize) -> Result<Vec<usize>> {
+pub(super) fn ints_or(n: &Node, name: &str, len: usize, default: usize) -> Result<Vec<usize>> {
     match n.ints(name)? {
         Some(v) if v.len() == len && v.iter().all(|x| *x >= 1) => {
             Ok(v.iter().map(|x| *x as usize).collect())
@@ -129,7 +128,7 @@ fn ints_or(n: &Node, name: &str, len: usize, default: usize) -> Result<Vec<usize
 }
 
 /// Symmetric padding as one value per dim, or `None` when some dim is asymmetric.
-fn symmetric(p: &[(usize, usize)]) -> Option<Vec<usize>> {
+pub(super) fn symmetric(p: &[(usize, usize)]) -> Option<Vec<usize>> {
     p.iter()
         .all(|(a, b)| a == b)
         .then(|| p.iter().map(|x| x.0).collect())
@@ -181,7 +180,7 @@ fn conv(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
 }
 
 /// `(begin, end)` for every dim of an N-C-spatial tensor (none on N and C).
-fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
+pub(super) fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
     let mut v = vec![(0, 0), (0, 0)];
     v.extend(spatial.iter().map(|(a, b)| (*a as i64, *b as i64)));
     v
@@ -190,9 +189,9 @@ fn pads_full(spatial: &[(usize, usize)]) -> Vec<(i64, i64)> {
 fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     let (x, w, b) = (input(n, ins, 0)?, input(n, ins, 1)?, opt(ins, 2)?);
     let s = x.rank().saturating_sub(2);
-    if s != 1 && s != 2 {
+    if !(1..=3).contains(&s) {
         return Err(n.unsupported(format!(
-            "ConvTranspose with {s} spatial dims (kiln has 1-d and 2-d)"
+            "ConvTranspose with {s} spatial dims (kiln has 1-d to 3-d)"
         )));
     }
     let _ = n.ints("kernel_shape")?;
@@ -229,14 +228,28 @@ fn conv_transpose(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     } else {
         (x.clone(), w.clone())
     };
-    if symmetric && small_extra {
+    if symmetric && small_extra && s < 3 {
         let y = F::conv_transpose2d(&x2, &w2, b.as_ref(), &p)?;
         return t(if s == 1 { y.squeeze(Some(&[2]))? } else { y });
     }
     // asymmetric pads, output_shape or auto_pad: the full result, cropped
     // (or extended with zeros) to the kept window, then the bias
-    let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
-    let y = if s == 1 { y.squeeze(Some(&[2]))? } else { y };
+    let y = match s {
+        3 => super::ops_nn3d::conv_transpose3d_full(n, &x, &w, &strides, &dilations, groups)?,
+        _ => {
+            let p = ConvTransposeParams {
+                padding: vec![0, 0],
+                output_padding: vec![0, 0],
+                ..p
+            };
+            let y = F::conv_transpose2d(&x2, &w2, None, &p)?;
+            if s == 1 {
+                y.squeeze(Some(&[2]))?
+            } else {
+                y
+            }
+        }
+    };
     let mut window = vec![(0i64, 0i64); 2];
     for i in 0..s {
         let (b0, o) = (begin[i] as i64, out[i] as i64);
@@ -370,122 +383,6 @@ fn gemm(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         y = y.add(&c)?;
     }
     t(y)
-}
-
-fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
-    let x = input(n, ins, 0)?;
-    let s = x.rank().saturating_sub(2);
-    if !(1..=3).contains(&s) {
-        return Err(n.unsupported(format!(
-            "{} with {s} spatial dims (kiln pools in 1-d to 3-d)",
-            n.op()
-        )));
-    }
-    if n.proto.output.len() > 1 && !n.proto.output[1].is_empty() {
-        return Err(n.unsupported("the Indices output"));
-    }
-    let kernel: Vec<usize> = n
-        .ints("kernel_shape")?
-        .ok_or_else(|| n.err("attribute `kernel_shape` is required"))?
-        .iter()
-        .map(|k| *k as usize)
-        .collect();
-    let strides = ints_or(n, "strides", s, 1)?;
-    let dilations = ints_or(n, "dilations", s, 1)?;
-    let ceil = n.int_or("ceil_mode", 0)? != 0;
-    if n.int_or("storage_order", 0)? != 0 {
-        return Err(n.unsupported("storage_order=1"));
-    }
-    let max = n.op() == "MaxPool";
-    let include_pad = n.int_or("count_include_pad", 0)? != 0;
-    let pads = spatial_pads(n, &x.dims()[2..], &kernel, &strides, &dilations)?;
-    if !x.dtype().is_float() {
-        return Err(n.unsupported(format!("{} on {} (kiln pools floats)", n.op(), x.dtype())));
-    }
-    if s == 3 {
-        return pool3d(n, &x, kernel, strides, dilations, pads, ceil, include_pad);
-    }
-    // kiln pools pad at most half a window: wider padding is applied first
-    let wide = pads
-        .iter()
-        .zip(&kernel)
-        .any(|((a, b), k)| 2 * a.max(b) > *k);
-    let (x, pads) = match symmetric(&pads).filter(|_| !wide) {
-        Some(p) => (x, p),
-        None if max || include_pad => {
-            let fill = if max { f64::NEG_INFINITY } else { 0.0 };
-            (pad(&x, &pads_full(&pads), "constant", fill)?, vec![0; s])
-        }
-        None => {
-            return Err(
-                n.unsupported("asymmetric or wider-than-half-window pads with count_include_pad=0")
-            )
-        }
-    };
-    if !max && dilations.iter().any(|d| *d != 1) {
-        return Err(n.unsupported("AveragePool with dilations"));
-    }
-    // 1-d pools run as 2-d pools over [N, C, 1, L]
-    let (x2, k2, s2, p2, d2) = if s == 1 {
-        (
-            x.unsqueeze(2)?,
-            [1, kernel[0]],
-            [1, strides[0]],
-            [0, pads[0]],
-            [1, dilations[0]],
-        )
-    } else {
-        let a = |v: &[usize]| [v[0], v[1]];
-        (x.clone(), a(&kernel), a(&strides), a(&pads), a(&dilations))
-    };
-    let p = Pool2dParams {
-        kernel: k2,
-        stride: s2,
-        padding: p2,
-        dilation: d2,
-        ceil_mode: ceil,
-    };
-    let y = if max {
-        F::max_pool2d(&x2, &p)?.0
-    } else {
-        F::avg_pool2d(&x2, &p, include_pad, None)?
-    };
-    t(if s == 1 { y.squeeze(Some(&[2]))? } else { y })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn pool3d(
-    n: &Node,
-    x: &Tensor,
-    kernel: Vec<usize>,
-    strides: Vec<usize>,
-    dilations: Vec<usize>,
-    pads: Vec<(usize, usize)>,
-    ceil: bool,
-    include_pad: bool,
-) -> Result<Vec<Value>> {
-    let w = Window3d {
-        kernel,
-        strides,
-        dilations,
-        pads,
-    };
-    // ceil mode changes the result only when a last partial window exists
-    let partial = (0..3).any(|i| {
-        let len = x.dims()[2 + i] + w.pads[i].0 + w.pads[i].1;
-        let span = (w.kernel[i] - 1) * w.dilations[i] + 1;
-        len >= span && (len - span) % w.strides[i] != 0
-    });
-    if ceil && partial {
-        return Err(n.unsupported(format!("{} 3-d with ceil_mode=1", n.op())));
-    }
-    if n.op() == "MaxPool" {
-        return t(ops_nn3d::max_pool3d(n, x, &w)?);
-    }
-    if w.dilations.iter().any(|d| *d != 1) {
-        return Err(n.unsupported("AveragePool with dilations"));
-    }
-    t(ops_nn3d::avg_pool3d(n, x, &w, include_pad)?)
 }
 
 fn pad_node(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {

@@ -2,7 +2,7 @@
 //! or bidirectional; `layout` 0 or 1; optional bias and initial states;
 //! GRU with either `linear_before_reset`). Each direction projects the
 //! whole sequence through `W` in one GEMM, then steps through time with
-//! `R`. Peepholes, `clip`, `input_forget`, non-default activations and
+//! `R`; LSTM peepholes `P` join the gates. `clip`, `input_forget`, non-default activations and
 //! `sequence_lens` shorter than the sequence are refused with an error
 //! naming the node.
 
@@ -47,12 +47,14 @@ impl Kind {
     }
 }
 
-/// One direction's weights: `W`, `R` and the two biases of `B`.
+/// One direction's weights: `W`, `R`, the two biases of `B` and an LSTM's
+/// peepholes `P` (`[3H]`: i, o, f).
 struct Dir {
     w: Tensor,
     r: Tensor,
     wb: Option<Tensor>,
     rb: Option<Tensor>,
+    p: Option<Tensor>,
 }
 
 pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
@@ -75,9 +77,11 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
     } else {
         None
     };
-    if kind == Kind::Lstm && opt(ins, 7)?.is_some() {
-        return Err(n.unsupported("LSTM peepholes (input P)"));
-    }
+    let peep = if kind == Kind::Lstm {
+        opt(ins, 7)?
+    } else {
+        None
+    };
     if x.rank() != 3 || w.rank() != 3 || r.rank() != 3 {
         return Err(n.err(format!(
             "X, W and R must be 3-D, got {:?}, {:?}, {:?}",
@@ -105,6 +109,12 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         return Err(n.unsupported("input_forget=1"));
     }
     let layout = n.int_or("layout", 0)?;
+    if let Some(p) = peep.as_ref().filter(|p| p.dims() != [dirs, 3 * hidden]) {
+        return Err(n.err(format!(
+            "P {:?} does not fit {dirs} direction(s) and hidden_size {hidden} ([D, 3*hidden])",
+            p.dims()
+        )));
+    }
     if w.dims() != [dirs, g * hidden, x.dims()[2]] || r.dims() != [dirs, g * hidden, hidden] {
         return Err(n.err(format!(
             "W {:?} / R {:?} do not fit {dirs} direction(s), hidden_size {hidden} and input {:?}",
@@ -144,6 +154,7 @@ pub(crate) fn run(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
             r: r.select(0, d as i64)?,
             wb: bias.as_ref().map(|b| b[0].clone()),
             rb: bias.as_ref().map(|b| b[1].clone()),
+            p: peep.as_ref().map(|p| p.select(0, d as i64)).transpose()?,
         };
         let init = |t: &Option<Tensor>| -> Result<Tensor> {
             match t {
@@ -215,14 +226,19 @@ fn step(
     let hh = F::linear(h, &dir.r, dir.rb.as_ref())?;
     match kind {
         Kind::Lstm => {
-            // ONNX gate order: i, o, f, c
+            // ONNX gate order: i, o, f, c; peepholes add P * c (the old c
+            // for i and f, the new one for o)
             let gates = x_proj.add(&hh)?.chunk(4, -1)?;
-            let (i, o, f) = (
-                gates[0].sigmoid()?,
-                gates[1].sigmoid()?,
-                gates[2].sigmoid()?,
-            );
+            let peep = |k: usize, gate: &Tensor, c: &Tensor| -> Result<Tensor> {
+                match &dir.p {
+                    Some(p) => gate.add(&p.narrow(0, (k * hidden) as i64, hidden)?.mul(c)?),
+                    None => Ok(gate.clone()),
+                }
+            };
+            let i = peep(0, &gates[0], c)?.sigmoid()?;
+            let f = peep(2, &gates[2], c)?.sigmoid()?;
             let c = f.mul(c)?.add(&i.mul(&gates[3].tanh()?)?)?;
+            let o = peep(1, &gates[1], &c)?.sigmoid()?;
             Ok((o.mul(&c.tanh()?)?, c))
         }
         Kind::Gru {

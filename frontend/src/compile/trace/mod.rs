@@ -77,6 +77,8 @@ pub struct Trace {
     /// Every value recorded, weakly: what outlives the traced run is state
     /// the function wrote (see `escapes`).
     pub(crate) recorded: Vec<escapes::Recorded>,
+    /// Module calls an exporter may write as one node (see [`export_scope`]).
+    pub scopes: Vec<ExportScope>,
 }
 
 impl Trace {
@@ -141,6 +143,9 @@ struct Tracer {
     rng: Option<crate::random::GeneratorState>,
     regions: Regions,
     recorded: Vec<escapes::Recorded>,
+    /// How many [`export_scope`]s are running (only the outermost notes).
+    scope_open: usize,
+    scopes: Vec<ExportScope>,
 }
 
 thread_local! {
@@ -206,6 +211,8 @@ pub fn trace(
         rng: None,
         regions: Regions::default(),
         recorded: vec![],
+        scope_open: 0,
+        scopes: vec![],
     };
     for (i, a) in args.iter().enumerate() {
         let id = tr.graph.input(format!("x{i}"), a.meta());
@@ -231,6 +238,7 @@ pub fn trace(
             rng,
             regions: Regions::default(),
             recorded: vec![],
+            scopes: vec![],
         }
         .undo_side_effects()
     };
@@ -265,6 +273,7 @@ pub fn trace(
             rng: tr.rng,
             regions: tr.regions,
             recorded: tr.recorded,
+            scopes: tr.scopes,
         },
         outs,
     )))
@@ -569,8 +578,10 @@ pub(crate) mod escapes;
 mod joint_hooks;
 pub(crate) mod probe;
 mod regions;
+mod scopes;
 pub use joint_hooks::{
     inline_decomposition, random_input, record_mutation, tangent_input, untraced, InlineGuard,
     RandomSpec,
 };
 pub use regions::{checkpoint_boundary, checkpoint_region, Regions};
+pub use scopes::{export_scope, recording_scopes, scopes_wanted, ExportScope};

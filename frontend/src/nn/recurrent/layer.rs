@@ -141,8 +141,53 @@ impl Stack {
     }
 
     /// `layer(input, hx)` -> `[output, h_n]` (and `c_n` for an LSTM).
+    /// An ONNX export sees an LSTM or GRU as one scope (written as ONNX
+    /// `LSTM`/`GRU` nodes, see `trace::export_scope`); any other trace sees
+    /// the ops of the unrolled loop.
     fn run(&self, inputs: &[Option<&Tensor>]) -> Result<Vec<Tensor>> {
-        self.run_with(inputs, self.cells.as_slice())
+        let run = || self.run_with(inputs, self.cells.as_slice());
+        let batched = inputs
+            .first()
+            .copied()
+            .flatten()
+            .is_some_and(|x| x.rank() == 3);
+        let mode = match self.kind {
+            CellKind::Lstm => 0,
+            CellKind::Gru => 1,
+            _ => return run(),
+        };
+        // ONNX's LSTM has no projection; such layers export as their steps
+        if !crate::compile::trace::scopes_wanted() || !batched || self.opts.proj_size > 0 {
+            return run();
+        }
+        let o = &self.opts;
+        let attrs = vec![
+            ("mode", mode),
+            ("input_size", self.input_size as i64),
+            ("hidden_size", self.hidden_size as i64),
+            ("num_layers", o.num_layers as i64),
+            ("bidirectional", o.bidirectional as i64),
+            ("batch_first", o.batch_first as i64),
+            ("bias", o.bias as i64),
+        ];
+        let mut ins: Vec<(String, Option<&Tensor>)> = ["input", "h0", "c0"]
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.to_string(), inputs.get(i).copied().flatten()))
+            .collect();
+        for (idx, c) in self.cells.iter().enumerate() {
+            let rev = if idx % self.dirs() == 1 {
+                "_reverse"
+            } else {
+                ""
+            };
+            let sfx = format!("_l{}{rev}", idx / self.dirs());
+            ins.push((format!("weight_ih{sfx}"), Some(&c.weight_ih)));
+            ins.push((format!("weight_hh{sfx}"), Some(&c.weight_hh)));
+            ins.push((format!("bias_ih{sfx}"), c.bias_ih.as_ref()));
+            ins.push((format!("bias_hh{sfx}"), c.bias_hh.as_ref()));
+        }
+        crate::compile::trace::export_scope("rnn", attrs, &ins, run)
     }
 
     /// [`Stack::run`] with the products computed by `proj` (the quantized
