@@ -239,3 +239,38 @@ fn bad_input_names_the_op_and_shapes() {
         .to_string();
     assert!(e.contains("weight_scale") && e.contains("[3]"), "{e}");
 }
+
+/// The int8 kernels are CPU only: a quantized Linear given a CUDA input is
+/// a clear error naming the op and the device, eager and compiled, never a
+/// wrong result. (Without a GPU the device is the emulator.)
+#[test]
+fn a_cuda_input_is_not_supported_error() {
+    if std::env::var("KILN_CUDA").as_deref() != Ok("driver") {
+        if std::process::Command::new("c++")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("quant_compile: no c++ compiler for the CUDA emulator, skipped");
+            return;
+        }
+        kiln::cuda::use_emulator();
+    }
+    let dev = kiln::Device::cuda(0).unwrap_or_else(|e| panic!("{e}"));
+    kiln::manual_seed(20);
+    let model = Sequential::new().add(Linear::new(8, 4, true).unwrap());
+    model.eval();
+    let _ng = kiln::autograd::no_grad();
+    let q = quantize_dynamic(&model, &[QuantType::Linear], QScheme::PerTensor).unwrap();
+    let x = randn(&[2, 8], 21).to_device(dev).unwrap();
+    let e = q.forward(&x).unwrap_err().to_string();
+    assert!(
+        e.contains("quantized_linear") && e.contains("not supported on cuda"),
+        "{e}"
+    );
+    let e = compile(&q).forward(&x).unwrap_err().to_string();
+    assert!(
+        e.contains("quantized_linear") && e.contains("not supported on cuda"),
+        "{e}"
+    );
+}
