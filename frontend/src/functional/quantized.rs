@@ -31,7 +31,7 @@ pub type RowTileEpilogue<'a> = &'a (dyn Fn(&Tensor, usize, usize) -> Result<()> 
 /// assert!(y.to_vec::<f32>().unwrap()[1] > 0.99);
 /// let bad = Tensor::ones(&[1, 3], DType::F32);
 /// let e = F::quantized_linear(&bad, &w, &s, None, false).unwrap_err().to_string();
-/// assert!(e.contains("quantized_linear") && e.contains("[1, 3]"), "{e}");
+/// assert!(e.contains("quantized_linear") && e.contains("[1,3]"), "{e}");
 /// ```
 pub fn quantized_linear(
     x: &Tensor,

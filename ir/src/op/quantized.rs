@@ -18,7 +18,7 @@ use crate::{bail, DType, Result};
 /// let ins = [Meta::new(DType::F32, &[5, 8]), Meta::new(DType::I8, &[3, 8]), Meta::new(DType::F32, &[1])];
 /// assert_eq!(quantized_linear_meta(&ins).unwrap(), Meta::new(DType::F32, &[5, 3]));
 /// let bad = [Meta::new(DType::F32, &[5, 7]), ins[1].clone(), ins[2].clone()];
-/// assert!(quantized_linear_meta(&bad).unwrap_err().to_string().contains("[5, 7]"));
+/// assert!(quantized_linear_meta(&bad).unwrap_err().to_string().contains("[5,7]"));
 /// ```
 pub fn quantized_linear_meta(ins: &[Meta]) -> Result<Meta> {
     let op = "quantized_linear";
