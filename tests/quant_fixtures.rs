@@ -51,12 +51,46 @@ fn quantized_children<'a>(m: &'a dyn Module) -> Vec<(String, &'a dyn Module)> {
     v
 }
 
-/// Checks one case; `Ok(report)` or `Err(why)`.
-fn run_case(
-    name: &str,
-    case: &serde_json::Value,
-    t: &BTreeMap<String, Tensor>,
+/// What one case gives: the eager report, and the compiled check's.
+type CaseResult = Result<(String, Result<String, String>), String>;
+
+/// The compiled model's output `c` checked against PyTorch's `want` with
+/// the same tolerance as the eager one (`quantum(i)` per element), against
+/// the eager output `eager` bit for bit, and for a graph break.
+fn compiled_check(
+    c: &kiln::compile::Compiled,
+    x: &Tensor,
+    want: &[f64],
+    eager: &[f64],
+    quantum: &dyn Fn(usize) -> f64,
 ) -> Result<String, String> {
+    let got = c
+        .forward(x)
+        .map_err(|e| format!("compile: {e}"))?
+        .to_f64_vec();
+    let r = c.explain();
+    if let Some(b) = r.entries.iter().find_map(|e| e.graph_break.clone()) {
+        return Err(format!("compiled with a graph break: {b}"));
+    }
+    let max_q = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .map(|(i, (g, w))| (g - w).abs() / quantum(i))
+        .fold(0.0, f64::max);
+    if got.len() != want.len() || max_q > 1.0 {
+        return Err(format!(
+            "compiled outputs differ by up to {max_q:.3} quanta"
+        ));
+    }
+    if got != eager {
+        return Err("compiled outputs differ from eager".into());
+    }
+    Ok(format!("bit-identical to eager, max {max_q:.3} quanta"))
+}
+
+/// Checks one case; `Ok((report, compiled))` or `Err(why)`.
+fn run_case(name: &str, case: &serde_json::Value, t: &BTreeMap<String, Tensor>) -> CaseResult {
     let model = build(case["model"].as_str().unwrap())?;
     let sd: Vec<(String, Tensor)> = t
         .iter()
@@ -129,19 +163,17 @@ fn run_case(
             want.len()
         ));
     }
-    // compiled: the same numbers
+    // compiled: the same numbers, one graph
     let _ng = kiln::autograd::no_grad();
     let compiled = kiln::compile::compile(&q);
-    let c1 = compiled
-        .forward(x)
-        .map_err(|e| format!("compile: {e}"))?
-        .to_f64_vec();
-    if c1 != got {
-        return Err("compile(quantized) differs from eager".into());
-    }
-    Ok(format!(
-        "{exact}/{} outputs bit-exact, max {max_q:.3} quanta",
-        want.len()
+    let quantum = |i: usize| (a.scale * ws[if ws.len() == 1 { 0 } else { i % n }]) as f64;
+    let c = compiled_check(&compiled, x, &want, &got, &quantum);
+    Ok((
+        format!(
+            "{exact}/{} outputs bit-exact, max {max_q:.3} quanta",
+            want.len()
+        ),
+        c,
     ))
 }
 
@@ -153,7 +185,7 @@ fn quantize_dynamic_matches_pytorch() {
     )
     .unwrap();
     let cases = manifest.as_object().unwrap();
-    let (mut pass, mut fails, skipped) = (0, vec![], Vec::<String>::new());
+    let (mut pass, mut cpass, mut fails, skipped) = (0, 0, vec![], Vec::<String>::new());
     for (name, case) in cases {
         let types: Vec<&str> = case["quantized_types"]
             .as_array()
@@ -167,9 +199,19 @@ fn quantize_dynamic_matches_pytorch() {
             run_case(name, case, &t)
         };
         match result {
-            Ok(r) => {
+            Ok((r, compiled)) => {
                 eprintln!("quant {name}: ok ({r})");
                 pass += 1;
+                match compiled {
+                    Ok(r) => {
+                        eprintln!("quant compiled {name}: ok ({r})");
+                        cpass += 1;
+                    }
+                    Err(e) => {
+                        eprintln!("quant compiled {name}: FAIL {e}");
+                        fails.push(format!("{name} (compiled): {e}"));
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("quant {name}: FAIL {e}");
@@ -182,10 +224,16 @@ fn quantize_dynamic_matches_pytorch() {
     } else {
         format!(" ({} skipped: {})", skipped.len(), skipped.join(", "))
     };
-    println!("quant: {pass}/{}{skip_note}", cases.len());
-    eprintln!("quant: {pass}/{}{skip_note}", cases.len());
+    for line in [
+        format!("quant: {pass}/{}{skip_note}", cases.len()),
+        format!("quant compiled: {cpass}/{}{skip_note}", cases.len()),
+    ] {
+        println!("{line}");
+        eprintln!("{line}");
+    }
     assert!(fails.is_empty(), "{fails:#?}");
     assert_eq!(pass + skipped.len(), cases.len());
+    assert_eq!(cpass + skipped.len(), cases.len());
 }
 
 /// `lstm_head` (gen_quant.py's LSTMHead: `nn.LSTM(8, 16, batch_first=True)`
@@ -193,7 +241,7 @@ fn quantize_dynamic_matches_pytorch() {
 /// through `quantize_dynamic(.., [Lstm])`, the head as a QuantizedLinear
 /// whose int8 weight and scale must equal PyTorch's; the output within one
 /// quantum of the head (its input's activation scale * weight scale).
-fn run_lstm_head(name: &str, t: &BTreeMap<String, Tensor>) -> Result<String, String> {
+fn run_lstm_head(name: &str, t: &BTreeMap<String, Tensor>) -> CaseResult {
     let opts = RnnOptions {
         batch_first: true,
         ..RnnOptions::default()
@@ -255,14 +303,29 @@ fn run_lstm_head(name: &str, t: &BTreeMap<String, Tensor>) -> Result<String, Str
             want.len()
         ));
     }
-    // compiled: the same numbers
+    // compiled: the LSTM as one graph, its last step through the head
     let compiled = kiln::compile::compile(&q);
-    let c1 = compiled.forward(x).map_err(|e| format!("compile: {e}"))?;
-    if c1.to_f64_vec() != out.to_f64_vec() {
-        return Err("compile(quantized LSTM) differs from eager".into());
-    }
-    Ok(format!(
-        "{exact}/{} outputs bit-exact, max {max_q:.3} quanta (float model: {float_q:.1})",
-        want.len()
+    let c = compiled
+        .forward(x)
+        .map_err(|e| format!("compile: {e}"))
+        .and_then(|c1| {
+            if c1.to_f64_vec() != out.to_f64_vec() {
+                return Err("compiled LSTM outputs differ from eager".into());
+            }
+            let last = last.clone();
+            let head_c = kiln::compile::compile(&head);
+            compiled_check(&head_c, &last, &want, &got, &|_| quantum)?;
+            let r = compiled.explain();
+            match r.entries.iter().find_map(|e| e.graph_break.clone()) {
+                Some(b) => Err(format!("compiled LSTM with a graph break: {b}")),
+                None => Ok("LSTM and head bit-identical to eager, one graph each".into()),
+            }
+        });
+    Ok((
+        format!(
+            "{exact}/{} outputs bit-exact, max {max_q:.3} quanta (float model: {float_q:.1})",
+            want.len()
+        ),
+        c,
     ))
 }

@@ -10,7 +10,7 @@ use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Domain, Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 44;
+const VARIANTS: usize = 45;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -105,6 +105,7 @@ fn variant(op: &Op) -> usize {
             dim: _,
             size: _,
         } => 43,
+        Op::QuantizedLinear { relu: _ } => 44,
     }
 }
 
@@ -139,6 +140,8 @@ fn every_op() -> Graph {
     let t0 = g.input("t0", Meta::new(DType::I64, &[]));
     let dy = g.input("dy", f32m(&[2, 4, 4, 4]));
     let s42 = g.input("s42", f32m(&[4, 2]));
+    let qw = g.input("q.weight", Meta::new(DType::I8, &[6, 5]));
+    let qs = g.input("q.weight_scale", f32m(&[6]));
 
     let mut outs: Vec<NodeId> = Vec::new();
     let mut add = |g: &mut Graph, op: Op, ins: &[NodeId]| -> NodeId {
@@ -255,6 +258,8 @@ fn every_op() -> Graph {
     add(&mut g, pl("bce", Reduction::Mean, true, false), &[m, y, v5]);
     add(&mut g, pl("bce_with_logits", Reduction::None, false, true), &[m, y, v5]);
     add(&mut g, pl("bce_with_logits", Reduction::Sum, true, true), &[m, y, y, v5]);
+    add(&mut g, Op::QuantizedLinear { relu: false }, &[m, qw, qs, lb]);
+    add(&mut g, Op::QuantizedLinear { relu: true }, &[m, qw, qs]);
 
     // tuple elements and constants
     for (t, i) in [(mp, 0), (mp, 1), (amp, 1), (lse, 1), (mo, 2)] {

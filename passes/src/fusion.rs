@@ -200,7 +200,9 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
             kinds[r.index()] == NodeKind::Extern
                 && matches!(
                     &g.node(*r).op,
-                    NodeOp::Op(Op::Conv { .. } | Op::Matmul | Op::Linear)
+                    NodeOp::Op(
+                        Op::Conv { .. } | Op::Matmul | Op::Linear | Op::QuantizedLinear { .. }
+                    )
                 )
                 && uses[r.index()] == 1
                 && !outputs.contains(r)

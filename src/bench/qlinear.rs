@@ -1,12 +1,13 @@
 //! QLINEAR: a dynamically quantized int8 Linear against the f32 Linear at
-//! (256 x 1024) @ (1024 x 1024)^T + bias, timed alternately in the same run.
+//! (256 x 1024) @ (1024 x 1024)^T + bias, eager and compiled (one
+//! `quantized_linear` kernel), timed in turn in the same run.
 
 use super::{randn, Row};
 use crate::quantization::{Isa, QScheme, QuantizedLinear};
 use crate::{Device, Result};
 use std::time::Instant;
 
-/// Rows `QLINEAR`/`f32` and `QLINEAR`/`int8` (GFLOP/s counts 2·M·N·K).
+/// Rows `QLINEAR`/`f32`, `int8` and `int8-compiled` (GFLOP/s counts 2·M·N·K).
 pub fn qlinear_rows(iters: usize) -> Result<Vec<Row>> {
     let (m, k, n) = (256usize, 1024usize, 1024usize);
     let x = randn(&[m, k], 41);
@@ -17,25 +18,31 @@ pub fn qlinear_rows(iters: usize) -> Result<Vec<Row>> {
     let _g = crate::autograd::no_grad();
     let f32_run = || crate::functional::linear(&x, &w, Some(&b)).map(std::hint::black_box);
     let int8_run = || q.forward_with(&x, isa).map(std::hint::black_box);
+    let compiled = crate::compile::compile(&q);
+    let compiled_run = || compiled.forward(&x).map(std::hint::black_box);
     for _ in 0..2 {
         f32_run()?;
         int8_run()?;
+        compiled_run()?;
     }
-    // alternate the two so drifting machine load hits both alike
-    let (mut tf, mut tq) = (vec![], vec![]);
+    // take turns so drifting machine load hits all three alike
+    let (mut tf, mut tq, mut tc) = (vec![], vec![], vec![]);
+    let time = |f: &dyn Fn() -> Result<crate::Tensor>, v: &mut Vec<f64>| -> Result<()> {
+        let s = Instant::now();
+        f()?;
+        v.push(s.elapsed().as_secs_f64() * 1e3);
+        Ok(())
+    };
     for _ in 0..iters.max(1) {
-        let s = Instant::now();
-        f32_run()?;
-        tf.push(s.elapsed().as_secs_f64() * 1e3);
-        let s = Instant::now();
-        int8_run()?;
-        tq.push(s.elapsed().as_secs_f64() * 1e3);
+        time(&f32_run, &mut tf)?;
+        time(&int8_run, &mut tq)?;
+        time(&compiled_run, &mut tc)?;
     }
     let med = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).expect("finite times"));
         v[v.len() / 2]
     };
-    let (mf, mq) = (med(tf), med(tq));
+    let (mf, mq, mc) = (med(tf), med(tq), med(tc));
     let flops = 2.0 * (m * n * k) as f64;
     let row = |mode: &str, ms: f64, what: String| Row {
         workload: "QLINEAR".into(),
@@ -62,6 +69,14 @@ pub fn qlinear_rows(iters: usize) -> Result<Vec<Row>> {
                 "dynamic int8 ({}), {:.2}x f32 (target >= 1.3x on AVX2, >= 2x with VNNI)",
                 isa.name(),
                 mf / mq
+            ),
+        ),
+        row(
+            "int8-compiled",
+            mc,
+            format!(
+                "compile(QuantizedLinear): one quantized_linear kernel, {:.2}x f32",
+                mf / mc
             ),
         ),
     ])

@@ -143,6 +143,9 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
         }
         Op::Matmul => one(F::matmul(x, &ins[1])),
         Op::Linear => one(F::linear(x, &ins[1], ins.get(2))),
+        Op::QuantizedLinear { relu } => {
+            one(F::quantized_linear(x, &ins[1], &ins[2], ins.get(3), *relu))
+        }
         Op::Conv { params, spatial } => {
             // a compiled graph's convs time their algorithms (cudnn.benchmark)
             let _scope = conv_select::compiled_scope();

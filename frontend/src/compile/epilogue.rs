@@ -130,6 +130,7 @@ pub fn run_extern_with_epilogue(
             (params, *spatial),
             min_tiled_sample,
         ),
+        Op::QuantizedLinear { relu } => run_qlinear(g, kernel, root, &ins, &leaves, *relu),
         Op::Matmul | Op::Linear if ins[0].device().is_cuda() => {
             // Linear is x @ w^T + bias: the bias joins the epilogue
             let (w, bias) = match op {
@@ -188,6 +189,9 @@ pub(crate) enum CpuEpilogue {
     Tiled,
     /// The extern, then one pass of the epilogue over its output.
     OnePass,
+    /// The extern applies the epilogue to each output tile itself (a
+    /// quantized Linear): one step, whatever the tiles.
+    InKernel,
 }
 
 /// Which [`CpuEpilogue`] [`run_extern_with_epilogue`] takes for `kernel`.
@@ -217,6 +221,7 @@ pub(crate) fn cpu_epilogue(
                 },
             )
         }
+        Op::QuantizedLinear { .. } => Some(CpuEpilogue::InKernel),
         _ => Some(CpuEpilogue::OnePass),
     })
 }
@@ -320,4 +325,52 @@ fn conv_op(params: &kiln_ir::op::conv::ConvParams, spatial: usize) -> Op {
         params: params.clone(),
         spatial,
     }
+}
+
+/// [`run_extern_with_epilogue`] for a quantized Linear: the int8 kernel
+/// applies the epilogue to each tile of output rows right after writing it
+/// (one pass after the kernel when a leaf has no per-row-tile view).
+fn run_qlinear(
+    g: &Graph,
+    kernel: &Kernel,
+    root: NodeId,
+    ins: &[Tensor],
+    leaves: &[(NodeId, Leaf)],
+    relu: bool,
+) -> Result<Tensor> {
+    let dims = g.meta(kernel.root)?.dims.clone();
+    let n = dims.last().copied().unwrap_or(1);
+    let m: usize = dims[..dims.len().saturating_sub(1)].iter().product();
+    // rows r0..r0+rows of a value broadcast to the output, as [rows, n]
+    let rows_of = |t: &Tensor, r0: usize, rows: usize| -> Result<Tensor> {
+        t.expand_to(&dims)?
+            .view(&[m as i64, n as i64])?
+            .narrow(0, r0 as i64, rows)
+    };
+    let tiled = m > 0
+        && leaves.iter().all(|(_, l)| match l {
+            Leaf::Tensor(t) => rows_of(t, 0, m).is_ok(),
+            Leaf::Constant(..) => true,
+        });
+    if !tiled {
+        let op = Op::QuantizedLinear { relu };
+        let out = crate::compile::dispatch::run_op(&op, ins)?.remove(0);
+        apply(g, kernel, root, leaves, &out, &|x: &Tensor| Ok(x.clone()))?;
+        return Ok(out);
+    }
+    let per_tile = |out: &Tensor, r0: usize, rows: usize| {
+        apply(g, kernel, root, leaves, out, &|x: &Tensor| {
+            rows_of(x, r0, rows)
+        })
+    };
+    let isa = kiln_runtime::externs::qgemm::Isa::detect();
+    F::quantized_linear_with(
+        &ins[0],
+        &ins[1],
+        &ins[2],
+        ins.get(3),
+        relu,
+        isa,
+        Some(&per_tile),
+    )
 }

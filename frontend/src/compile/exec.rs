@@ -120,7 +120,7 @@ impl Executable {
         for (k, kernel) in plan.kernels.iter().enumerate() {
             let (
                 KernelKind::Extern { epilogue: Some(r) },
-                NodeOp::Op(Op::Conv { .. } | Op::Matmul | Op::Linear),
+                NodeOp::Op(Op::Conv { .. } | Op::Matmul | Op::Linear | Op::QuantizedLinear { .. }),
             ) = (&kernel.kind, &graph.node(kernel.root).op)
             else {
                 continue;
@@ -272,6 +272,12 @@ impl Executable {
                 let v = Val::One(Lazy::tensor(&ext));
                 rec.node(self, id, Some(&v), events, Source::Computed);
                 Ok(ext)
+            }
+            Some(CpuEpilogue::InKernel) => {
+                // the extern applies its epilogue per tile itself: one node step
+                let t = self.eval_tiled(id, k, vals)?;
+                rec.whole_step(self, id, &t);
+                Ok(t)
             }
             Some(CpuEpilogue::Tiled) => {
                 let tk = super::tile_replay::prepare(g, kernel, id, &value)?;

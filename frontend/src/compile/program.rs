@@ -498,6 +498,14 @@ impl Recorder {
         }));
     }
 
+    /// `id`, an extern that applies its epilogue itself (a quantized
+    /// Linear, per output tile), becomes one node step.
+    pub fn whole_step(&mut self, exec: &Executable, id: NodeId, out: &Tensor) {
+        if self.failed.is_none() {
+            self.node_step(exec, id, &Val::One(Lazy::tensor(out)));
+        }
+    }
+
     /// `id` becomes a node step: run through the executable every call.
     fn node_step(&mut self, exec: &Executable, id: NodeId, v: &Val) {
         let reads = exec.reads_of(id);

@@ -21,6 +21,7 @@ mod norm;
 mod norm_more;
 mod pad;
 mod pool_nd;
+mod quantized;
 mod roi;
 
 pub use crate::nn::conv3d::conv3d;
@@ -54,6 +55,7 @@ pub use pool_nd::{
     Pool1dParams, Pool3dParams,
 };
 pub use pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d};
+pub use quantized::{quantized_linear, quantized_linear_with, RowTileEpilogue};
 pub use roi::{roi_align, roi_pool, RoiAlignOpts};
 
 use crate::amp::{self, Policy};

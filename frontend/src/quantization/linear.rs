@@ -2,20 +2,22 @@
 //! (optionally with a fused ReLU, as `LinearReLU`): int8 weights packed once,
 //! activations quantized per call.
 
+use crate::functional as F;
 use crate::nn::{Entry, EntryMut, Module};
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, DType, Result};
-use kiln_runtime::externs::qgemm::{self, Isa, PackedWeights};
-use std::sync::{Arc, Mutex};
+use kiln_runtime::externs::qgemm::{self, Isa};
 
 /// A dynamically quantized Linear layer.
 ///
 /// Its state is four tensors (all buffers: nothing here trains):
 /// `weight` (i8 `[out, in]`), `weight_scale` (f32, 1 or `out` values: per
 /// tensor or per channel), `weight_zero_point` (i64, all 0: symmetric) and
-/// `bias` (f32 `[out]`, if any). The packed form the kernels read is
-/// derived from them and rebuilt when one changes (e.g. `load_state_dict`).
+/// `bias` (f32 `[out]`, if any). The forward is one op,
+/// [`F::quantized_linear`], so a quantized model compiles into one graph;
+/// the packed form the kernel reads is cached by the weight's storage and
+/// version, and rebuilt when it changes (e.g. `load_state_dict`).
 ///
 /// ```
 /// use kiln_frontend::nn::{Linear, Module};
@@ -32,15 +34,6 @@ pub struct QuantizedLinear {
     pub bias: Option<Tensor>,
     /// Apply ReLU in the GEMM's epilogue (a fused `Linear` + `ReLU`).
     pub relu: bool,
-    packed: Mutex<Option<Packed>>,
-}
-
-/// The kernel-ready form and the tensors it was made from.
-struct Packed {
-    from: Vec<(Tensor, u64)>,
-    weights: Arc<PackedWeights>,
-    scales: Arc<Vec<f32>>,
-    bias: Option<Arc<Vec<f32>>>,
 }
 
 use super::QScheme;
@@ -98,7 +91,7 @@ impl QuantizedLinear {
     }
 
     /// A quantized Linear from its four tensors (as a state dict holds them);
-    /// they are checked and packed at the first forward.
+    /// they are checked at each forward and packed at the first.
     pub fn from_parts(
         weight: Tensor,
         weight_scale: Tensor,
@@ -112,7 +105,6 @@ impl QuantizedLinear {
             weight_zero_point,
             bias,
             relu,
-            packed: Mutex::new(None),
         }
     }
 
@@ -131,61 +123,10 @@ impl QuantizedLinear {
         }
     }
 
-    fn sources(&self) -> Vec<&Tensor> {
-        let mut v = vec![&self.weight, &self.weight_scale, &self.weight_zero_point];
-        v.extend(self.bias.as_ref());
-        v
-    }
-
-    /// The packed weights, packing (once per change of the state) if needed.
-    fn packed(&self) -> Result<(Arc<PackedWeights>, Arc<Vec<f32>>, Option<Arc<Vec<f32>>>)> {
-        let mut slot = self.packed.lock().unwrap_or_else(|e| e.into_inner());
-        let fresh = slot.as_ref().is_some_and(|p| {
-            let now = self.sources();
-            p.from.len() == now.len()
-                && p.from
-                    .iter()
-                    .zip(&now)
-                    .all(|((t, v), n)| t.shares_storage(n) && *v == n.version())
-        });
-        if !fresh {
-            *slot = Some(self.pack()?);
-        }
-        let p = slot.as_ref().expect("packed just now");
-        Ok((p.weights.clone(), p.scales.clone(), p.bias.clone()))
-    }
-
-    fn pack(&self) -> Result<Packed> {
+    /// PyTorch's dynamic Linear has symmetric weights only: every weight
+    /// zero point must be 0 (the kernel has no weight offset), one per scale.
+    fn check_zero_points(&self) -> Result<()> {
         let op = "quantized_linear";
-        let (n, k) = match self.weight.dims() {
-            [n, k] if self.weight.dtype() == DType::I8 => (*n, *k),
-            d => bail!(
-                op,
-                "weight must be i8 [out, in], got {} {}",
-                self.weight.dtype(),
-                fmt_dims(d)
-            ),
-        };
-        let ns = self.weight_scale.numel();
-        if self.weight_scale.dtype() != DType::F32
-            || self.weight_scale.rank() != 1
-            || !(ns == 1 || ns == n)
-        {
-            bail!(
-                op,
-                "weight_scale must be f32 [1] or [{n}], got {} {}",
-                self.weight_scale.dtype(),
-                fmt_dims(self.weight_scale.dims())
-            );
-        }
-        let scales = self.weight_scale.to_vec::<f32>()?;
-        if let Some(i) = scales.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
-            bail!(
-                op,
-                "weight_scale[{i}] is {} (scales must be finite and positive)",
-                scales[i]
-            );
-        }
         if self.weight_zero_point.dims() != self.weight_scale.dims()
             || self.weight_zero_point.dtype() != DType::I64
         {
@@ -197,85 +138,30 @@ impl QuantizedLinear {
                 fmt_dims(self.weight_zero_point.dims())
             );
         }
-        if let Some(z) = self
-            .weight_zero_point
-            .to_vec::<i64>()?
-            .iter()
-            .find(|z| **z != 0)
-        {
+        let zps = self.weight_zero_point.detach().to_vec::<i64>()?;
+        if let Some(z) = zps.iter().find(|z| **z != 0) {
             bail!(
                 op,
                 "weight zero point {z}: only symmetric int8 weights (zero point 0) are supported"
             );
         }
-        let bias = match &self.bias {
-            Some(b) if b.dims() == [n] && b.dtype() == DType::F32 => {
-                Some(Arc::new(b.to_vec::<f32>()?))
-            }
-            Some(b) => bail!(
-                op,
-                "bias must be f32 [{n}], got {} {}",
-                b.dtype(),
-                fmt_dims(b.dims())
-            ),
-            None => None,
-        };
-        let wq = self.weight.to_vec::<i8>()?;
-        Ok(Packed {
-            from: self
-                .sources()
-                .into_iter()
-                .map(|t| (t.clone(), t.version()))
-                .collect(),
-            weights: Arc::new(PackedWeights::pack(&wq, n, k)),
-            scales: Arc::new(scales),
-            bias,
-        })
+        Ok(())
     }
 
-    /// The forward with an explicit kernel choice (tests compare them).
+    /// The forward with an explicit kernel choice (tests compare them); it
+    /// runs eagerly, never recording a graph node.
     pub fn forward_with(&self, x: &Tensor, isa: Isa) -> Result<Tensor> {
-        let op = "quantized_linear";
-        let k = self.in_features();
-        if x.dtype() != DType::F32 {
-            bail!(op, "input must be f32, got {}", x.dtype());
-        }
-        if x.rank() == 0 || x.dims()[x.rank() - 1] != k {
-            bail!(
-                op,
-                "input {} does not end in in_features {k} (weight {})",
-                fmt_dims(x.dims()),
-                fmt_dims(self.weight.dims())
-            );
-        }
-        let (packed, scales, bias) = self.packed()?;
-        let xs = x.to_vec::<f32>()?;
-        if let Some(i) = xs.iter().position(|v| !v.is_finite()) {
-            bail!(
-                op,
-                "input element {i} is {}: a non-finite value has no quantized form",
-                xs[i]
-            );
-        }
-        let m: usize = x.dims()[..x.rank() - 1].iter().product();
-        let y = qgemm::qlinear(
-            &xs,
-            m,
-            &packed,
-            &scales,
-            bias.as_deref().map(|b| b.as_slice()),
-            self.relu,
-            isa,
-        );
-        let mut dims = x.dims().to_vec();
-        *dims.last_mut().expect("rank >= 1") = self.out_features();
-        Tensor::from_vec(y, &dims)
+        self.check_zero_points()?;
+        let (w, s, b) = (&self.weight, &self.weight_scale, self.bias.as_ref());
+        F::quantized_linear_with(x, w, s, b, self.relu, isa, None)
     }
 }
 
 impl Module for QuantizedLinear {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.forward_with(x, Isa::detect())
+        self.check_zero_points()?;
+        let (w, s, b) = (&self.weight, &self.weight_scale, self.bias.as_ref());
+        F::quantized_linear(x, w, s, b, self.relu)
     }
     fn visit<'a>(&'a self, f: &mut dyn FnMut(Entry<'a>)) {
         f(Entry::Buffer("weight", &self.weight));

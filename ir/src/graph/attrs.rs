@@ -126,6 +126,7 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
         Op::Binary(_) | Op::Where | Op::Matmul | Op::Linear | Op::Embedding => vec![],
         Op::BinaryScalar { value, reversed, .. } => vec![("reversed", Bool(*reversed)), ("value", scalar(*value))],
         Op::MaskedFill { value } => vec![("value", value.map_or(AttrValue::None, scalar))],
+        Op::QuantizedLinear { relu } => vec![("relu", Bool(*relu))],
         Op::CrossEntropy { reduction: r, ignore_index, label_smoothing, has_weight } => vec![
             ("has_weight", Bool(*has_weight)), ("ignore_index", AttrValue::Int(*ignore_index)),
             ("label_smoothing", F(*label_smoothing)), ("reduction", reduction(*r)),
@@ -255,6 +256,8 @@ pub fn arity(op: &Op) -> (usize, usize) {
         // input, weight, then bias
         Op::Linear | Op::Conv { .. } | Op::ConvTranspose2d(_) => (2, 3),
         Op::Conv2dWeightGrad { .. } | Op::ScatterAdd { .. } => (2, 2),
+        // input, weight, weight_scale, then bias
+        Op::QuantizedLinear { .. } => (3, 4),
         Op::Cat { .. } => (1, usize::MAX),
         // x, mask, then a 0-dim fill tensor when there is no `value`
         Op::MaskedFill { .. } => (2, 3),

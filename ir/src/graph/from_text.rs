@@ -280,6 +280,9 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         },
         "matmul" => Op::Matmul,
         "linear" => Op::Linear,
+        "quantized_linear" => Op::QuantizedLinear {
+            relu: a.bool("relu")?,
+        },
         "conv_transpose2d" => Op::ConvTranspose2d(ConvTransposeParams {
             dilation: a.usizes("dilation")?,
             groups: a.usize("groups")?,

@@ -89,6 +89,7 @@ impl Op {
                     dims: matmul::linear_shape(&ins[0].dims, &ins[1].dims, bias)?,
                 })
             }
+            Op::QuantizedLinear { .. } => one(super::quantized::quantized_linear_meta(ins)?),
             Op::Conv { params, spatial } => {
                 need(&name, ins, 2)?;
                 let op = if *spatial == 1 { "conv1d" } else { "conv2d" };

@@ -8,6 +8,7 @@ pub mod matmul;
 pub mod overlap;
 mod pointwise;
 pub mod pool;
+pub mod quantized;
 mod table;
 mod values;
 pub mod view;

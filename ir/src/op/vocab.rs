@@ -96,6 +96,14 @@ pub enum Op {
         spatial: usize,
     },
     ConvTranspose2d(ConvTransposeParams),
+    /// A dynamically quantized Linear (fbgemm's numerics): inputs x (f32
+    /// `[..., in]`), weight (i8 `[out, in]`), weight_scale (f32 `[1]` or
+    /// `[out]`), then bias (f32 `[out]`). The kernel quantizes x to uint8
+    /// over its whole range per call; `relu` runs in its epilogue
+    /// (PyTorch's `LinearReLU`).
+    QuantizedLinear {
+        relu: bool,
+    },
     /// The gradient of a 2-D convolution's weight: inputs x `[N, C_in, H, W]`
     /// and the output gradient `[N, C_out, OH, OW]`; result `[C_out, C_in/groups, kH, kW]`.
     Conv2dWeightGrad {

@@ -69,7 +69,8 @@ impl Op {
             | Op::Linear
             | Op::Conv { .. }
             | Op::ConvTranspose2d { .. }
-            | Op::Conv2dWeightGrad { .. } => self.infer_extern_kernel(&name, ins),
+            | Op::Conv2dWeightGrad { .. }
+            | Op::QuantizedLinear { .. } => self.infer_extern_kernel(&name, ins),
             Op::MaxPool2d { .. }
             | Op::AvgPool2d { .. }
             | Op::AvgPool2dBackward { .. }

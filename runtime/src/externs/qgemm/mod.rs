@@ -16,6 +16,7 @@
 //! assert!((y[0] - 0.1).abs() < 0.02 && (y[1] - 2.5).abs() < 0.03);
 //! ```
 
+mod fused;
 mod pack;
 mod params;
 mod scalar;
@@ -24,6 +25,7 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
+pub use fused::{pack_count, packed_weights, qlinear_into, PackedHandle, QLinearCall, TILE_ROWS};
 pub use pack::{PackedWeights, NR};
 pub use params::{
     choose_activation_qparams, find_min_max, quantize_activations, quantize_weight_symmetric,
@@ -201,18 +203,40 @@ pub fn qgemm_dequant(
         out.len()
     );
     let ep = Epilogue::new(packed, a, w_scale, bias, relu);
-    if m == 0 || n == 0 {
+    let par = m * n * k >= PAR_MIN_WORK * 4 && threads() > 1;
+    gemm_rows(xq, m, packed, &ep, out.as_mut_ptr(), isa, par);
+}
+
+/// `rows` rows of `xq` (each `packed.k_padded()` bytes) times the packed
+/// weight, with the epilogue `ep`, into the row-major `[rows, n]` at `out`;
+/// the panels split across threads when `parallel`.
+///
+/// `out` must be valid for `rows * n` writes that nothing else touches
+/// during the call.
+pub(crate) fn gemm_rows(
+    xq: &[u8],
+    rows: usize,
+    packed: &PackedWeights,
+    ep: &Epilogue,
+    out: *mut f32,
+    isa: Isa,
+    parallel: bool,
+) {
+    let (n, k, lda) = (packed.n(), packed.k(), packed.k_padded());
+    if rows == 0 || n == 0 {
         return;
     }
     let isa = if isa.is_available() { isa } else { Isa::Scalar };
     if isa == Isa::Scalar {
-        scalar::qgemm(xq, m, lda, packed.plain(), n, k, &ep, out);
+        // SAFETY: the caller hands over `rows * n` floats at `out`.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, rows * n) };
+        scalar::qgemm(xq, rows, lda, packed.plain(), n, k, ep, out);
         return;
     }
-    let out_ptr = SendPtr(out.as_mut_ptr());
+    let out_ptr = SendPtr(out);
     let run = |p: usize| {
         let task = PanelTask {
-            m,
+            m: rows,
             a: xq.as_ptr(),
             lda,
             b: packed.panel(p).as_ptr(),
@@ -220,7 +244,7 @@ pub fn qgemm_dequant(
             offs: ep.offs[p * NR..].as_ptr(),
             mult: ep.mult[p * NR..].as_ptr(),
             bias: ep.bias[p * NR..].as_ptr(),
-            relu,
+            relu: ep.relu,
             // SAFETY: panels write disjoint column ranges of `out`.
             out: unsafe { out_ptr.get().add(p * NR) },
             ldo: n,
@@ -229,7 +253,7 @@ pub fn qgemm_dequant(
         run_panel(isa, &task);
     };
     let panels = packed.panels();
-    if m * n * k >= PAR_MIN_WORK * 4 && threads() > 1 && panels > 1 {
+    if parallel && panels > 1 {
         (0..panels).into_par_iter().for_each(run);
     } else {
         (0..panels).for_each(run);
@@ -268,21 +292,14 @@ pub fn qlinear(
     relu: bool,
     isa: Isa,
 ) -> Vec<f32> {
-    assert_eq!(
-        x.len(),
-        m * packed.k(),
-        "qlinear: {} inputs for [{m}, {}]",
-        x.len(),
-        packed.k()
-    );
-    let (lo, hi) = find_min_max(x);
-    let a = choose_activation_qparams(lo, hi, true);
-    let xq = if packed.k() == 0 {
-        vec![]
-    } else {
-        quantize_activations(x, packed.k(), packed.k_padded(), a)
-    };
     let mut out = vec![0f32; m * packed.n()];
-    qgemm_dequant(&xq, m, a, packed, w_scale, bias, relu, &mut out, isa);
+    let call = QLinearCall {
+        packed,
+        w_scale,
+        bias,
+        relu,
+        isa,
+    };
+    qlinear_into(x, m, &call, &mut out, None);
     out
 }

@@ -135,3 +135,63 @@ fn simd_activation_quantization_matches_the_scalar_loop() {
             .fold((x[0], x[0]), |(l, h), &v| (l.min(v), h.max(v)))
     );
 }
+
+/// The tiled call gives the untiled product's bits (one quantization of the
+/// whole input, then the GEMM over all rows at once) and hands every row
+/// to the tile callback exactly once.
+#[test]
+fn tiles_cover_every_row_once_and_change_no_bit() {
+    let mut rng = Lcg(21);
+    let (m, n, k) = (2 * TILE_ROWS + 22, 80, 300);
+    let (x, w, b) = random_case(&mut rng, m, n, k);
+    let (wq, s) = quantize_weight_symmetric(&w, n, k, true);
+    let p = PackedWeights::pack(&wq, n, k);
+    let (lo, hi) = find_min_max(&x);
+    let a = choose_activation_qparams(lo, hi, true);
+    let xq = quantize_activations(&x, k, p.k_padded(), a);
+    let mut want = vec![0f32; m * n];
+    qgemm_dequant(&xq, m, a, &p, &s, Some(&b), true, &mut want, Isa::detect());
+    let seen = std::sync::Mutex::new(vec![0usize; m]);
+    let mark = |r0: usize, rows: usize| {
+        let mut seen = seen.lock().unwrap();
+        for r in r0..r0 + rows {
+            seen[r] += 1;
+        }
+    };
+    let call = QLinearCall {
+        packed: &p,
+        w_scale: &s,
+        bias: Some(&b),
+        relu: true,
+        isa: Isa::detect(),
+    };
+    let mut got = vec![0f32; m * n];
+    qlinear_into(&x, m, &call, &mut got, Some(&mark));
+    assert!(seen.into_inner().unwrap().iter().all(|&c| c == 1));
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+}
+
+/// A cached packed weight is reused while its key holds, and packed anew
+/// when the version moves.
+#[test]
+fn packed_weights_follow_the_version() {
+    use crate::externs::conv::packed::WeightKey;
+    let st = std::sync::Arc::new(crate::Storage::zeros(kiln_ir::DType::I8, 6));
+    let key = |version| WeightKey {
+        storage: &st,
+        offset: 0,
+        dims: &[2, 3],
+        version,
+    };
+    let w = [1i8, 2, 3, 4, 5, 6];
+    let a = packed_weights(Some(key(0)), &w, 2, 3);
+    let b = packed_weights(Some(key(0)), &[0; 6], 2, 3);
+    assert_eq!(
+        b.colsum()[..2],
+        a.colsum()[..2],
+        "same key: the cached pack"
+    );
+    let c = packed_weights(Some(key(1)), &[0; 6], 2, 3);
+    assert_eq!(c.colsum()[..2], [0, 0], "a new version repacks");
+}
