@@ -192,6 +192,9 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             v
         }
         Op::ScatterAdd { dim, size } => vec![("dim", AttrValue::Int(*dim)), ("size", ints(size))],
+        Op::Attention(p) | Op::AttentionBackward(p) => vec![
+            ("is_causal", Bool(p.is_causal)), ("mask", Word(p.mask.name().into())), ("scale", F(p.scale)),
+        ],
         Op::MaxPool2d(p) => pool(p),
         Op::AvgPool2d { params, count_include_pad } => {
             let mut v = pool(params);
@@ -255,6 +258,9 @@ pub fn arity(op: &Op) -> (usize, usize) {
         // input, weight, then bias
         Op::Linear | Op::Conv { .. } | Op::ConvTranspose2d(_) => (2, 3),
         Op::Conv2dWeightGrad { .. } | Op::ScatterAdd { .. } => (2, 2),
+        // query, key, value, then the mask the params declare (backward: out, lse, grad)
+        Op::Attention(p) => (3, 3 + p.mask.present() as usize),
+        Op::AttentionBackward(p) => (6, 6 + p.mask.present() as usize),
         Op::Cat { .. } => (1, usize::MAX),
         // x, mask, then a 0-dim fill tensor when there is no `value`
         Op::MaskedFill { .. } => (2, 3),
