@@ -260,4 +260,3 @@ pub(crate) fn axpy<T: AttnElem>(y: &mut [T], a: T, x: &[T]) {
         *y += a * *x;
     }
 }
-
