@@ -575,6 +575,9 @@ fn nvrtc_compiles_the_templates() {
     let mut ts: Vec<TemplateKernel> = templates().into_iter().map(|t| t.1).collect();
     ts.extend(gemm_templates().into_iter().map(|t| t.2));
     ts.extend([DType::F32, DType::F16, DType::I64, DType::Bool].map(take_template));
+    for dt in [DType::F32, DType::F64] {
+        ts.extend(kiln_codegen::cuda::attention::attention_templates(dt).unwrap());
+    }
     let mut failed = 0;
     for t in &ts {
         let opts = cudarc::nvrtc::CompileOptions {

@@ -5,12 +5,13 @@
 //! below, then add it to the pattern).
 
 use kiln_ir::graph::{Constant, Graph, Reduction, ScalarValue};
+use kiln_ir::op::attention::{AttentionParams, MaskKind};
 use kiln_ir::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use kiln_ir::op::pool::Pool2dParams;
 use kiln_ir::op::{Domain, Meta, Op};
 use kiln_ir::{BinaryOp, DType, Float, NodeId, ReduceKind, UnaryOp};
 
-const VARIANTS: usize = 45;
+const VARIANTS: usize = 47;
 
 fn variant(op: &Op) -> usize {
     match op {
@@ -106,6 +107,8 @@ fn variant(op: &Op) -> usize {
             size: _,
         } => 43,
         Op::QuantizedLinear { relu: _ } => 44,
+        Op::Attention(_) => 45,
+        Op::AttentionBackward(_) => 46,
     }
 }
 
@@ -115,8 +118,7 @@ fn f32m(d: &[usize]) -> Meta {
 
 #[rustfmt::skip]
 fn every_op() -> Graph {
-    use UnaryOp as U;
-    use BinaryOp as B;
+    use ScalarValue as S;
     let mut g = Graph::new("every_op");
     let x = g.input("x", f32m(&[2, 3, 8, 8]));
     let w = g.input("conv.weight", f32m(&[4, 3, 3, 3]));
@@ -142,6 +144,10 @@ fn every_op() -> Graph {
     let s42 = g.input("s42", f32m(&[4, 2]));
     let qw = g.input("q.weight", Meta::new(DType::I8, &[6, 5]));
     let qs = g.input("q.weight_scale", f32m(&[6]));
+    let (aq, ak) = (g.input("aq", f32m(&[2, 4, 3, 8])), g.input("ak", f32m(&[2, 2, 5, 8])));
+    let av = g.input("av", f32m(&[2, 2, 5, 6]));
+    let amask = g.input("amask", Meta::new(DType::Bool, &[2, 4, 3, 5]));
+    let (ao, alse) = (g.input("ao", f32m(&[2, 4, 3, 6])), g.input("alse", f32m(&[2, 4, 3])));
 
     let mut outs: Vec<NodeId> = Vec::new();
     let mut add = |g: &mut Graph, op: Op, ins: &[NodeId]| -> NodeId {
@@ -150,26 +156,7 @@ fn every_op() -> Graph {
         id
     };
     let f = Float;
-    for u in U::EXAMPLES {
-        // elu with a non-default alpha, so the attribute is seen to round-trip
-        let u = if let U::Elu { .. } = u { U::Elu { alpha: f(1.5) } } else { u };
-        // bitwise ops take integer (here i64) operands
-        let input = if u.domain() == Domain::Integer { idx2 } else { m };
-        add(&mut g, Op::Unary(u), &[input]);
-    }
-    add(&mut g, Op::Unary(U::Exp), &[h]);
-    for bop in B::ALL {
-        let ins = if bop.domain() == Domain::Integer { [idx2, idx2] } else { [m, y] };
-        add(&mut g, Op::Binary(bop), &ins);
-    }
-    use ScalarValue as S;
-    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(2.0)), reversed: false }, &[m]);
-    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(3.0)), reversed: false }, &[m]);
-    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Int(2), reversed: false }, &[m]);
-    add(&mut g, Op::BinaryScalar { op: B::Sub, value: S::Int(-7), reversed: true }, &[idx]);
-    add(&mut g, Op::BinaryScalar { op: B::Add, value: S::Int(i64::MAX), reversed: false }, &[idx]);
-    add(&mut g, Op::BinaryScalar { op: B::Div, value: S::Float(f(0.1)), reversed: true }, &[m]);
-    add(&mut g, Op::BinaryScalar { op: B::Or, value: S::Bool(true), reversed: false }, &[mask]);
+    add_pointwise(&mut g, &mut add, [m, y, idx, idx2, mask, h]);
     add(&mut g, Op::Where, &[mask, m, y]);
     add(&mut g, Op::Cast(DType::F16), &[m]);
     add(&mut g, Op::Cast(DType::I32), &[m]);
@@ -223,6 +210,10 @@ fn every_op() -> Graph {
     add(&mut g, Op::AvgPool2dBackward { input_size: vec![2, 3, 8, 8], params: None, count_include_pad: false }, &[ada]);
     let amp = add(&mut g, Op::AdaptiveMaxPool2d([2, 3]), &[x]);
     add(&mut g, Op::Embedding, &[idx2, emb]);
+    let ap = |is_causal, mask| AttentionParams { scale: f(0.125), is_causal, mask };
+    let att = add(&mut g, Op::Attention(ap(true, MaskKind::None)), &[aq, ak, av]);
+    let att_m = add(&mut g, Op::Attention(ap(false, MaskKind::Bool)), &[aq, ak, av, amask]);
+    let att_b = add(&mut g, Op::AttentionBackward(ap(false, MaskKind::Bool)), &[aq, ak, av, amask, ao, alse, ao]);
     add(&mut g, Op::View(vec![-1, 4]), &[m]);
     add(&mut g, Op::Permute(vec![1, 0]), &[m]);
     add(&mut g, Op::Expand(vec![3, -1, 5]), &[m]);
@@ -239,30 +230,12 @@ fn every_op() -> Graph {
     add(&mut g, Op::MaskedFill { value: Some(S::Float(f(f64::NEG_INFINITY))) }, &[m, mask]);
     add(&mut g, Op::MaskedFill { value: Some(S::Int(0)) }, &[m, mask]);
     add(&mut g, Op::MaskedFill { value: None }, &[m, mask, fill0]);
-    let ce = |reduction, ignore_index, ls, has_weight| Op::CrossEntropy {
-        reduction, ignore_index, label_smoothing: f(ls), has_weight,
-    };
-    add(&mut g, ce(Reduction::Mean, -100, 0.0, false), &[m, tgt]);
-    add(&mut g, ce(Reduction::None, 3, 0.1, true), &[m, tgt, v5]);
-    add(&mut g, ce(Reduction::Sum, -100, 0.0, false), &[m, y]);
-    let nll = |reduction, ignore_index, has_weight| Op::NllLoss { reduction, ignore_index, has_weight };
-    add(&mut g, nll(Reduction::Mean, -100, true), &[m, tgt, v5]);
-    add(&mut g, nll(Reduction::None, 0, false), &[m, tgt]);
-    add(&mut g, nll(Reduction::Sum, -100, false), &[v5, t0]);
-    let pl = |name, reduction, has_weight, has_pos_weight| Op::PairLoss { name, reduction, has_weight, has_pos_weight };
-    for name in ["mse", "l1", "smooth_l1", "huber", "bce", "bce_with_logits"] {
-        add(&mut g, pl(name, Reduction::Mean, false, false), &[m, y]);
-    }
-    add(&mut g, pl("mse", Reduction::None, false, false), &[m, v5]);
-    add(&mut g, pl("l1", Reduction::Sum, false, false), &[m, y]);
-    add(&mut g, pl("bce", Reduction::Mean, true, false), &[m, y, v5]);
-    add(&mut g, pl("bce_with_logits", Reduction::None, false, true), &[m, y, v5]);
-    add(&mut g, pl("bce_with_logits", Reduction::Sum, true, true), &[m, y, y, v5]);
+    add_losses(&mut g, &mut add, [m, y, v5, tgt, t0]);
     add(&mut g, Op::QuantizedLinear { relu: false }, &[m, qw, qs, lb]);
     add(&mut g, Op::QuantizedLinear { relu: true }, &[m, qw, qs]);
 
     // tuple elements and constants
-    for (t, i) in [(mp, 0), (mp, 1), (amp, 1), (lse, 1), (mo, 2)] {
+    for (t, i) in [(mp, 0), (mp, 1), (amp, 1), (lse, 1), (mo, 2), (att, 0), (att_m, 1), (att_b, 2)] {
         let id = g.project(t, i).unwrap();
         g.output(id).unwrap();
     }
@@ -284,6 +257,65 @@ fn every_op() -> Graph {
         }
     }
     g
+}
+
+/// The unary, binary and scalar ops of [`every_op`], on its inputs `m, y,
+/// idx, idx2, mask` and the bf16 `h`.
+#[rustfmt::skip]
+fn add_pointwise(g: &mut Graph, add: &mut impl FnMut(&mut Graph, Op, &[NodeId]) -> NodeId, [m, y, idx, idx2, mask, h]: [NodeId; 6]) {
+    use UnaryOp as U;
+    use BinaryOp as B;
+    use ScalarValue as S;
+    let f = Float;
+    let mut g = g;
+    let mut add = |g: &mut &mut Graph, op: Op, ins: &[NodeId]| { add(&mut **g, op, ins); };
+    for u in U::EXAMPLES {
+        // elu with a non-default alpha, so the attribute is seen to round-trip
+        let u = if let U::Elu { .. } = u { U::Elu { alpha: f(1.5) } } else { u };
+        // bitwise ops take integer (here i64) operands
+        let input = if u.domain() == Domain::Integer { idx2 } else { m };
+        add(&mut g, Op::Unary(u), &[input]);
+    }
+    add(&mut g, Op::Unary(U::Exp), &[h]);
+    for bop in B::ALL {
+        let ins = if bop.domain() == Domain::Integer { [idx2, idx2] } else { [m, y] };
+        add(&mut g, Op::Binary(bop), &ins);
+    }
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(2.0)), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Float(f(3.0)), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Mul, value: S::Int(2), reversed: false }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Sub, value: S::Int(-7), reversed: true }, &[idx]);
+    add(&mut g, Op::BinaryScalar { op: B::Add, value: S::Int(i64::MAX), reversed: false }, &[idx]);
+    add(&mut g, Op::BinaryScalar { op: B::Div, value: S::Float(f(0.1)), reversed: true }, &[m]);
+    add(&mut g, Op::BinaryScalar { op: B::Or, value: S::Bool(true), reversed: false }, &[mask]);
+}
+
+/// The loss ops of [`every_op`], on its inputs `m, y, v5, target, t0`.
+#[rustfmt::skip]
+fn add_losses(g: &mut Graph, add: &mut impl FnMut(&mut Graph, Op, &[NodeId]) -> NodeId, [m, y, v5, tgt, t0]: [NodeId; 5]) {
+    let f = Float;
+    let mut g = g;
+    let mut add = |g: &mut &mut Graph, op: Op, ins: &[NodeId]| { add(&mut **g, op, ins); };
+    let ce = |reduction, ignore_index, ls, has_weight| Op::CrossEntropy {
+        reduction, ignore_index, label_smoothing: f(ls), has_weight,
+    };
+    add(&mut g, ce(Reduction::Mean, -100, 0.0, false), &[m, tgt]);
+    add(&mut g, ce(Reduction::None, 3, 0.1, true), &[m, tgt, v5]);
+    add(&mut g, ce(Reduction::Sum, -100, 0.0, false), &[m, y]);
+    let nll = |reduction, ignore_index, has_weight| Op::NllLoss { reduction, ignore_index, has_weight };
+    add(&mut g, nll(Reduction::Mean, -100, true), &[m, tgt, v5]);
+    add(&mut g, nll(Reduction::None, 0, false), &[m, tgt]);
+    add(&mut g, nll(Reduction::Sum, -100, false), &[v5, t0]);
+    let pl = |name, reduction, has_weight, has_pos_weight| Op::PairLoss { name, reduction, has_weight, has_pos_weight };
+    for name in ["mse", "l1", "smooth_l1", "huber", "bce", "bce_with_logits"] {
+        add(&mut g, pl(name, Reduction::Mean, false, false), &[m, y]);
+    }
+    add(&mut g, pl("mse", Reduction::None, false, false), &[m, v5]);
+    add(&mut g, pl("l1", Reduction::Sum, false, false), &[m, y]);
+    add(&mut g, pl("bce", Reduction::Mean, true, false), &[m, y, v5]);
+    add(&mut g, pl("bce_with_logits", Reduction::None, false, true), &[m, y, v5]);
+    add(&mut g, pl("bce_with_logits", Reduction::Sum, true, true), &[m, y, y, v5]);
+
 }
 
 #[test]

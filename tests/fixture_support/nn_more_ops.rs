@@ -271,7 +271,10 @@ fn windowed(c: &Case, op: &str, inputs: &[Tensor]) -> Option<Result<Vec<Tensor>>
                 F::adaptive_max_pool1d(x()?, arr(a, "output_size", [1])?[0])?,
                 a,
             ))),
-            "max_pool3d" => one(F::max_pool3d(x()?, &pool3d(a)?)?),
+            "max_pool3d" => Ok(Some(with_indices(
+                F::max_pool3d_with_indices(x()?, &pool3d(a)?)?,
+                a,
+            ))),
             "avg_pool3d" => one(F::avg_pool3d(
                 x()?,
                 &pool3d(a)?,

@@ -50,6 +50,7 @@
 //! each primitive of dtype f16/bf16, as the interpreter does), stores round to
 //! nearest even. No CUDA header is needed (`half.rs`).
 
+pub mod attention;
 pub mod conv;
 pub mod epilogue;
 pub mod gemm;

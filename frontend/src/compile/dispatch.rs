@@ -141,6 +141,15 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
             let b = optional(&mut rest, *has_bias);
             one(F::batch_norm(x, rm, rv, w, b, *training, momentum.0, eps.0))
         }
+        _ => run_kernel_op(op, ins),
+    }
+}
+
+/// The extern-kernel, pooling, attention, data-movement and loss ops of
+/// [`run`].
+fn run_kernel_op(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
+    let x = &ins[0];
+    match op {
         Op::Matmul => one(F::matmul(x, &ins[1])),
         Op::Linear => one(F::linear(x, &ins[1], ins.get(2))),
         Op::QuantizedLinear { relu } => {
@@ -198,6 +207,8 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
         Op::AdaptiveAvgPool2d(o) => one(F::adaptive_avg_pool2d(x, *o)),
         Op::AdaptiveMaxPool2d(o) => two(F::adaptive_max_pool2d(x, *o)),
         Op::Embedding => one(F::embedding(x, &ins[1], None)),
+        Op::Attention(p) => F::attention_fused::run_attention_node(*p, ins),
+        Op::AttentionBackward(p) => F::attention_fused::run_attention_backward_node(*p, ins),
         // a `view` node has reshape semantics: it copies when strides need it
         Op::View(shape) => one(x.reshape(shape)),
         Op::Permute(p) => one(x.permute(p)),
@@ -258,6 +269,7 @@ fn run(op: &Op, ins: &[Tensor]) -> Result<Vec<Tensor>> {
             let pw = optional(&mut rest, *has_pos_weight);
             one(pair_loss(name, x, &ins[1], w, pw, *reduction))
         }
+        other => bail!(other.name(), "has no eager runner"),
     }
 }
 

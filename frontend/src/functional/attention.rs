@@ -4,8 +4,14 @@
 //! float mask added to the scores, `is_causal` the top-left lower triangle,
 //! and a row with no allowed key giving zeros (PyTorch's CPU kernel) rather
 //! than the NaN of a plain softmax.
+//!
+//! Where the shapes allow (see `attention_fused.rs`) the call runs as one
+//! fused kernel that never stores the `[L, S]` scores, forward and
+//! backward; [`scaled_dot_product_attention_math`] always runs the
+//! composite below (PyTorch's math reference), and `KILN_SDPA=math` sends
+//! every call there.
 
-use super::matmul;
+use super::{attention_fused, matmul};
 use crate::Tensor;
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, BinaryOp, DType, Result};
@@ -48,6 +54,40 @@ pub fn scaled_dot_product_attention(
     attn_mask: Option<&Tensor>,
     o: SdpaOpts,
 ) -> Result<Tensor> {
+    sdpa(q, k, v, attn_mask, o, true)
+}
+
+/// [`scaled_dot_product_attention`] always as the composite of matmuls,
+/// masks and a softmax (PyTorch's `_scaled_dot_product_attention_math`):
+/// the reference the fused kernel is tested against.
+///
+/// ```
+/// use kiln_frontend::functional::{self as F, SdpaOpts};
+/// use kiln_frontend::Tensor;
+/// let q = Tensor::from_vec(vec![1.0f32], &[1, 1, 1]).unwrap();
+/// let k = Tensor::from_vec(vec![1.0f32, 1.0], &[1, 2, 1]).unwrap();
+/// let v = Tensor::from_vec(vec![2.0f32, 4.0], &[1, 2, 1]).unwrap();
+/// let y = F::scaled_dot_product_attention_math(&q, &k, &v, None, SdpaOpts::default()).unwrap();
+/// assert_eq!(y.to_f64_vec(), vec![3.0]);
+/// ```
+pub fn scaled_dot_product_attention_math(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    o: SdpaOpts,
+) -> Result<Tensor> {
+    sdpa(q, k, v, attn_mask, o, false)
+}
+
+fn sdpa(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    attn_mask: Option<&Tensor>,
+    o: SdpaOpts,
+    fused: bool,
+) -> Result<Tensor> {
     let op = "scaled_dot_product_attention";
     let r = q.rank();
     if r < 2 || k.rank() != r || v.rank() != r {
@@ -72,6 +112,15 @@ pub fn scaled_dot_product_attention(
     if o.is_causal && attn_mask.is_some() {
         bail!(op, "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
     }
+    let scale = o.scale.unwrap_or(1.0 / (e as f64).sqrt());
+    if fused {
+        let p = attention_fused::prepare(q, k, v, attn_mask, scale, o.is_causal, o.enable_gqa)?;
+        if let Some(p) = p {
+            let (out, _lse) =
+                attention_fused::attention(&p.q, &p.k, &p.v, p.mask.as_ref(), p.params)?;
+            return out.reshape_dims(&p.out_dims);
+        }
+    }
     let (k, v) = if o.enable_gqa && r >= 3 {
         let (hq, hk) = (q.dims()[r - 3], k.dims()[r - 3]);
         if hk == 0 || hq % hk != 0 || v.dims()[r - 3] != hk {
@@ -89,7 +138,6 @@ pub fn scaled_dot_product_attention(
     } else {
         (k.clone(), v.clone())
     };
-    let scale = o.scale.unwrap_or(1.0 / (e as f64).sqrt());
     let mut scores = matmul(q, &k.transpose(-2, -1)?)?.mul_scalar(scale)?;
     if o.is_causal {
         // top-left aligned: query i sees keys j <= i
@@ -108,13 +156,17 @@ pub fn scaled_dot_product_attention(
             true
         }
     };
-    let mut p = scores.softmax(-1)?;
-    if masked {
-        // a row with no allowed key: zeros, not softmax's NaN
+    let p = if masked {
+        // a row with no allowed key: zeros, not softmax's NaN, and no
+        // gradient either (PyTorch's `_safe_softmax`): its scores are
+        // replaced before the softmax, so no NaN reaches backward
         let none = scores
             .binary_scalar(BinaryOp::Eq, f64::NEG_INFINITY, false)?
             .all(Some(&[-1]), true)?;
-        p = p.masked_fill(&none, 0.0)?;
-    }
+        let safe = scores.masked_fill(&none, 0.0)?;
+        safe.softmax(-1)?.masked_fill(&none, 0.0)?
+    } else {
+        scores.softmax(-1)?
+    };
     matmul(&p, &v)
 }

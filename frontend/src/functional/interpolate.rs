@@ -1,6 +1,7 @@
 //! `F.interpolate` with PyTorch's index conventions: nearest and
 //! nearest-exact gather source rows (`index_select`) per spatial dim; the
-//! linear family, bicubic, area and antialiased bilinear are separable, so
+//! linear family, bicubic, area and antialiased bilinear and bicubic are
+//! separable, so
 //! each spatial dim is one matmul by a `(in, out)` weight matrix built from
 //! PyTorch's own source-index and weight formulas (computed in f32 as its
 //! CPU kernels do). Indices and weights depend on the shapes only, so a
@@ -66,10 +67,10 @@ pub fn interpolate(
     if needs.is_none() && align_corners.is_some() {
         bail!(op, "align_corners option can only be set with the interpolating modes: linear | bilinear | bicubic | trilinear");
     }
-    if antialias && mode != "bilinear" {
+    if antialias && mode != "bilinear" && mode != "bicubic" {
         bail!(
             op,
-            "antialias is supported for bilinear only here (got mode {mode})"
+            "Anti-alias option is restricted to bilinear and bicubic modes and requires a 4-D tensor as input (got mode {mode})"
         );
     }
     let ac = align_corners.unwrap_or(false);
@@ -121,8 +122,9 @@ pub fn interpolate(
             _ => {
                 let w = match mode {
                     "area" => area_weights(i, o),
+                    "bicubic" if antialias => antialias_weights(i, o, s, ac, AaFilter::Cubic),
                     "bicubic" => cubic_weights(i, o, s, ac),
-                    _ if antialias => antialias_weights(i, o, s, ac),
+                    _ if antialias => antialias_weights(i, o, s, ac, AaFilter::Triangle),
                     _ => linear_weights(i, o, s, ac),
                 };
                 apply_weights(&y, dim, &w, i, o)?
@@ -258,12 +260,44 @@ fn area_weights(i: usize, o: usize) -> Vec<f64> {
     w
 }
 
-/// Antialiased bilinear (`_compute_indices_min_size_weights_aa`): a triangle
-/// filter widened by the scale when downsampling, normalised per output.
-fn antialias_weights(i: usize, o: usize, s: Option<f64>, ac: bool) -> Vec<f64> {
+/// The filter of an antialiased resize (PyTorch's `aa_filter`s).
+#[derive(Clone, Copy)]
+enum AaFilter {
+    /// Bilinear: `max(0, 1 - |x|)`, two taps at scale 1.
+    Triangle,
+    /// Bicubic: Keys' cubic convolution with `a = -0.5` (PIL's, not the
+    /// `-0.75` of plain bicubic), four taps at scale 1.
+    Cubic,
+}
+
+impl AaFilter {
+    /// Taps at scale 1 (`interp_size`).
+    fn size(self) -> f64 {
+        match self {
+            AaFilter::Triangle => 2.0,
+            AaFilter::Cubic => 4.0,
+        }
+    }
+
+    fn weight(self, x: f64) -> f64 {
+        const A: f64 = -0.5;
+        let x = x.abs();
+        match self {
+            AaFilter::Triangle => (1.0 - x).max(0.0),
+            AaFilter::Cubic if x < 1.0 => ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0,
+            AaFilter::Cubic if x < 2.0 => ((A * x - 5.0 * A) * x + 8.0 * A) * x - 4.0 * A,
+            AaFilter::Cubic => 0.0,
+        }
+    }
+}
+
+/// Antialiased bilinear or bicubic (`_compute_indices_min_size_weights_aa`):
+/// the filter widened by the scale when downsampling, normalised per output.
+fn antialias_weights(i: usize, o: usize, s: Option<f64>, ac: bool, f: AaFilter) -> Vec<f64> {
     let mut w = vec![0.0; o * i];
     let scale = area_scale(i, o, s, ac) as f64;
-    let support = if scale >= 1.0 { scale } else { 1.0 };
+    let half = f.size() * 0.5;
+    let support = if scale >= 1.0 { half * scale } else { half };
     let invscale = if scale >= 1.0 { 1.0 / scale } else { 1.0 };
     let max_size = support.ceil() as i64 * 2 + 1;
     for d in 0..o {
@@ -272,10 +306,7 @@ fn antialias_weights(i: usize, o: usize, s: Option<f64>, ac: bool) -> Vec<f64> {
         let xsize = ((center + support + 0.5) as i64).min(i as i64) - xmin;
         let xsize = xsize.clamp(0, max_size);
         let taps: Vec<f64> = (0..xsize)
-            .map(|j| {
-                let x = ((j + xmin) as f64 - center + 0.5) * invscale;
-                (1.0 - x.abs()).max(0.0)
-            })
+            .map(|j| f.weight(((j + xmin) as f64 - center + 0.5) * invscale))
             .collect();
         let total: f64 = taps.iter().sum();
         for (j, t) in taps.iter().enumerate() {

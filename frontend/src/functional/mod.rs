@@ -27,7 +27,7 @@ mod roi;
 pub use crate::nn::conv3d::conv3d;
 pub use crate::nn::pixel_shuffle::{pixel_shuffle, pixel_unshuffle};
 pub use activation::*;
-pub use attention::{scaled_dot_product_attention, SdpaOpts};
+pub use attention::{scaled_dot_product_attention, scaled_dot_product_attention_math, SdpaOpts};
 pub use blas_more::{addbmm, addmm, baddbmm, cosine_similarity, glu, normalize, outer, softmin};
 pub use boxes::{batched_nms, box_iou, nms};
 pub use conv_grad::conv2d_weight_grad;
@@ -52,7 +52,7 @@ pub use norm_more::{instance_norm, local_response_norm, RunningStats};
 pub use pad::pad;
 pub use pool_nd::{
     adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d, avg_pool3d, max_pool1d, max_pool3d,
-    Pool1dParams, Pool3dParams,
+    max_pool3d_with_indices, Pool1dParams, Pool3dParams,
 };
 pub use pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d};
 pub use quantized::{quantized_linear, quantized_linear_with, RowTileEpilogue};
@@ -553,6 +553,7 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
 
 use crate::ops::fuse::Lazy;
 // after the macros above, which it uses
+pub(crate) mod attention_fused;
 mod conv_grad;
 mod conv_kernel;
 mod conv_transpose_kernel;

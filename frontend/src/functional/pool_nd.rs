@@ -12,7 +12,7 @@ use super::pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_p
 use crate::Tensor;
 use kiln_ir::op::pool::{self, Pool2dParams};
 use kiln_ir::shape::fmt_dims;
-use kiln_ir::{bail, Result};
+use kiln_ir::{bail, BinaryOp, Result};
 
 /// The settings of a 1-D pool (PyTorch's `kernel_size`, `stride` (default:
 /// the kernel), `padding`, `dilation`, `ceil_mode`).
@@ -152,9 +152,49 @@ fn separable_3d(
     z.reshape(&as_i(&out))
 }
 
-/// `F.max_pool3d` (values only: `return_indices` has no 3-D form yet).
+/// `F.max_pool3d` (values only; see [`max_pool3d_with_indices`]).
 pub fn max_pool3d(x: &Tensor, p: &Pool3dParams) -> Result<Tensor> {
     separable_3d("max_pool3d", x, p, &|t, q| Ok(max_pool2d(t, q)?.0))
+}
+
+/// `F.max_pool3d(..., return_indices=True)`: values and PyTorch's flat
+/// `d*H*W + h*W + w` indices into each input plane. The separable pools
+/// pick the first maximum of each depth slice, then the first slice, so a
+/// tie goes to the first position in (d, h, w) order, as PyTorch's does;
+/// the gradient flows through both 2-D pools' argmaxes.
+///
+/// ```
+/// use kiln_frontend::functional::{self as F, Pool3dParams};
+/// use kiln_frontend::Tensor;
+/// let x = Tensor::from_vec((0..8).map(|v| v as f32).collect(), &[1, 1, 2, 2, 2]).unwrap();
+/// let p = Pool3dParams { kernel: [2; 3], stride: [2; 3], padding: [0; 3], dilation: [1; 3], ceil_mode: false };
+/// let (y, i) = F::max_pool3d_with_indices(&x, &p).unwrap();
+/// assert_eq!((y.to_f64_vec(), i.to_f64_vec()), (vec![7.0], vec![7.0]));
+/// ```
+pub fn max_pool3d_with_indices(x: &Tensor, p: &Pool3dParams) -> Result<(Tensor, Tensor)> {
+    let op = "max_pool3d";
+    let (batched, [n, c, d, h, w]) = split_3d(op, x)?;
+    let (hw, dp) = split_params(p);
+    let as_i = |v: &[usize]| v.iter().map(|&s| s as i64).collect::<Vec<_>>();
+    let (y, i_hw) = max_pool2d(&x.reshape(&as_i(&[n, c * d, h, w]))?, &hw)?;
+    let (h2, w2) = (y.dims()[2], y.dims()[3]);
+    let (z, i_d) = max_pool2d(&y.reshape(&as_i(&[n, c, d, h2 * w2]))?, &dp)?;
+    // i_d = slice * (H'W') + position: the slice each output took, and that
+    // slice's in-plane index at the same position
+    let slice = i_d.binary_scalar(BinaryOp::FloorDiv, (h2 * w2) as i64, false)?;
+    let in_plane = i_hw
+        .reshape(&as_i(&[n, c, d, h2 * w2]))?
+        .gather(2, &slice)?;
+    let idx = slice
+        .binary_scalar(BinaryOp::Mul, (h * w) as i64, false)?
+        .add(&in_plane)?;
+    let d2 = z.dims()[2];
+    let out = if batched {
+        vec![n, c, d2, h2, w2]
+    } else {
+        vec![c, d2, h2, w2]
+    };
+    Ok((z.reshape(&as_i(&out))?, idx.reshape(&as_i(&out))?))
 }
 
 /// `F.avg_pool3d` (count_include_pad, ceil_mode, divisor_override).

@@ -193,6 +193,9 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, AttrValue)> {
             v
         }
         Op::ScatterAdd { dim, size } => vec![("dim", AttrValue::Int(*dim)), ("size", ints(size))],
+        Op::Attention(p) | Op::AttentionBackward(p) => vec![
+            ("is_causal", Bool(p.is_causal)), ("mask", Word(p.mask.name().into())), ("scale", F(p.scale)),
+        ],
         Op::MaxPool2d(p) => pool(p),
         Op::AvgPool2d { params, count_include_pad } => {
             let mut v = pool(params);
@@ -258,6 +261,9 @@ pub fn arity(op: &Op) -> (usize, usize) {
         Op::Conv2dWeightGrad { .. } | Op::ScatterAdd { .. } => (2, 2),
         // input, weight, weight_scale, then bias
         Op::QuantizedLinear { .. } => (3, 4),
+        // query, key, value, then the mask the params declare (backward: out, lse, grad)
+        Op::Attention(p) => (3, 3 + p.mask.present() as usize),
+        Op::AttentionBackward(p) => (6, 6 + p.mask.present() as usize),
         Op::Cat { .. } => (1, usize::MAX),
         // x, mask, then a 0-dim fill tensor when there is no `value`
         Op::MaskedFill { .. } => (2, 3),

@@ -5,6 +5,7 @@
 use super::attrs::PAIR_LOSSES;
 use super::lex::Pos;
 use super::{AttrValue, Reduction, ScalarValue};
+use crate::op::attention::{AttentionParams, MaskKind};
 use crate::op::conv::{ConvParams, ConvTransposeParams, Padding};
 use crate::op::pool::Pool2dParams;
 use crate::op::Op;
@@ -152,6 +153,28 @@ fn pool(a: &mut Attrs) -> Result<Pool2dParams> {
     })
 }
 
+fn attention(a: &mut Attrs) -> Result<AttentionParams> {
+    let is_causal = a.bool("is_causal")?;
+    let scale = a.float("scale")?;
+    // `none` lexes as the none value, not a word
+    let (word, pos) = match a.take("mask")? {
+        (AttrValue::None, p) => ("none".to_string(), p),
+        (AttrValue::Word(w), p) => (w, p),
+        (v, p) => return a.bad("mask", p, "none, bool or float", &v),
+    };
+    let Some(mask) = MaskKind::from_name(&word) else {
+        return Err(pos.error(format!(
+            "{}: mask must be none, bool or float, got {word}",
+            a.op
+        )));
+    };
+    Ok(AttentionParams {
+        scale,
+        is_causal,
+        mask,
+    })
+}
+
 fn conv_params(a: &mut Attrs) -> Result<ConvParams> {
     let padding = match a.take("padding")? {
         (AttrValue::Word(w), _) if w == "same" => Padding::Same,
@@ -278,6 +301,14 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
             has_weight: a.bool("has_weight")?,
             has_bias: a.bool("has_bias")?,
         },
+        _ => return build_kernel_op(name, a),
+    }))
+}
+
+/// The extern-kernel, pooling, attention, data-movement and loss ops of
+/// [`build_op`].
+fn build_kernel_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
+    Ok(Some(match name {
         "matmul" => Op::Matmul,
         "linear" => Op::Linear,
         "quantized_linear" => Op::QuantizedLinear {
@@ -315,6 +346,8 @@ pub(crate) fn build_op(name: &str, a: &mut Attrs) -> Result<Option<Op>> {
         "adaptive_avg_pool2d" => Op::AdaptiveAvgPool2d(a.pair("output_size")?),
         "adaptive_max_pool2d" => Op::AdaptiveMaxPool2d(a.pair("output_size")?),
         "embedding" => Op::Embedding,
+        "attention" => Op::Attention(attention(a)?),
+        "attention_backward" => Op::AttentionBackward(attention(a)?),
         "view" => Op::View(a.ints("shape")?),
         "permute" => Op::Permute(a.ints("dims")?),
         "expand" => Op::Expand(a.ints("size")?),

@@ -1,5 +1,6 @@
 //! The op vocabulary and its shape/dtype inference.
 
+pub mod attention;
 pub mod conv;
 pub mod embedding;
 pub mod infer;

@@ -2,6 +2,7 @@
 //! passes) name ops with it; [`Op::infer`] dispatches to the same inference
 //! and argument checks the eager path calls directly, so both agree.
 
+use super::attention::AttentionParams;
 use super::conv::{ConvParams, ConvTransposeParams};
 use super::pool::Pool2dParams;
 use super::{BinaryOp, Float, ReduceKind, UnaryOp};
@@ -126,6 +127,14 @@ pub enum Op {
     },
     AdaptiveMaxPool2d([usize; 2]),
     Embedding,
+    /// `scaled_dot_product_attention` as one fused kernel (see
+    /// [`super::attention`]). Inputs: query, key, value, [mask]; results:
+    /// out and each row's logsumexp.
+    Attention(AttentionParams),
+    /// The fused attention's gradients, recomputing the scores blockwise.
+    /// Inputs: query, key, value, [mask], out, logsumexp, out's gradient;
+    /// results: the gradients of query, key and value.
+    AttentionBackward(AttentionParams),
     // layout and data movement
     View(Vec<i64>),
     Permute(Vec<i64>),

@@ -76,6 +76,8 @@ impl Op {
             | Op::AvgPool2dBackward { .. }
             | Op::AdaptiveAvgPool2d { .. }
             | Op::AdaptiveMaxPool2d { .. } => self.infer_pooling(&name, ins),
+            Op::Attention(p) => super::attention::infer_attention(p, ins),
+            Op::AttentionBackward(p) => super::attention::infer_attention_backward(p, ins),
             Op::Embedding
             | Op::View { .. }
             | Op::Permute { .. }

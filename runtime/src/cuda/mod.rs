@@ -17,6 +17,7 @@
 //! [`open_driver`] checks for each library first: a machine without the
 //! driver, a device or NVRTC gets an ordinary [`Error`] that says which.
 
+pub mod attention;
 pub mod conv;
 pub mod driver;
 pub mod emulator;

@@ -1,5 +1,5 @@
 //! Extern (hand-written, not generated) CPU kernels: GEMM, convolution,
-//! pooling and embedding.
+//! pooling, embedding and fused attention.
 //!
 //! Every kernel is a pure function over slices of contiguous row-major data
 //! (the caller makes inputs contiguous; GEMM operands may also be strided
@@ -7,6 +7,7 @@
 //! checked beforehand by `kiln_ir::op::{matmul, conv, pool, embedding}`; the
 //! kernels only assert that slice lengths match the geometry they are given.
 
+pub mod attention;
 pub mod conv;
 pub mod conv_grad;
 pub mod conv_transpose;

@@ -386,3 +386,33 @@ pub(crate) fn avg_pool_backward(
         .to_dtype(if dt.is_float() { dt } else { DType::F32 })?
         .to_device(g.device())
 }
+
+/// Records the fused attention (`functional::attention_fused`): its
+/// backward is one `attention_backward` node that recomputes the scores
+/// from the saved operands, `out` and the logsumexp `lse`. The mask gets no
+/// gradient (a float mask that needs one runs the composite instead).
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    mask: Option<&Tensor>,
+    p: kiln_ir::op::attention::AttentionParams,
+    lse: &Tensor,
+    out: Tensor,
+) -> Result<Tensor> {
+    if !needs_grad(&[q, k, v]) {
+        return Ok(out);
+    }
+    let name = "scaled_dot_product_attention";
+    let [sq, sk, sv] = [q, k, v].map(|t| Saved::new(name, t));
+    let sm = mask.map(|m| Saved::new(name, m));
+    let (so, sl) = (Saved::new(name, &out), Saved::new(name, lse));
+    record(name, out, &[q, k, v], move |g| {
+        let (q, k, v) = (sq.get()?, sk.get()?, sv.get()?);
+        let m = sm.as_ref().map(Saved::get).transpose()?;
+        let (o, l) = (so.get()?, sl.get()?);
+        let grads =
+            F::attention_fused::attention_backward((&q, &k, &v), m.as_ref(), (&o, &l, g), p)?;
+        Ok(grads.into_iter().map(Some).collect())
+    })
+}
