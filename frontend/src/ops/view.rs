@@ -16,7 +16,7 @@ impl Tensor {
     /// `reshape`) when the strides do not allow it. One size may be `-1`.
     ///
     /// ```
-    /// let x = kiln::Tensor::from_vec((0..6).map(|v| v as f32).collect(), &[2, 3]).unwrap();
+    /// let x = kiln_frontend::Tensor::from_vec((0..6).map(|v| v as f32).collect(), &[2, 3]).unwrap();
     /// assert_eq!(x.view(&[3, -1]).unwrap().dims(), &[3, 2]);
     /// assert!(x.t().unwrap().view(&[-1]).is_err()); // not contiguous: use reshape
     /// ```
