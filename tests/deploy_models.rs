@@ -31,9 +31,8 @@ use kiln::models::vit::VisionTransformer;
 use kiln::nn::{BatchNormOptions, Module, ModuleExt};
 use kiln::onnx::proto::ModelProto;
 use kiln::Tensor;
-use onnx_support::{dir, python, write_pb};
+use onnx_support::{dir, onnx_check, write_pb};
 use prost::Message;
-use std::path::Path;
 
 /// Makes one model input at a batch size (the batch is dim 0 of every input).
 type MakeInputs = fn(usize) -> Vec<Tensor>;
@@ -161,26 +160,12 @@ fn onnx(name: &str, e: &ExportedModel, cases: &[(Vec<Tensor>, Tensor)]) -> Strin
         write_pb(&yp, want);
         pairs.push(format!("{}:{}", ins.join(","), yp.display()));
     }
-    let Some(py) = python() else {
+    let Some((passed, text)) = onnx_check(&path, &pairs) else {
         println!("deploy {name}: SKIPPED onnx.checker/onnxruntime (no Python with onnx and onnxruntime: set KILN_ONNX_PYTHON or run .ci/run, which installs .venv-onnx)");
         return hist.join(", ");
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/onnx_check.py");
-    let out = std::process::Command::new(py)
-        .arg(script)
-        .arg(&path)
-        .arg("1e-5")
-        .args(&pairs)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{text}");
     assert!(
-        out.status.success(),
+        passed,
         "{name}: onnx.checker/onnxruntime rejected {}: {text}",
         path.display()
     );

@@ -6,7 +6,7 @@
 
 use kiln::bench::gpt2;
 use kiln::bench::train::{step, FlatLogits};
-use kiln::models::gpt2::{Gpt2Config, Gpt2LMHeadModel};
+use kiln::models::gpt2::Gpt2LMHeadModel;
 use kiln::nn::ModuleExt;
 use kiln::optim::{AdamConfig, AdamW};
 use kiln::random::{randint, Generator};
@@ -17,17 +17,7 @@ use kiln::Tensor;
 /// cross-entropy, fused AdamW.
 #[test]
 fn warm_compiled_gpt2_steps_trace_and_compile_nothing_and_launch_a_bounded_number() {
-    let cfg = Gpt2Config {
-        vocab_size: 256,
-        n_positions: 32,
-        n_embd: 64,
-        n_layer: 2,
-        n_head: 4,
-        resid_pdrop: 0.0,
-        embd_pdrop: 0.0,
-        attn_pdrop: 0.0,
-        ..Gpt2Config::default()
-    };
+    let cfg = kiln::models::catalog::gpt2_tiny_config();
     kiln::manual_seed(1);
     let model = FlatLogits {
         lm: Gpt2LMHeadModel::new(&cfg).unwrap(),

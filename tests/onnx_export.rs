@@ -11,9 +11,8 @@ use kiln::nn::{Module, ModuleExt, Sequential};
 use kiln::onnx::proto::ModelProto;
 use kiln::train::ModelKind;
 use kiln::Tensor;
-use onnx_support::{dir, python, write_pb};
+use onnx_support::{dir, onnx_check, write_pb};
 use prost::Message;
-use std::path::Path;
 
 fn model(kind: ModelKind) -> Sequential {
     kiln::manual_seed(5);
@@ -98,26 +97,12 @@ fn check(kind: ModelKind) {
         write_pb(&yp, &want);
         pairs.push(format!("{}:{}", xp.display(), yp.display()));
     }
-    let Some(py) = python() else {
+    let Some((passed, text)) = onnx_check(&path, &pairs) else {
         println!("onnx export {}: SKIPPED onnx.checker/onnxruntime (no Python with onnx and onnxruntime: set KILN_ONNX_PYTHON or run .ci/run, which installs .venv-onnx)", kind.name());
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/onnx_check.py");
-    let out = std::process::Command::new(py)
-        .arg(script)
-        .arg(&path)
-        .arg("1e-5")
-        .args(&pairs)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{text}");
     assert!(
-        out.status.success(),
+        passed,
         "onnx.checker/onnxruntime rejected {}: {text}",
         path.display()
     );

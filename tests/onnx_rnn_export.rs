@@ -20,7 +20,7 @@ use kiln::models::lstm::{LstmClassifier, LstmClassifierConfig};
 use kiln::nn::{Module, ModuleExt, RnnOptions, GRU, LSTM};
 use kiln::onnx::proto::{tensor_shape_proto::dimension::Value as D, type_proto, ModelProto};
 use kiln::Tensor;
-use onnx_support::{dir, python, write_pb};
+use onnx_support::{dir, onnx_check, write_pb};
 use prost::Message;
 use std::path::Path;
 
@@ -122,28 +122,11 @@ fn check(
         pairs.push(format!("{}:{}", ins.join(","), outs.join(",")));
     }
     println!("onnx rnn {name}: {ops}, kiln import ok at (batch, seq) {CASES:?}");
-    let Some(py) = python() else {
+    let Some((passed, text)) = onnx_check(&path, &pairs) else {
         println!("onnx rnn {name}: SKIPPED onnx.checker/onnxruntime (no Python with onnx and onnxruntime: set KILN_ONNX_PYTHON or run .ci/run)");
         return;
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/onnx_check.py");
-    let out = std::process::Command::new(py)
-        .arg(script)
-        .arg(&path)
-        .arg("1e-5")
-        .args(&pairs)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{text}");
-    assert!(
-        out.status.success(),
-        "{name}: onnx.checker/onnxruntime: {text}"
-    );
+    assert!(passed, "{name}: onnx.checker/onnxruntime: {text}");
 }
 
 /// (batch, seq) dims of the input and, with states, dim 1 of each state as the batch.

@@ -28,7 +28,7 @@ mod manifest;
 mod run;
 pub(crate) mod scopes;
 pub mod symbolic;
-mod trace;
+pub(crate) mod trace;
 
 use crate::{DType, Result, Tensor};
 use kiln_ir::graph::Graph;

@@ -27,15 +27,7 @@ pub fn export<M: Module>(
     example: &[Tensor],
     dynamic: &[DynamicDim],
 ) -> Result<ExportedModel> {
-    if example.len() != 1 {
-        bail!(
-            "export",
-            "a module's forward takes one input, got {} example inputs (use export_fn for several)",
-            example.len()
-        );
-    }
-    let mut names = model.named_parameters();
-    names.extend(model.named_buffers());
+    let names = module_names("export", model, example)?;
     export_fn(
         "forward",
         |xs| Ok(vec![model.forward(&xs[0])?]),
@@ -43,6 +35,25 @@ pub fn export<M: Module>(
         example,
         dynamic,
     )
+}
+
+/// What exporting a module's one-tensor `forward` needs: the check that
+/// `example` is one input, and the names of its parameters and buffers.
+pub(crate) fn module_names<M: Module>(
+    op: &str,
+    model: &M,
+    example: &[Tensor],
+) -> Result<Vec<(String, Tensor)>> {
+    if example.len() != 1 {
+        bail!(
+            op,
+            "a module's forward takes one input, got {} example inputs (use export_fn for several)",
+            example.len()
+        );
+    }
+    let mut names = model.named_parameters();
+    names.extend(model.named_buffers());
+    Ok(names)
 }
 
 /// Exports a function of several tensors (`names` names the tensors it

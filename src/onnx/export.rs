@@ -13,7 +13,7 @@ use super::tensor::{onnx_dtype, to_proto};
 use crate::export::scopes::Scope;
 use crate::export::{Dim, DynamicDim, ExportedModel, TensorSpec};
 use crate::ir::op::Op;
-use crate::nn::{Module, ModuleExt};
+use crate::nn::Module;
 use crate::{Result, Tensor};
 use elementwise::binary_name;
 use kiln_ir::graph::{Graph, NodeId, NodeOp, ScalarValue};
@@ -50,15 +50,7 @@ pub fn export_dynamic<M: Module>(
     path: impl AsRef<Path>,
     opset: i64,
 ) -> Result<()> {
-    if example.len() != 1 {
-        bail!(
-            "onnx::export",
-            "a module's forward takes one input, got {} example inputs (use export_fn for several)",
-            example.len()
-        );
-    }
-    let mut names = model.named_parameters();
-    names.extend(model.named_buffers());
+    let names = crate::export::trace::module_names("onnx::export", model, example)?;
     let forward = |xs: &[Tensor]| Ok(vec![model.forward(&xs[0])?]);
     export_fn("forward", forward, &names, example, dynamic, path, opset)
 }

@@ -39,3 +39,26 @@ pub fn write_pb(path: &Path, t: &Tensor) {
     )
     .unwrap();
 }
+
+/// Runs `tests/onnx_check.py` on the ONNX file at `path`: onnx.checker, then
+/// onnxruntime on each `inputs:outputs` pair of TensorProto files at 1e-5.
+/// Prints and returns its output with whether it passed, or `None` when no
+/// Python has `onnx` and `onnxruntime` (the caller prints why it skips).
+pub fn onnx_check(path: &Path, pairs: &[String]) -> Option<(bool, String)> {
+    let py = python()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/onnx_check.py");
+    let out = std::process::Command::new(py)
+        .arg(script)
+        .arg(path)
+        .arg("1e-5")
+        .args(pairs)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{text}");
+    Some((out.status.success(), text))
+}
