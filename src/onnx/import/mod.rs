@@ -20,6 +20,7 @@
 mod attrs;
 mod host;
 mod ops;
+mod ops_binary;
 mod ops_more;
 mod ops_nn;
 mod ops_nn3d;

@@ -153,7 +153,7 @@ fn modulo(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
                 })
             }
         };
-        if let Some(h) = super::ops::host_map(a, b, f) {
+        if let Some(h) = super::ops_binary::host_map(a, b, f) {
             return Ok(vec![Value::Host(h)]);
         }
     }
