@@ -400,6 +400,14 @@ impl Executable {
         Ok(Some(v))
     }
 
+    /// Whether some node reads result `k` of the multi-output node `id`.
+    fn result_read(&self, id: NodeId, k: usize) -> bool {
+        self.graph
+            .nodes()
+            .iter()
+            .any(|n| n.op == NodeOp::Project(k) && n.operands.first() == Some(&id))
+    }
+
     fn eval(&self, id: NodeId, inputs: &[Tensor], vals: &[Option<Val>]) -> Result<Val> {
         let node = self.graph.node(id);
         let i = id.index();
@@ -472,6 +480,9 @@ impl Executable {
                     let ts = (0..node.operands.len())
                         .map(|k| arg(k)?.materialize())
                         .collect::<Result<Vec<_>>>()?;
+                    if let (Op::MaxPool2d(p), false) = (op, self.result_read(id, 1)) {
+                        return max_pool_values_only(&ts[0], p);
+                    }
                     let mut outs = run_op(op, &ts)?;
                     if node.metas.len() != 1 {
                         return Ok(Val::Many(outs));
@@ -499,6 +510,15 @@ impl Executable {
         }
         Ok(Val::One(Lazy::tensor(&l.materialize()?)))
     }
+}
+
+/// A `max_pool2d` node whose indices no node reads (an eval graph): the
+/// values-only kernel, and an unread one-element stand-in for the indices.
+fn max_pool_values_only(x: &Tensor, p: &kiln_ir::op::pool::Pool2dParams) -> Result<Val> {
+    let y = crate::functional::max_pool2d_values(x, p)?;
+    let dims: Vec<i64> = y.dims().iter().map(|&d| d as i64).collect();
+    let unread = Tensor::zeros(&[1], DType::I64).expand(&dims)?;
+    Ok(Val::Many(vec![y, unread]))
 }
 
 /// Whether warm calls replay recorded launch lists: on unless `KILN_PROGRAM=0`

@@ -54,7 +54,9 @@ pub use pool_nd::{
     adaptive_avg_pool1d, adaptive_max_pool1d, avg_pool1d, avg_pool3d, max_pool1d, max_pool3d,
     max_pool3d_with_indices, Pool1dParams, Pool3dParams,
 };
-pub use pooling::{adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d};
+pub use pooling::{
+    adaptive_avg_pool2d, adaptive_max_pool2d, avg_pool2d, max_pool2d, max_pool2d_values,
+};
 pub use quantized::{quantized_linear, quantized_linear_with, RowTileEpilogue};
 pub use roi::{roi_align, roi_pool, RoiAlignOpts};
 

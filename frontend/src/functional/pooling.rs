@@ -23,7 +23,8 @@ fn pool_with_indices(
         );
         return Ok((rules::max_pool(op, *g, x, &idx, y.to_dtype(dt)?)?, idx));
     }
-    let idx = Tensor::zeros(&g.out_shape(), DType::I64);
+    // every index is written by the kernel: no zero fill
+    let idx = Tensor::empty_for(op, &g.out_shape(), DType::I64, x.device())?;
     let out = extern_out(op, &[&xc], &g.out_shape(), dt, |out| {
         run(g, &xc, out, &idx, dt)
     })?;
@@ -47,6 +48,37 @@ pub fn max_pool2d(x: &Tensor, p: &Pool2dParams) -> Result<(Tensor, Tensor)> {
             ))
         },
     ))
+}
+
+/// `F.max_pool2d` without `return_indices`: the values. On the CPU, outside
+/// a trace and with no backward to feed, no indices are computed (the
+/// separable values-only kernel runs); otherwise this is
+/// `max_pool2d(x, p).0`.
+///
+/// ```
+/// use kiln_frontend::{functional as F, nn::Pool2dParams, Tensor};
+/// let x = Tensor::from_vec(vec![1.0, 5.0, 3.0, 2.0], &[1, 1, 2, 2]).unwrap();
+/// let y = F::max_pool2d_values(&x, &Pool2dParams::new([2, 2])).unwrap();
+/// assert_eq!(y.to_f64_vec(), vec![5.0]);
+/// ```
+pub fn max_pool2d_values(x: &Tensor, p: &Pool2dParams) -> Result<Tensor> {
+    // a trace or a guard's replay must see the graph op itself
+    let needs_indices = trace::is_tracing()
+        || trace::probe::replaying()
+        || x.device().is_cuda()
+        || (crate::autograd::is_grad_enabled() && x.requires_grad());
+    if needs_indices {
+        return Ok(max_pool2d(x, p)?.0);
+    }
+    let op = "max_pool2d";
+    let g = pool::pool2d_geometry(op, x.dims(), p)?;
+    let _p = op_scope(op, &[x]);
+    trace::check_launch(op, &[x])?;
+    let dt = float_dtype(op, &[x])?;
+    let xc = compute_input(x)?;
+    extern_out(op, &[&xc], &g.out_shape(), dt, |out| unsafe {
+        dispatch_float!(dt, T => externs::pool::max_pool2d_values::<T>(&g, data(&xc), out.storage.as_mut_slice::<T>()))
+    })
 }
 
 /// The (values, indices) of a two-result op.

@@ -165,7 +165,7 @@ pub enum Pool2d {
 impl Module for Pool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         super::hooks::run(self, x, |x| match self {
-            Pool2d::Max(p) => Ok(F::max_pool2d(x, p)?.0),
+            Pool2d::Max(p) => F::max_pool2d_values(x, p),
             Pool2d::Avg {
                 params,
                 count_include_pad,

@@ -24,6 +24,7 @@ pub mod direct;
 pub mod microkernel;
 pub mod packed;
 pub mod select;
+pub mod wide;
 pub mod winograd;
 
 /// Bytes of one im2col / col2im tile: small enough to stay in L2 next to the
@@ -220,6 +221,7 @@ fn run_algorithm<T: Elem>(
             winograd::conv2d(g, input, &u, bias, out, epilogue)
         }
         ConvAlgo::Im2colBatched => batched::conv2d(g, input, weight, bias, out, epilogue),
+        ConvAlgo::Im2colWide => wide::conv2d(g, input, weight, bias, out, epilogue),
         ConvAlgo::Direct => direct::conv2d(g, input, weight, bias, out, epilogue, key),
         ConvAlgo::Im2colGemm | ConvAlgo::Gemm1x1 => {
             im2col_gemm(g, input, weight, bias, out, epilogue)

@@ -150,6 +150,61 @@ pub fn max_pool2d<T: Elem>(
     );
 }
 
+/// `max_pool2d` values only (`F.max_pool2d` without `return_indices`, when
+/// no backward needs the indices): the window maximum of every output, a
+/// NaN winning. Separable, so it vectorises: per output row, the maximum
+/// over the window's input rows of each column (contiguous, one vector op
+/// per element), then per output column the maximum over the window's
+/// columns of that row. The value is [`max_pool2d`]'s except that, between
+/// equal `-0.0` and `0.0`, the one kept may differ.
+pub fn max_pool2d_values<T: Elem>(g: &Pool2dGeometry, input: &[T], out: &mut [T]) {
+    check_lens("max_pool2d", g, input, out, None);
+    let [h, w] = g.in_size;
+    let ow = g.out_size[1];
+    let p = g.params;
+    let cols: Vec<(usize, usize)> = (0..ow)
+        .map(|c| window(c, p.stride[1], p.padding[1], p.kernel[1], p.dilation[1], w))
+        .collect();
+    let f = |pi: usize, o: &mut [T], _: Option<&mut [i64]>| {
+        let x = &input[pi * h * w..(pi + 1) * h * w];
+        let mut colmax = vec![T::NEG_INFINITY; w];
+        for (r, orow) in o.chunks_exact_mut(ow).enumerate() {
+            let (r0, r1) = window(r, p.stride[0], p.padding[0], p.kernel[0], p.dilation[0], h);
+            colmax.fill(T::NEG_INFINITY);
+            for ih in (r0..r1).step_by(p.dilation[0]) {
+                for (m, &v) in colmax.iter_mut().zip(&x[ih * w..(ih + 1) * w]) {
+                    *m = nan_max(*m, v);
+                }
+            }
+            for (d, &(c0, c1)) in orow.iter_mut().zip(&cols) {
+                let mut best = T::NEG_INFINITY;
+                for &v in colmax[c0..c1].iter().step_by(p.dilation[1]) {
+                    best = nan_max(best, v);
+                }
+                *d = best;
+            }
+        }
+    };
+    for_planes(
+        g,
+        (p.kernel[0] + p.kernel[1]) * g.in_size[1] * g.out_size[0],
+        out,
+        None,
+        f,
+    );
+}
+
+/// `v` if it beats `best` (greater, or NaN), else `best`: [`window_max`]'s
+/// rule, select-only so a loop of it vectorises.
+#[inline(always)]
+fn nan_max<T: Elem>(best: T, v: T) -> T {
+    if (v > best) | v.is_nan() {
+        v
+    } else {
+        best
+    }
+}
+
 /// `avg_pool2d` with PyTorch's divisor rules: the window is clipped to the
 /// padded input for `count_include_pad`, to the input otherwise;
 /// `divisor_override` (non-zero, checked by `kiln_ir::op::pool`) replaces both.
@@ -370,6 +425,9 @@ mod tests {
             let mut got2 = vec![0.0; want.len()];
             max_pool2d(&g, &x, &mut got2, None);
             assert_eq!(got, got2);
+            let mut values = vec![0.0; want.len()];
+            max_pool2d_values(&g, &x, &mut values);
+            assert_eq!(values, want, "max_pool2d_values {shape:?} {p:?}");
         }
     }
 
@@ -384,6 +442,13 @@ mod tests {
         let x = [3.0f32, 3.0, 1.0, 3.0];
         max_pool2d(&g, &x, &mut o, Some(&mut ix));
         assert_eq!((o[0], ix[0]), (3.0, 0));
+        // the values-only kernel: a NaN anywhere in the window wins
+        for at in 0..4 {
+            let mut x = [1.0f32, 4.0, -2.0, 0.5];
+            x[at] = f32::NAN;
+            max_pool2d_values(&g, &x, &mut o);
+            assert!(o[0].is_nan(), "NaN at {at}");
+        }
     }
 
     #[test]

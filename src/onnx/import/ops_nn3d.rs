@@ -110,7 +110,7 @@ pub(super) fn max_pool3d(n: &Node, x: &Tensor, w: &Window3d) -> Result<Tensor> {
     let mut acc: Option<(Tensor, usize)> = None;
     for k in 0..w.kernel[0] {
         let (planes, od) = depth_tap(n, &x, w, k)?;
-        let y = F::max_pool2d(&planes, &p2)?.0;
+        let y = F::max_pool2d_values(&planes, &p2)?;
         acc = Some(match acc {
             None => (y, od),
             Some((a, _)) => (a.maximum(&y)?, od),

@@ -114,7 +114,7 @@ pub(super) fn pool(n: &Node, ins: &[Value]) -> Result<Vec<Value>> {
         ]);
     }
     let y = if max {
-        F::max_pool2d(&x2, &p)?.0
+        F::max_pool2d_values(&x2, &p)?
     } else {
         F::avg_pool2d(&x2, &p, include_pad, None)?
     };

@@ -25,8 +25,8 @@ use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
 use rayon::prelude::*;
 
-/// Columns one work item sweeps per output-row block (12 register tiles).
-const TARGET_COLS: usize = 12 * NR;
+/// Columns one work item sweeps per output-row block (6 register tiles).
+const TARGET_COLS: usize = 6 * NR;
 /// Bytes of packed weights one work item keeps hot (half an L2).
 const WEIGHT_BYTES: usize = 128 * 1024;
 
@@ -223,7 +223,7 @@ pub fn conv2d<T: Elem>(
 ) -> Result<()> {
     let l = Layout::of(g);
     let koff = tap_offsets(g, &l);
-    let wp = packed::packed_or_insert(key, "direct-6x16", || pack_weights(g, weight));
+    let wp = packed::packed_or_insert(key, "direct-mr6", || pack_weights(g, weight));
     let cpg = g.c_in_per_group();
     // the last group's last sample, its farthest tap and last tile must be readable
     let last_base = ((g.n - 1) * g.c_in + (g.groups - 1) * cpg) * l.channel();

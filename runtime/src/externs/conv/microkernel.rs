@@ -6,9 +6,12 @@
 //! itself, addressed through one offset per reduction step, and no column
 //! matrix is ever written.
 //!
-//! The AVX2+FMA body (12 `ymm` accumulators: 6 broadcasts and 2 loads per 12
-//! FMAs) runs for f32 where the CPU has it; a portable body, which must
-//! agree with it to rounding, runs otherwise.
+//! For f32 the widest body the CPU has runs: AVX-512 (12 `zmm` accumulators,
+//! 6 broadcasts and 2 loads per 12 FMAs), or AVX2+FMA (the same tile as two
+//! 16-column halves of 12 `ymm` accumulators each); a portable body, which
+//! must agree with them to rounding, runs otherwise. Every body adds the
+//! reduction steps in the same order, so all three give the same bits
+//! wherever FMA contraction does not differ.
 
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::Elem;
@@ -16,8 +19,10 @@ use std::any::TypeId;
 
 /// Output channels per register tile.
 pub const MR: usize = 6;
-/// Output columns per register tile (two 8-lane vectors).
-pub const NR: usize = 16;
+/// Output columns per register tile: two 16-lane AVX-512 vectors (an AVX2
+/// machine runs it as two halves of two 8-lane vectors). AVX-512 FMA is
+/// twice AVX2's rate on the cores that have it, so the tile is sized for it.
+pub const NR: usize = 32;
 
 /// `tile[r * NR + q] = sum_p a[p * MR + r] * b[koff[p] + q]` for `r < MR`, `q < NR`.
 ///
@@ -26,14 +31,18 @@ pub const NR: usize = 16;
 /// be readable for every `p` and `q < NR`.
 pub unsafe fn tile<T: Elem>(a: *const T, koff: &[isize], b: *const T, tile: &mut [T; MR * NR]) {
     #[cfg(target_arch = "x86_64")]
-    if TypeId::of::<T>() == TypeId::of::<f32>() && cpu_isa::detect() >= Isa::Avx2 {
-        // SAFETY: T is f32 (checked above); the CPU has AVX2 and FMA.
-        return tile_avx2(
-            a as *const f32,
-            koff,
-            b as *const f32,
-            &mut *(tile as *mut [T; MR * NR] as *mut [f32; MR * NR]),
-        );
+    if TypeId::of::<T>() == TypeId::of::<f32>() {
+        let (a, b) = (a as *const f32, b as *const f32);
+        let t = &mut *(tile as *mut [T; MR * NR] as *mut [f32; MR * NR]);
+        match cpu_isa::detect() {
+            // SAFETY: T is f32 (checked above); the CPU has the ISA.
+            Isa::Avx512 => return tile_avx512(a, koff, b, t),
+            Isa::Avx2 => {
+                tile_avx2_half(a, koff, b, t, 0);
+                return tile_avx2_half(a, koff, b, t, NR / 2);
+            }
+            Isa::Scalar => {}
+        }
     }
     tile_portable(a, koff, b, tile)
 }
@@ -65,13 +74,21 @@ pub unsafe fn tile_portable<T: Elem>(
     *tile = acc;
 }
 
+/// Columns `q0..q0 + 16` of [`tile`] with AVX2 + FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(a: *const f32, koff: &[isize], b: *const f32, tile: &mut [f32; MR * NR]) {
+unsafe fn tile_avx2_half(
+    a: *const f32,
+    koff: &[isize],
+    b: *const f32,
+    tile: &mut [f32; MR * NR],
+    q0: usize,
+) {
     use std::arch::x86_64::*;
     // Constant-index arrays of vectors: LLVM keeps all 12 in registers.
     let mut lo = [_mm256_setzero_ps(); MR];
     let mut hi = [_mm256_setzero_ps(); MR];
+    let b = b.add(q0);
     for (p, &off) in koff.iter().enumerate() {
         let bp = b.offset(off);
         let b0 = _mm256_loadu_ps(bp);
@@ -83,10 +100,35 @@ unsafe fn tile_avx2(a: *const f32, koff: &[isize], b: *const f32, tile: &mut [f3
             hi[r] = _mm256_fmadd_ps(av, b1, hi[r]);
         }
     }
-    let t = tile.as_mut_ptr();
+    let t = tile.as_mut_ptr().add(q0);
     for r in 0..MR {
         _mm256_storeu_ps(t.add(r * NR), lo[r]);
         _mm256_storeu_ps(t.add(r * NR + 8), hi[r]);
+    }
+}
+
+/// [`tile`] with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn tile_avx512(a: *const f32, koff: &[isize], b: *const f32, tile: &mut [f32; MR * NR]) {
+    use std::arch::x86_64::*;
+    let mut lo = [_mm512_setzero_ps(); MR];
+    let mut hi = [_mm512_setzero_ps(); MR];
+    for (p, &off) in koff.iter().enumerate() {
+        let bp = b.offset(off);
+        let b0 = _mm512_loadu_ps(bp);
+        let b1 = _mm512_loadu_ps(bp.add(16));
+        let ap = a.add(p * MR);
+        for r in 0..MR {
+            let av = _mm512_set1_ps(*ap.add(r));
+            lo[r] = _mm512_fmadd_ps(av, b0, lo[r]);
+            hi[r] = _mm512_fmadd_ps(av, b1, hi[r]);
+        }
+    }
+    let t = tile.as_mut_ptr();
+    for r in 0..MR {
+        _mm512_storeu_ps(t.add(r * NR), lo[r]);
+        _mm512_storeu_ps(t.add(r * NR + 16), hi[r]);
     }
 }
 
@@ -113,17 +155,37 @@ mod tests {
                 }
             }
         }
-        let mut fast = [0.0f32; MR * NR];
-        let mut portable = [0.0f32; MR * NR];
-        // SAFETY: offsets + NR stay inside b; a holds kk * MR values.
+        let mut bodies: Vec<(&str, [f32; MR * NR])> = vec![];
+        // SAFETY: offsets + NR stay inside b; a holds kk * MR values; each
+        // ISA body runs only where the CPU has it.
         unsafe {
-            tile(a.as_ptr(), &koff, b.as_ptr(), &mut fast);
-            tile_portable(a.as_ptr(), &koff, b.as_ptr(), &mut portable);
+            let (a, b) = (a.as_ptr(), b.as_ptr());
+            let mut t = [0.0f32; MR * NR];
+            tile(a, &koff, b, &mut t);
+            bodies.push(("dispatched", t));
+            tile_portable(a, &koff, b, &mut t);
+            bodies.push(("portable", t));
+            #[cfg(target_arch = "x86_64")]
+            {
+                let isa = cpu_isa::detect();
+                if isa >= Isa::Avx2 {
+                    let mut t = [0.0f32; MR * NR];
+                    tile_avx2_half(a, &koff, b, &mut t, 0);
+                    tile_avx2_half(a, &koff, b, &mut t, NR / 2);
+                    bodies.push(("avx2", t));
+                }
+                if isa >= Isa::Avx512 {
+                    let mut t = [0.0f32; MR * NR];
+                    tile_avx512(a, &koff, b, &mut t);
+                    bodies.push(("avx512", t));
+                }
+            }
         }
         // small integers and quarters: every partial sum is exact in f32
-        for i in 0..MR * NR {
-            assert_eq!(fast[i] as f64, want[i], "tile element {i}");
-            assert_eq!(portable[i] as f64, want[i], "portable element {i}");
+        for (name, t) in &bodies {
+            for i in 0..MR * NR {
+                assert_eq!(t[i] as f64, want[i], "{name} tile element {i}");
+            }
         }
     }
 }

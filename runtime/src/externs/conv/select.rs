@@ -29,6 +29,9 @@ pub enum ConvAlgo {
     Im2colGemm,
     /// im2col + one GEMM over a chunk of samples (small images).
     Im2colBatched,
+    /// im2col of a chunk of whole samples + one multi-threaded GEMM (deep
+    /// layers, where the weights are the big operand).
+    Im2colWide,
     /// A 1x1 stride-1 unpadded conv: one GEMM straight on the input.
     Gemm1x1,
     /// One input channel per group (depthwise, or a single-channel input):
@@ -42,9 +45,10 @@ pub enum ConvAlgo {
 }
 
 impl ConvAlgo {
-    pub const ALL: [ConvAlgo; 6] = [
+    pub const ALL: [ConvAlgo; 7] = [
         ConvAlgo::Im2colGemm,
         ConvAlgo::Im2colBatched,
+        ConvAlgo::Im2colWide,
         ConvAlgo::Gemm1x1,
         ConvAlgo::Depthwise,
         ConvAlgo::WinogradF2x2,
@@ -56,6 +60,7 @@ impl ConvAlgo {
         match self {
             ConvAlgo::Im2colGemm => "im2col-gemm",
             ConvAlgo::Im2colBatched => "im2col-gemm-batched",
+            ConvAlgo::Im2colWide => "im2col-gemm-wide",
             ConvAlgo::Gemm1x1 => "gemm-1x1",
             ConvAlgo::Depthwise => "depthwise-direct",
             ConvAlgo::WinogradF2x2 => "winograd-f2x2-3x3",
@@ -73,6 +78,7 @@ impl ConvAlgo {
         match self {
             ConvAlgo::Im2colGemm => true,
             ConvAlgo::Im2colBatched => super::batched::applies(g),
+            ConvAlgo::Im2colWide => !is_1x1(g),
             ConvAlgo::Gemm1x1 => is_1x1(g),
             ConvAlgo::Depthwise => g.c_in_per_group() == 1,
             ConvAlgo::WinogradF2x2 => super::winograd::applies(g),
@@ -93,6 +99,7 @@ pub fn candidates(g: &ConvGeometry) -> Vec<ConvAlgo> {
         ConvAlgo::Direct,
         ConvAlgo::WinogradF2x2,
         ConvAlgo::Im2colBatched,
+        ConvAlgo::Im2colWide,
         ConvAlgo::Depthwise,
         ConvAlgo::Im2colGemm,
     ] {
@@ -321,8 +328,10 @@ pub mod disk {
 
     /// v2: the direct kernel joined the candidates, so v1's choices (timed
     /// without it) are dropped silently and every shape is timed again.
-    const HEADER: &str = "kiln conv algorithms v2";
-    const OLDER: [&str; 1] = ["kiln conv algorithms v1"];
+    /// v3: the direct kernel got its AVX-512 tile, so v2's choices (timed
+    /// at half its speed there) are dropped the same way.
+    const HEADER: &str = "kiln conv algorithms v3";
+    const OLDER: [&str; 2] = ["kiln conv algorithms v1", "kiln conv algorithms v2"];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
     pub fn path() -> Option<PathBuf> {
