@@ -134,3 +134,171 @@ fn unsupported_kiln_op_is_named() {
         .to_string();
     assert!(err.contains("kiln op `var` has no ONNX export"), "{err}");
 }
+
+/// Exports `f` of `inputs` (static shapes), then checks the file in
+/// onnx.checker and onnxruntime against kiln's eager result for those
+/// inputs and for a second draw of them; returns the ONNX op types.
+fn check_fn(
+    name: &str,
+    f: impl Fn(&[Tensor]) -> kiln::Result<Vec<Tensor>>,
+    weights: &[(String, Tensor)],
+    draws: [Vec<Tensor>; 2],
+) -> Vec<String> {
+    let d = dir("onnx-export");
+    let path = d.join(format!("{name}.onnx"));
+    kiln::onnx::export_fn(name, &f, weights, &draws[0], &[], &path, 17).unwrap();
+    let proto = ModelProto::decode(std::fs::read(&path).unwrap().as_slice()).unwrap();
+    let ops: Vec<String> = proto
+        .graph
+        .unwrap()
+        .node
+        .iter()
+        .map(|n| n.op_type.clone())
+        .collect();
+    println!("onnx export {name}: {}", ops.join(" "));
+    let _ng = kiln::autograd::no_grad();
+    let mut pairs = vec![];
+    for (i, xs) in draws.iter().enumerate() {
+        let want = f(xs).unwrap();
+        let mut ins = vec![];
+        for (j, x) in xs.iter().enumerate() {
+            let p = d.join(format!("{name}_x{i}_{j}.pb"));
+            write_pb(&p, x);
+            ins.push(p.display().to_string());
+        }
+        let yp = d.join(format!("{name}_y{i}.pb"));
+        write_pb(&yp, &want[0]);
+        pairs.push(format!("{}:{}", ins.join(","), yp.display()));
+    }
+    let Some((passed, text)) = onnx_check(&path, &pairs) else {
+        println!("onnx export {name}: SKIPPED onnx.checker/onnxruntime (no Python with onnx and onnxruntime: set KILN_ONNX_PYTHON or run .ci/run, which installs .venv-onnx)");
+        return ops;
+    };
+    assert!(
+        passed,
+        "onnx.checker/onnxruntime rejected {}: {text}",
+        path.display()
+    );
+    ops
+}
+
+fn randn(dims: &[usize]) -> Tensor {
+    kiln::random::randn(dims, None)
+}
+
+#[test]
+fn sdpa_exports_as_matmul_softmax_matmul() {
+    use kiln::functional::{self as F, SdpaOpts};
+    kiln::manual_seed(21);
+    let causal = SdpaOpts {
+        is_causal: true,
+        ..Default::default()
+    };
+    let f = move |xs: &[Tensor]| {
+        Ok(vec![F::scaled_dot_product_attention(
+            &xs[0], &xs[1], &xs[2], None, causal,
+        )?])
+    };
+    let draw = || {
+        vec![
+            randn(&[2, 4, 10, 8]),
+            randn(&[2, 4, 12, 8]),
+            randn(&[2, 4, 12, 6]),
+        ]
+    };
+    let ops = check_fn("sdpa_causal", f, &[], [draw(), draw()]);
+    for op in ["MatMul", "Mul", "Where", "Softmax"] {
+        assert!(ops.iter().any(|o| o == op), "{op} in {ops:?}");
+    }
+    // a bool mask (row 0 hidden: zeros, as kiln gives) with GQA, 4 query heads on 2
+    let gqa = SdpaOpts {
+        enable_gqa: true,
+        scale: Some(0.3),
+        ..Default::default()
+    };
+    let f = move |xs: &[Tensor]| {
+        Ok(vec![F::scaled_dot_product_attention(
+            &xs[0],
+            &xs[1],
+            &xs[2],
+            Some(&xs[3]),
+            gqa,
+        )?])
+    };
+    let bool_mask = || {
+        let m: Vec<bool> = (0..6 * 9).map(|i| i >= 9 && (i * 7) % 3 != 0).collect();
+        Tensor::from_vec(m, &[6, 9]).unwrap()
+    };
+    let draw = || {
+        vec![
+            randn(&[2, 4, 6, 8]),
+            randn(&[2, 2, 9, 8]),
+            randn(&[2, 2, 9, 8]),
+            bool_mask(),
+        ]
+    };
+    let ops = check_fn("sdpa_bool_mask_gqa", f, &[], [draw(), draw()]);
+    assert!(
+        ops.iter().any(|o| o == "Expand"),
+        "GQA repeats heads: {ops:?}"
+    );
+    // a float mask added to the scores
+    let plain = SdpaOpts::default();
+    let f = move |xs: &[Tensor]| {
+        Ok(vec![F::scaled_dot_product_attention(
+            &xs[0],
+            &xs[1],
+            &xs[2],
+            Some(&xs[3]),
+            plain,
+        )?])
+    };
+    let draw = || {
+        vec![
+            randn(&[2, 3, 5, 4]),
+            randn(&[2, 3, 7, 4]),
+            randn(&[2, 3, 7, 4]),
+            randn(&[2, 1, 5, 7]),
+        ]
+    };
+    let ops = check_fn("sdpa_float_mask", f, &[], [draw(), draw()]);
+    assert!(ops.iter().any(|o| o == "Add"), "{ops:?}");
+}
+
+#[test]
+fn attention_modules_export_and_run_in_onnxruntime() {
+    use kiln::nn::{
+        MultiheadAttention, MultiheadAttentionOptions, TransformerEncoderLayer,
+        TransformerLayerOptions,
+    };
+    kiln::manual_seed(22);
+    let o = MultiheadAttentionOptions {
+        batch_first: true,
+        ..Default::default()
+    };
+    let mha = MultiheadAttention::with(16, 4, o).unwrap();
+    mha.eval();
+    let f = |xs: &[Tensor]| Ok(vec![mha.forward(&xs[0])?]);
+    check_fn(
+        "multihead_attention",
+        f,
+        &mha.named_parameters(),
+        [vec![randn(&[2, 7, 16])], vec![randn(&[2, 7, 16])]],
+    );
+    let o = TransformerLayerOptions {
+        dim_feedforward: 32,
+        dropout: 0.0,
+        batch_first: true,
+        ..Default::default()
+    };
+    let layer = TransformerEncoderLayer::new(16, 4, o).unwrap();
+    layer.eval();
+    let f = |xs: &[Tensor]| Ok(vec![layer.forward(&xs[0])?]);
+    let ops = check_fn(
+        "transformer_encoder_layer",
+        f,
+        &layer.named_parameters(),
+        [vec![randn(&[2, 5, 16])], vec![randn(&[2, 5, 16])]],
+    );
+    assert!(ops.iter().any(|o| o == "Softmax"), "{ops:?}");
+}

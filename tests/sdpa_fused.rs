@@ -180,14 +180,112 @@ fn fused_matches_the_composite_on_random_shapes() {
         causal: false,
         ..base
     });
+    cases.extend(tile_edges());
     for (i, c) in cases.iter().enumerate() {
         compare(c, DType::F64, 100 + i as u64, 1e-10);
         compare(c, DType::F32, 200 + i as u64, 2e-5);
     }
     println!(
-        "sdpa fused vs composite: {} cases, f32 and f64, forward and backward",
+        "sdpa fused vs composite ({}): {} cases, f32 and f64, forward and backward",
+        kiln::runtime::externs::cpu_isa::detect().name(),
         cases.len()
     );
+}
+
+/// The edges of the kernels' 64 x 64 tiles: one query row, lengths one
+/// short of, at and one past a tile, a head with more key blocks than the
+/// threads (its keys split across tasks), GQA under causal and masks.
+fn tile_edges() -> Vec<Case> {
+    let base = Case {
+        n: 2,
+        h: 4,
+        hk: 4,
+        l: 64,
+        s: 64,
+        e: 64,
+        ev: 64,
+        mask: Mask::None,
+        causal: false,
+    };
+    vec![
+        Case { l: 1, s: 1, ..base },
+        Case {
+            l: 1,
+            s: 129,
+            ..base
+        },
+        Case {
+            l: 63,
+            s: 65,
+            causal: true,
+            ..base
+        },
+        Case {
+            l: 65,
+            s: 63,
+            mask: Mask::Bool,
+            ..base
+        },
+        Case {
+            l: 128,
+            s: 128,
+            causal: true,
+            hk: 2,
+            ..base
+        },
+        Case {
+            n: 1,
+            h: 1,
+            hk: 1,
+            l: 70,
+            s: 300,
+            e: 40,
+            ev: 24,
+            mask: Mask::Float,
+            ..base
+        },
+        Case {
+            h: 4,
+            hk: 1,
+            l: 129,
+            s: 200,
+            mask: Mask::Float,
+            ..base
+        },
+    ]
+}
+
+/// The same comparison with the kernels' ISA capped to AVX2 and to the
+/// portable body (`KILN_CPU_ISA` is read once per process, so each runs
+/// this binary's random-shapes test in a child).
+#[test]
+fn fused_matches_the_composite_under_narrower_isas() {
+    if std::env::var("KILN_CPU_ISA").is_ok() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for isa in ["avx2", "scalar"] {
+        let out = std::process::Command::new(&exe)
+            .args(["--exact", "fused_matches_the_composite_on_random_shapes"])
+            .args(["--nocapture", "--test-threads=1"])
+            .env("KILN_CPU_ISA", isa)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "KILN_CPU_ISA={isa}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // the child names the ISA its kernels ran with
+        let want = format!("sdpa fused vs composite ({isa})");
+        let at = text.find(&want);
+        assert!(
+            at.is_some(),
+            "KILN_CPU_ISA={isa}: no `{want}` line in {text}"
+        );
+        println!("{}", text[at.unwrap()..].lines().next().unwrap_or_default());
+    }
 }
 
 #[test]
@@ -301,5 +399,100 @@ fn fused_peak_memory_grows_with_l_not_l_times_s() {
     assert!(
         m_big >= scores,
         "the composite stores the scores: {m_big} < {scores}"
+    );
+}
+
+fn qkv(dims: &[usize]) -> [Tensor; 3] {
+    [0, 1, 2].map(|i| randn(dims, 40 + i, DType::F32))
+}
+
+fn with_dropout(p: f64) -> SdpaOpts {
+    SdpaOpts {
+        dropout_p: p,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn dropout_runs_the_composite_with_pytorch_semantics() {
+    let _g = lock();
+    let [q, k, v] = qkv(&[2, 3, 16, 8]);
+    let sdpa = |o| F::scaled_dot_product_attention(&q, &k, &v, None, o).unwrap();
+    // p = 0: the fused kernel itself
+    let fused = sdpa(SdpaOpts::default()).to_f64_vec();
+    assert_eq!(sdpa(with_dropout(0.0)).to_f64_vec(), fused);
+    // p = 1: every weight dropped
+    assert!(sdpa(with_dropout(1.0))
+        .to_f64_vec()
+        .iter()
+        .all(|&x| x == 0.0));
+    // 0 < p < 1: weights kept with probability 1 - p and scaled by 1 / (1 - p),
+    // so the mean over many draws is the undropped result; with v = 1 each
+    // output is the sum of its row's kept weights, (1 / (1 - p)) * kept
+    let ones = Tensor::ones(&[2, 3, 16, 8], DType::F32);
+    kiln::manual_seed(7);
+    let p = 0.25;
+    let draws = 200;
+    let mut mean = vec![0.0; 2 * 3 * 16 * 8];
+    for _ in 0..draws {
+        let y = F::scaled_dot_product_attention(&q, &k, &ones, None, with_dropout(p)).unwrap();
+        mean.iter_mut()
+            .zip(y.to_f64_vec())
+            .for_each(|(m, y)| *m += y / draws as f64);
+    }
+    let avg = mean.iter().sum::<f64>() / mean.len() as f64;
+    println!("sdpa dropout p={p}: mean of {draws} draws {avg:.4} (undropped 1)");
+    assert!((avg - 1.0).abs() < 0.02, "mean {avg}");
+    // the same seed draws the same mask
+    kiln::manual_seed(3);
+    let a = sdpa(with_dropout(0.5)).to_f64_vec();
+    kiln::manual_seed(3);
+    assert_eq!(sdpa(with_dropout(0.5)).to_f64_vec(), a);
+    assert_ne!(a, fused);
+    let e = F::scaled_dot_product_attention(&q, &k, &v, None, with_dropout(1.5)).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("scaled_dot_product_attention: dropout probability"),
+        "{e}"
+    );
+}
+
+#[test]
+fn dropout_trains_through_sdpa_and_multihead_attention() {
+    let _g = lock();
+    use kiln::nn::{Module, ModuleExt};
+    let [q, k, v] = qkv(&[2, 2, 8, 4]).map(|t| t.requires_grad_(true));
+    kiln::manual_seed(11);
+    let y = F::scaled_dot_product_attention(&q, &k, &v, None, with_dropout(0.5)).unwrap();
+    y.sum(None, false).unwrap().backward().unwrap();
+    for t in [&q, &k, &v] {
+        let g = t.grad().expect("a gradient").to_f64_vec();
+        assert!(g.iter().all(|x| x.is_finite()) && g.iter().any(|&x| x != 0.0));
+    }
+    let mha = kiln::nn::MultiheadAttention::with(
+        8,
+        2,
+        kiln::nn::MultiheadAttentionOptions {
+            dropout: 0.5,
+            batch_first: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    mha.train();
+    let x = randn(&[2, 5, 8], 9, DType::F32).requires_grad_(true);
+    let (a, b) = (mha.forward(&x).unwrap(), mha.forward(&x).unwrap());
+    assert_ne!(a.to_f64_vec(), b.to_f64_vec(), "training draws fresh masks");
+    a.sum(None, false).unwrap().backward().unwrap();
+    assert!(x
+        .grad()
+        .expect("a gradient")
+        .to_f64_vec()
+        .iter()
+        .all(|g| g.is_finite()));
+    mha.eval();
+    assert_eq!(
+        mha.forward(&x).unwrap().to_f64_vec(),
+        mha.forward(&x).unwrap().to_f64_vec()
     );
 }

@@ -24,6 +24,7 @@ use std::path::Path;
 /// The opset [`export`] writes unless told otherwise (as `torch.onnx.export`).
 pub const DEFAULT_OPSET: i64 = 17;
 
+mod attention;
 mod data;
 mod elementwise;
 mod layers;
@@ -453,6 +454,7 @@ impl Writer<'_> {
             }
             Op::Permute(p) => self.node("Transpose", &x, &o, vec![attr_ints("perm", p.clone())]),
             Op::Cat { dim } => self.node("Concat", &x, &o, vec![attr_int("axis", *dim)]),
+            Op::Attention(p) => self.attention_op(id, p, &x, &out)?,
             _ => {
                 if !self.layer_op(id, op, &x, &out)? && !self.data_op(id, op, &x, &out)? {
                     return Err(unsupported(&op.name()));

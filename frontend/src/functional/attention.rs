@@ -37,6 +37,8 @@ fn shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> String {
 
 /// `F.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
 /// is_causal, scale, enable_gqa)` on `(.., L, E)`, `(.., S, E)`, `(.., S, Ev)`.
+/// `dropout_p > 0` runs the composite, dropping attention weights as
+/// PyTorch's math path does.
 ///
 /// ```
 /// use kiln_frontend::functional::{self as F, SdpaOpts};
@@ -106,14 +108,20 @@ fn sdpa(
             shapes(q, k, v)
         );
     }
-    if o.dropout_p != 0.0 {
-        bail!(op, "dropout_p {} is not supported (only 0.0)", o.dropout_p);
+    if !(0.0..=1.0).contains(&o.dropout_p) {
+        bail!(
+            op,
+            "dropout probability has to be between 0 and 1, but got {}",
+            o.dropout_p
+        );
     }
     if o.is_causal && attn_mask.is_some() {
         bail!(op, "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True");
     }
     let scale = o.scale.unwrap_or(1.0 / (e as f64).sqrt());
-    if fused {
+    // dropout acts on the probabilities, which the fused kernel never
+    // stores: such calls run the composite, as PyTorch's math path does
+    if fused && o.dropout_p == 0.0 {
         let p = attention_fused::prepare(q, k, v, attn_mask, scale, o.is_causal, o.enable_gqa)?;
         if let Some(p) = p {
             let (out, _lse) =
@@ -168,5 +176,25 @@ fn sdpa(
     } else {
         scores.softmax(-1)?
     };
-    matmul(&p, &v)
+    matmul(&dropout(&p, o.dropout_p)?, &v)
+}
+
+/// `F.dropout(p, dropout_p, training=True)` on the attention weights (SDPA
+/// applies it whenever `dropout_p > 0`, with no training flag): a kept
+/// weight is scaled by `1 / (1 - dropout_p)`, the mask drawn from the
+/// seeded default generator (a fresh graph input under `compile`).
+fn dropout(p: &Tensor, dropout_p: f64) -> Result<Tensor> {
+    if dropout_p == 0.0 {
+        return Ok(p.clone());
+    }
+    if dropout_p == 1.0 {
+        return p.binary_scalar(BinaryOp::Mul, 0.0, false);
+    }
+    let keep = crate::compile::trace::random_input(crate::compile::trace::RandomSpec::Bernoulli {
+        dims: p.dims().to_vec(),
+        p: 1.0 - dropout_p,
+        dtype: p.dtype(),
+    })?;
+    p.mul(&keep)?
+        .binary_scalar(BinaryOp::Mul, 1.0 / (1.0 - dropout_p), false)
 }

@@ -15,7 +15,7 @@ use kiln_ir::{bail, Error};
 impl Writer<'_> {
     /// The result dims of node `id` at the example sizes and, when the
     /// export has dynamic dims, at the example sizes plus one.
-    fn dims_pair(&self, id: NodeId) -> (Vec<i64>, Option<Vec<i64>>) {
+    pub(super) fn dims_pair(&self, id: NodeId) -> (Vec<i64>, Option<Vec<i64>>) {
         let base = self.meta(id).dims.iter().map(|&d| d as i64).collect();
         let bumped = self.bumped.map(|b| {
             b.node(id)

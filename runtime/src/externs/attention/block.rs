@@ -1,7 +1,10 @@
 //! One forward worker: a block of query rows of one head against every key,
-//! tile by tile, with an online softmax.
+//! tile by tile, with an online softmax. Both products of a tile are GEMMs
+//! on the `gemm` crate's register-tiled microkernels: `S = Q_blk K_blk^T`
+//! (`BQ x BK`) and `O_blk += P V_blk`; only the softmax between them (scale,
+//! mask, running max, one exp per score) is written here.
 
-use super::{axpy, dot, isa_dispatch, AttnCall, AttnElem, MaskRef, BK, BQ};
+use super::{isa_dispatch, tile_gemm, AttnCall, AttnElem, MaskRef, Mat, BK, BQ};
 use crate::externs::cpu_isa::Isa;
 
 /// Rows `i0 .. i0 + rows` of head `(n, h)`.
@@ -31,23 +34,26 @@ pub(crate) fn key_end(call: &AttnCall, i: usize) -> usize {
     }
 }
 
-/// Score `(i, j)`: `q_i . k_j * scale`, masked (`-inf` where it may not
-/// attend, the float mask added).
+/// Turns the raw dot products `t[c] = q_i . k_{j0+c}` of row `i` into
+/// masked scores: times the scale, the mask applied, `-inf` past the causal
+/// edge.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn score<T: AttnElem>(
+pub(crate) fn mask_row<T: AttnElem>(
     call: &AttnCall,
-    nh: [usize; 2],
-    i: usize,
-    j: usize,
-    qi: &[T],
-    kj: &[T],
     mask: &MaskRef<'_, T>,
-) -> T {
-    if call.is_causal && j > i {
-        return T::NEG_INFINITY;
+    nh: [usize; 2],
+    (i, j0): (usize, usize),
+    t: &mut [T],
+) {
+    let scale = T::from_f64(call.scale);
+    t.iter_mut().for_each(|s| *s = *s * scale);
+    if mask.present() {
+        for (c, s) in t.iter_mut().enumerate() {
+            *s = mask.apply(nh, i, j0 + c, *s);
+        }
     }
-    mask.apply(nh, i, j, dot(qi, kj) * T::from_f64(call.scale))
+    let visible = key_end(call, i).saturating_sub(j0).min(t.len());
+    t[visible..].iter_mut().for_each(|s| *s = T::NEG_INFINITY);
 }
 
 isa_dispatch! {
@@ -63,6 +69,29 @@ struct Row<T> {
     max: T,
     sum: T,
     nan: bool,
+}
+
+/// Folds one row of masked scores into its running state: `t` becomes
+/// `t - max` (to be exponentiated) and the factor that rescales what was
+/// summed against the old max is returned; `None` when the row has seen no
+/// visible key yet (its tile stays `-inf`, so it adds nothing).
+#[inline(always)]
+fn fold_row<T: AttnElem>(row: &mut Row<T>, t: &mut [T]) -> Option<T> {
+    // the tile's max: -inf and NaN never raise it (NaN is flagged)
+    let mut m = row.max;
+    let mut nan = false;
+    for &s in t.iter() {
+        nan |= s.is_nan();
+        m = if s > m { s } else { m };
+    }
+    row.nan |= nan;
+    if m == T::NEG_INFINITY {
+        return None;
+    }
+    let alpha = (row.max - m).exp();
+    row.max = m;
+    t.iter_mut().for_each(|s| *s = *s - m);
+    Some(alpha)
 }
 
 #[inline(always)]
@@ -84,64 +113,61 @@ fn forward_body<T: AttnElem>(
         &k[kv * d.s * e..][..d.s * e],
         &v[kv * d.s * ev..][..d.s * ev],
     );
-    let qh = &q[(b.n * d.h + b.h) * d.l * e..][..d.l * e];
+    let qb = &q[((b.n * d.h + b.h) * d.l + b.i0) * e..][..b.rows * e];
     let nh = [b.n, b.h];
     let mut rows = [Row {
         max: T::NEG_INFINITY,
         sum: T::ZERO,
         nan: false,
     }; BQ];
-    let mut tile = [T::ZERO; BQ * BK];
-    let mut alpha = [T::ONE; BQ];
+    let mut tile = vec![T::ZERO; BQ * BK];
+    let mut live = [false; BQ];
     o.iter_mut().for_each(|x| *x = T::ZERO);
-    let last = b.i0 + b.rows - 1;
-    let keys = key_end(b.call, last);
+    let keys = key_end(b.call, b.i0 + b.rows - 1);
     for j0 in (0..keys).step_by(BK) {
         let jn = BK.min(keys - j0);
+        // S = Q_blk K_blk^T: K's rows read as columns
+        tile_gemm(
+            (b.rows, e, jn),
+            Mat::rows(qb, e),
+            Mat::cols(&kh[j0 * e..], e),
+            &mut tile,
+            BK,
+            false,
+        );
+        let mut alpha = [T::ONE; BQ];
         for r in 0..b.rows {
-            let i = b.i0 + r;
-            let qi = &qh[i * e..][..e];
             let t = &mut tile[r * BK..][..jn];
-            for (c, s) in t.iter_mut().enumerate() {
-                let j = j0 + c;
-                *s = score(b.call, nh, i, j, qi, &kh[j * e..][..e], mask);
-            }
-            // the tile's max: -inf and NaN never raise it (NaN is flagged)
-            let mut m = rows[r].max;
-            for &s in t.iter() {
-                rows[r].nan |= s.is_nan();
-                if s > m {
-                    m = s;
+            mask_row(b.call, mask, nh, (b.i0 + r, j0), t);
+            live[r] = match fold_row(&mut rows[r], t) {
+                Some(a) => {
+                    alpha[r] = a;
+                    true
                 }
-            }
-            if m == T::NEG_INFINITY {
-                // nothing visible yet (exp(s - m) would be NaN): the row skips this tile
-                continue;
-            }
-            // rescales what was summed against the old max (0 if none)
-            alpha[r] = (rows[r].max - m).exp();
-            rows[r].max = m;
-            t.iter_mut().for_each(|s| *s = *s - m);
+                None => false,
+            };
         }
         // one exp per score, the whole tile at once (wide helper for f32)
         T::exp_tile(isa, &mut tile[..b.rows * BK]);
-        for r in 0..b.rows {
-            if rows[r].max == T::NEG_INFINITY {
-                continue;
-            }
+        for r in (0..b.rows).filter(|&r| live[r]) {
             let t = &tile[r * BK..][..jn];
-            let orow = &mut o[r * ev..][..ev];
             if alpha[r] != T::ONE {
-                orow.iter_mut().for_each(|x| *x = *x * alpha[r]);
+                o[r * ev..][..ev]
+                    .iter_mut()
+                    .for_each(|x| *x = *x * alpha[r]);
                 rows[r].sum = rows[r].sum * alpha[r];
             }
-            let mut sum = T::ZERO;
-            for (c, &p) in t.iter().enumerate() {
-                sum += p;
-                axpy(orow, p, &vh[(j0 + c) * ev..][..ev]);
-            }
-            rows[r].sum += sum;
+            rows[r].sum += t.iter().fold(T::ZERO, |a, &p| a + p);
         }
+        // O_blk += P V_blk (a row that saw no key has P = exp(-inf) = 0)
+        tile_gemm(
+            (b.rows, jn, ev),
+            Mat::rows(&tile, BK),
+            Mat::rows(&vh[j0 * ev..], ev),
+            o,
+            ev,
+            true,
+        );
     }
     finish(b.call, mask.present(), &rows[..b.rows], o, ls);
 }

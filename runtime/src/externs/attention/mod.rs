@@ -12,10 +12,15 @@
 //! kernel) and NaN otherwise (a plain softmax); its logsumexp is `-inf`
 //! (masked) or NaN.
 //!
-//! The dot products and the weighted sums are written as plain loops over
-//! contiguous rows; the per-block workers are compiled three times (AVX-512,
-//! AVX2 + FMA, portable) and picked at run time by [`cpu_isa::detect`], and
-//! the f32 exps of a tile go through the wide helpers of `kiln_codegen`.
+//! The products of a tile (scores `Q K^T`, the weighted sum `P V`, and in
+//! backward `P^T dO`, `dO V^T`, `dS K`, `dS^T Q`) are GEMMs on the `gemm`
+//! crate's register-tiled microkernels (AVX-512/AVX2 chosen by the crate at
+//! run time), one tile at a time with no threading of their own: the
+//! composite's matmuls run on the same kernels, so the fused path no longer
+//! trades them for one-row dot products. The softmax between the products
+//! is compiled three times (AVX-512, AVX2 + FMA, portable) and picked at run
+//! time by [`cpu_isa::detect`], and the f32 exps of a tile go through the
+//! wide helpers of `kiln_codegen`.
 //!
 //! ```
 //! use kiln_ir::op::attention::AttentionDims;
@@ -34,13 +39,15 @@ mod block;
 pub use backward::attention_backward;
 
 use super::cpu_isa::{self, Isa};
+use super::gemm::{gemm_with, Parallelism};
 use super::Elem;
 use kiln_ir::op::attention::AttentionDims;
 use rayon::prelude::*;
 
-/// Query rows one worker handles (its tile is `BQ x BK` scores).
-pub(crate) const BQ: usize = 16;
-/// Keys per tile.
+/// Query rows one worker handles (its tile is `BQ x BK` scores): 64 rows
+/// give the GEMM microkernels several full register blocks per tile.
+pub(crate) const BQ: usize = 64;
+/// Keys per tile (a `BQ x BK` f32 tile is 16 KiB, half an L1 cache).
 pub(crate) const BK: usize = 64;
 
 /// The sizes and scalar arguments of one attention call. Query, key, value
@@ -227,6 +234,64 @@ macro_rules! isa_dispatch {
 }
 pub(crate) use isa_dispatch;
 
+/// A strided read-only matrix operand of [`tile_gemm`].
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// Row-major with leading dimension `ld`.
+    pub(crate) fn rows(data: &'a [T], ld: usize) -> Self {
+        Mat {
+            data,
+            rs: ld as isize,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    pub(crate) fn cols(data: &'a [T], ld: usize) -> Self {
+        Mat {
+            data,
+            rs: 1,
+            cs: ld as isize,
+        }
+    }
+}
+
+/// `out (+)= a b` for one `m x k x n` tile, `out` row-major with leading
+/// dimension `out_ld`; single-threaded (the caller's tasks are the
+/// parallelism).
+#[inline(always)]
+pub(crate) fn tile_gemm<T: AttnElem>(
+    (m, k, n): (usize, usize, usize),
+    a: Mat<'_, T>,
+    b: Mat<'_, T>,
+    out: &mut [T],
+    out_ld: usize,
+    accumulate: bool,
+) {
+    gemm_with(
+        m,
+        k,
+        n,
+        a.data,
+        a.rs,
+        a.cs,
+        b.data,
+        b.rs,
+        b.cs,
+        out,
+        out_ld as isize,
+        1,
+        accumulate,
+        Parallelism::None,
+    );
+}
+
 /// `sum a[i] * b[i]` with 8 partial sums (a vector's worth of lanes).
 #[inline(always)]
 pub(crate) fn dot<T: AttnElem>(a: &[T], b: &[T]) -> T {
@@ -251,12 +316,4 @@ pub(crate) fn dot<T: AttnElem>(a: &[T], b: &[T]) -> T {
         acc[3] + acc[7],
     ];
     (half[0] + half[2]) + (half[1] + half[3]) + s
-}
-
-/// `y += a * x`.
-#[inline(always)]
-pub(crate) fn axpy<T: AttnElem>(y: &mut [T], a: T, x: &[T]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * *x;
-    }
 }
