@@ -76,9 +76,14 @@ pub(super) fn group_roots(
 }
 
 impl Grouper<'_> {
-    /// A pointwise value that no extern computes as its epilogue.
+    /// A pointwise value that no extern computes as its epilogue, not of a
+    /// half dtype (rounded only when stored: another root of its kernel
+    /// would read it unrounded).
     fn groupable(&self, v: NodeId) -> bool {
-        self.kinds[v.index()] == NodeKind::Pointwise && self.epilogue_of[v.index()].is_none()
+        let half = self.g.node(v).meta().is_some_and(|m| m.dtype.is_half());
+        self.kinds[v.index()] == NodeKind::Pointwise
+            && self.epilogue_of[v.index()].is_none()
+            && !half
     }
 
     fn launch(&self, v: NodeId) -> NodeId {
@@ -149,17 +154,25 @@ impl Grouper<'_> {
     }
 
     /// Whether a kernel storing `roots` (with `v` stored) may run at its
-    /// last root: every reader of a root outside the kernel comes after it.
+    /// last root: a reader of a root that comes before it is computed
+    /// inside this kernel and needed by no other (else it would read the
+    /// root before it is stored, or recompute it).
     fn schedulable(&mut self, roots: &[NodeId], v: NodeId) -> bool {
         let was = std::mem::replace(&mut self.stored[v.index()], true);
         let (fused, _) = closure_of(self.g, self.stored, roots);
-        self.stored[v.index()] = was;
         let l = *roots.last().expect("a root");
-        roots.iter().all(|r| {
-            self.users[r.index()]
-                .iter()
-                .all(|u| *u > l || fused.binary_search(u).is_ok())
-        })
+        let ok = roots.iter().all(|r| {
+            self.users[r.index()].iter().all(|&u| {
+                let inside = || {
+                    !self.stored[u.index()]
+                        && fused.binary_search(&u).is_ok()
+                        && self.needers(u).iter().all(|n| roots.contains(n))
+                };
+                u > l || roots.contains(&u) || inside()
+            })
+        });
+        self.stored[v.index()] = was;
+        ok
     }
 
     /// Whether storing the unstored `v` (in `k`'s kernel) moves fewer bytes

@@ -244,6 +244,21 @@ fn a_group_is_not_formed_where_a_reader_would_wait_for_it() {
     );
     assert_eq!(names(&g, &p), ["exp", "sum", "div"], "{}", dump(&g, &p));
     assert!(p.kernels.iter().all(|k| k.also.is_empty()));
+    // the same through an inlined reader: the sum inlines exp(x * y), so
+    // x * y may not be stored by the kernel that runs after the sum
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8], %1 y: f32[4,8]) {
+  %2 = mul(%0, %1) : f32[4,8]
+  %3 = exp(%2) : f32[4,8]
+  %4 = sum(%3) {dims=[1], keepdim=true} : f32[4,1]
+  %5 = div(%3, %4) : f32[4,8]
+  %6 = add(%5, %2) : f32[4,8]
+  return %6
+}
+",
+    );
+    assert!(!p.stored[2], "{}", dump(&g, &p));
+    assert_eq!(names(&g, &p), ["sum[mul+exp]", "fused[mul+exp+div+add]"]);
 }
 
 #[test]
