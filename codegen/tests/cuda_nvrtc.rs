@@ -311,6 +311,12 @@ fn corpus() -> Vec<Kernel> {
             Inner::Broadcast,
         ));
         ks.push(multi_out::swap(dt, Bool, 2, Inner::Strided));
+        ks.push(multi_out::lstm_cell(
+            dt,
+            2,
+            Inner::Contiguous,
+            Inner::Broadcast,
+        ));
     }
     for dt in DType::ALL {
         ks.push(vector(dt));
@@ -326,6 +332,12 @@ fn corpus() -> Vec<Kernel> {
             Inner::Contiguous,
         ));
         ks.push(multi_out::swap(dt, F32, 1, Inner::Contiguous));
+        ks.push(multi_out::lstm_cell(
+            dt,
+            1,
+            Inner::Contiguous,
+            Inner::Contiguous,
+        ));
     }
     ks
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::multi_out::{adam_step, swap, ADAM_SCALARS};
+use common::multi_out::{adam_step, lstm_cell, swap, ADAM_SCALARS};
 use common::*;
 use kiln_codegen::interp::validate;
 
@@ -95,6 +95,60 @@ fn adam_step_matches_interpreter() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn lstm_cell_stores_both_states_from_one_body() {
+    let mut rng = Rng(0x157);
+    use Layout::*;
+    for dt in [F32, F64] {
+        for (rank, inner, c0, ls) in [
+            (2, Inner::Contiguous, Inner::Contiguous, [Contiguous; 7]),
+            (
+                2,
+                Inner::Contiguous,
+                Inner::Broadcast,
+                [
+                    Contiguous, Contiguous, Contiguous, Contiguous, Contiguous, Contiguous,
+                    Broadcast,
+                ],
+            ),
+            (3, Inner::Strided, Inner::Strided, [Permuted; 7]),
+            (0, Inner::Contiguous, Inner::Contiguous, [Contiguous; 7]),
+        ] {
+            let k = lstm_cell(dt, rank, inner, c0);
+            assert_eq!(k.outputs(), 2);
+            for sizes in shapes(rank) {
+                let vs = views(&k, &sizes, &ls, &mut rng);
+                let lanes = check_outputs(&k, &sizes, &vs, &[]);
+                if inner == Inner::Contiguous && rank > 0 {
+                    assert!(lanes > 1, "{dt} rank {rank}: the cell should be vectorised");
+                }
+            }
+        }
+    }
+    // and the two stores hold c and h = sigmoid(o) * tanh(c)
+    let k = lstm_cell(F32, 1, Inner::Contiguous, Inner::Contiguous);
+    let (mut c, mut h) = ([0f32; 2], [0f32; 2]);
+    let mut ins = [
+        [0.5f32, -1.0],
+        [2.0, 0.0],
+        [-0.3, 1.5],
+        [1.0, -2.0],
+        [0.25, 3.0],
+    ];
+    let mut ptrs = vec![c.as_mut_ptr() as *mut u8, h.as_mut_ptr() as *mut u8];
+    ptrs.extend(ins.iter_mut().map(|v| v.as_mut_ptr() as *mut u8));
+    let ck = compile(&k);
+    unsafe { ck.call(&ptrs, &[1; 7], &[2], &[], 0, 2) };
+    let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+    for e in 0..2 {
+        let [i, f, g, o, c0] = ins.map(|v| v[e]);
+        let want_c = sig(f) * c0 + sig(i) * g.tanh();
+        assert!((c[e] - want_c).abs() < 1e-6, "c[{e}] {} vs {want_c}", c[e]);
+        let want_h = sig(o) * want_c.tanh();
+        assert!((h[e] - want_h).abs() < 1e-6, "h[{e}] {} vs {want_h}", h[e]);
     }
 }
 

@@ -13,13 +13,17 @@
 //! | pointwise | > 1 use, chain > `MAX_INLINED_CHAIN` | stored                      | a long chain recomputed per reader grows without bound |
 //! | extern    | one pointwise chain   | the chain is the extern's epilogue         | applied per output tile while it is in cache |
 //! | lse_parts / moments | the one pointwise kernel reading its parts | the reader may run it as its row pass | the row is re-read from cache, not memory |
+//! | pointwise, stored or inlined into > 1 kernel | the first pointwise kernel of its shape needing it, schedulable | stored by that kernel too (one loop, several stores; see `group.rs`) | computed once and stored where it is computed anyway: an LSTM step's `c_t` and `h_t` are one kernel |
 //!
-//! A stored pointwise value is the root of one kernel; its inlined producers
-//! are the kernel's body. Views cost nothing: they re-describe stored memory.
+//! A stored pointwise value is the root of one kernel, or one of the roots
+//! of a multi-output kernel; its inlined producers are the kernel's body.
+//! Views cost nothing: they re-describe stored memory.
 
 use kiln_ir::graph::{Graph, NodeId, NodeOp};
 use kiln_ir::op::Op;
 use std::fmt::Write;
+
+mod group;
 
 /// A pointwise value read by more kernels than this is stored, not recomputed.
 pub const MAX_RECOMPUTE: usize = 3;
@@ -70,7 +74,7 @@ pub fn node_kind(op: &NodeOp) -> NodeKind {
 /// What a kernel of the plan computes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum KernelKind {
-    /// Its body stores one pointwise value.
+    /// Its body stores one pointwise value (or several: [`Kernel::also`]).
     Pointwise,
     /// One reduction with its inlined prologue.
     Reduction,
@@ -83,8 +87,12 @@ pub enum KernelKind {
 pub struct Kernel {
     pub kind: KernelKind,
     /// The node whose value the kernel stores (for an extern with an epilogue:
-    /// the extern node; the epilogue's root shares its buffer).
+    /// the extern node; the epilogue's root shares its buffer). A kernel
+    /// storing several values runs at this one, the last in schedule order.
     pub root: NodeId,
+    /// The other values a multi-output pointwise kernel stores (each in its
+    /// own buffer), in schedule order, all before `root`; empty otherwise.
+    pub also: Vec<NodeId>,
     /// The pointwise nodes computed inside it (prologue/body/epilogue), in order.
     pub fused: Vec<NodeId>,
     /// Stored values it reads.
@@ -112,17 +120,32 @@ impl FusionPlan {
     }
 }
 
+impl Kernel {
+    /// Every value the kernel stores: [`Kernel::also`], then `root`.
+    pub fn roots(&self) -> Vec<NodeId> {
+        let mut r = self.also.clone();
+        r.push(self.root);
+        r
+    }
+}
+
 /// The pointwise nodes a kernel rooted at `root` inlines, and the stored values they read.
 fn closure(g: &Graph, stored: &[bool], root: NodeId) -> (Vec<NodeId>, Vec<NodeId>) {
+    closure_of(g, stored, &[root])
+}
+
+/// [`closure`] of a kernel storing every one of `roots` (each computed, not read).
+fn closure_of(g: &Graph, stored: &[bool], roots: &[NodeId]) -> (Vec<NodeId>, Vec<NodeId>) {
     let mut seen = vec![false; g.len()];
     let mut fused = vec![];
     let mut reads = vec![];
-    let mut stack = vec![root];
+    let mut stack = roots.to_vec();
     while let Some(id) = stack.pop() {
         if std::mem::replace(&mut seen[id.index()], true) {
             continue;
         }
-        if id != root && stored[id.index()] {
+        let root = roots.contains(&id);
+        if !root && stored[id.index()] {
             reads.push(id);
             continue;
         }
@@ -132,7 +155,7 @@ fn closure(g: &Graph, stored: &[bool], root: NodeId) -> (Vec<NodeId>, Vec<NodeId
                 reads.push(id);
                 continue;
             }
-            _ if id == root => {}
+            _ if root => {}
             _ => {
                 reads.push(id);
                 continue;
@@ -147,6 +170,13 @@ fn closure(g: &Graph, stored: &[bool], root: NodeId) -> (Vec<NodeId>, Vec<NodeId
 
 /// Decides what to store and groups the graph into kernels (see the module table).
 pub fn plan_fusion(g: &Graph) -> FusionPlan {
+    plan_fusion_with(g, &|_| true)
+}
+
+/// [`plan_fusion`], where `may_group(id)` says whether node `id` may be a
+/// root of a multi-output kernel (the executor keeps hoisted values, computed
+/// once per parameter version, out of kernels that run every call).
+pub fn plan_fusion_with(g: &Graph, may_group: &dyn Fn(NodeId) -> bool) -> FusionPlan {
     let n = g.len();
     let kinds: Vec<NodeKind> = g.nodes().iter().map(|x| node_kind(&x.op)).collect();
     let mut uses = vec![0usize; n];
@@ -216,10 +246,18 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
         }
     }
 
+    let launch_of = group::group_roots(g, &kinds, &mut stored, &epilogue_of, may_group);
+    let mut also: Vec<Vec<NodeId>> = vec![vec![]; n];
+    for (id, _) in g.iter() {
+        if let Some(l) = launch_of[id.index()] {
+            also[l.index()].push(id);
+        }
+    }
+
     let mut kernels = vec![];
     for (id, _) in g.iter() {
         let i = id.index();
-        if !stored[i] || epilogue_of[i].is_some() {
+        if !stored[i] || epilogue_of[i].is_some() || launch_of[i].is_some() {
             continue;
         }
         let kind = match kinds[i] {
@@ -230,7 +268,9 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
             },
             _ => continue,
         };
-        let (mut fused, mut reads) = closure(g, &stored, id);
+        let mut roots = also[i].clone();
+        roots.push(id);
+        let (mut fused, mut reads) = closure_of(g, &stored, &roots);
         if let KernelKind::Extern { epilogue: Some(e) } = kind {
             let (f2, r2) = closure(g, &stored, e);
             fused = f2;
@@ -241,6 +281,7 @@ pub fn plan_fusion(g: &Graph) -> FusionPlan {
         kernels.push(Kernel {
             kind,
             root: id,
+            also: std::mem::take(&mut also[i]),
             fused,
             reads,
         });
@@ -304,6 +345,9 @@ pub fn kernel_name(g: &Graph, k: &Kernel) -> String {
     let op = |id: NodeId| g.node(id).op_name();
     let body: Vec<String> = k.fused.iter().map(|&f| op(f)).collect();
     match &k.kind {
+        KernelKind::Pointwise if !k.also.is_empty() => {
+            format!("fused[{}] stores {}", body.join("+"), 1 + k.also.len())
+        }
         KernelKind::Pointwise if body.len() == 1 => body[0].clone(),
         KernelKind::Pointwise => format!("fused[{}]", body.join("+")),
         KernelKind::Reduction if body.is_empty() => op(k.root),
@@ -321,15 +365,20 @@ pub fn dump(g: &Graph, plan: &FusionPlan) -> String {
     let id = |n: NodeId| format!("%{}", num[n.index()]);
     let mut s = String::new();
     for (i, k) in plan.kernels.iter().enumerate() {
-        let m = g.node(k.root).meta();
-        let ty = m.map(|m| m.to_string()).unwrap_or_else(|| "tuple".into());
+        let ty = |r: NodeId| {
+            let m = g.node(r).meta();
+            m.map(|m| m.to_string()).unwrap_or_else(|| "tuple".into())
+        };
+        let ty: Vec<String> = k.roots().into_iter().map(ty).collect();
+        let ty = ty.join(", ");
         let reads: Vec<String> = k.reads.iter().map(|&r| id(r)).collect();
         let fused: Vec<String> = k.fused.iter().map(|&r| id(r)).collect();
+        let roots: Vec<String> = k.roots().into_iter().map(id).collect();
         let _ = write!(
             s,
             "kernel {i} {}: {} = {} ({})",
             kind_name(&k.kind),
-            id(k.root),
+            roots.join(", "),
             kernel_name(g, k),
             reads.join(", ")
         );

@@ -43,8 +43,10 @@ pub fn plan_memory(g: &Graph, plan: &FusionPlan) -> MemoryPlan {
             }
             _ => k.root.index(),
         };
-        runs_at[k.root.index()] = Some(at);
-        value_of[k.root.index()] = Some(k.root);
+        for r in k.roots() {
+            runs_at[r.index()] = Some(at);
+            value_of[r.index()] = Some(r);
+        }
     }
     // views and projections alias their operand's memory
     for (id, node) in g.iter() {
@@ -68,7 +70,7 @@ pub fn plan_memory(g: &Graph, plan: &FusionPlan) -> MemoryPlan {
             last_use[owner.index()] = usize::MAX;
         }
     }
-    let mut order: Vec<NodeId> = plan.kernels.iter().map(|k| k.root).collect();
+    let mut order: Vec<NodeId> = plan.kernels.iter().flat_map(|k| k.roots()).collect();
     order.sort_by_key(|r| runs_at[r.index()]);
 
     let values: Vec<Interval> = order
@@ -185,6 +187,7 @@ pub fn eager_peak(g: &Graph) -> usize {
             .map(|(id, n)| crate::fusion::Kernel {
                 kind: KernelKind::Pointwise,
                 root: id,
+                also: vec![],
                 fused: vec![],
                 reads: n.operands.to_vec(),
             })
@@ -199,8 +202,8 @@ pub fn eager_peak(g: &Graph) -> usize {
 pub fn peak_live(g: &Graph, plan: &FusionPlan, m: &MemoryPlan) -> usize {
     let mut events: Vec<(usize, i64)> = vec![];
     for k in &plan.kernels {
-        let b = bytes(g, k.root) as i64;
-        events.push((k.root.index() * 2, b));
+        let b: usize = k.roots().into_iter().map(|r| bytes(g, r)).sum();
+        events.push((k.root.index() * 2, b as i64));
     }
     for (at, vals) in m.free_after.iter().enumerate() {
         for v in vals {

@@ -67,3 +67,41 @@ pub fn swap(dt: DType, sum_dt: DType, rank: usize, inner: Inner) -> Kernel {
         rows: None,
     }
 }
+
+/// One LSTM step's gate math storing two values from one shared body, as
+/// the compiled LSTM's step kernel does: in2..in5 the gate pre-activations
+/// (i, f, g, o), in6 the previous cell state; out0 = `c = sigmoid(f) * c0 +
+/// sigmoid(i) * tanh(g)`, out1 = `h = sigmoid(o) * tanh(c)` (c computed once).
+/// `inner` is every operand's pattern except in6's, which is `c0`.
+pub fn lstm_cell(dt: DType, rank: usize, inner: Inner, c0: Inner) -> Kernel {
+    let mut b = KernelBuilder::default();
+    let gate = |b: &mut KernelBuilder, k: usize, op: UnaryOp| {
+        let x = b.load(k, dt);
+        b.unary(op, x, dt)
+    };
+    let i = gate(&mut b, 2, UnaryOp::Sigmoid);
+    let f = gate(&mut b, 3, UnaryOp::Sigmoid);
+    let g = gate(&mut b, 4, UnaryOp::Tanh);
+    let o = gate(&mut b, 5, UnaryOp::Sigmoid);
+    let c_prev = b.load(6, dt);
+    let fc = b.binary(BinaryOp::Mul, f, c_prev, dt);
+    let ig = b.binary(BinaryOp::Mul, i, g, dt);
+    let c = b.binary(BinaryOp::Add, fc, ig, dt);
+    let tc = b.unary(UnaryOp::Tanh, c, dt);
+    let h = b.binary(BinaryOp::Mul, o, tc, dt);
+    let o = |inner| Operand { dtype: dt, inner };
+    let mut operands = vec![o(inner); 6];
+    operands.push(o(c0));
+    Kernel {
+        name: "lstm_cell".into(),
+        rank,
+        operands,
+        scalars: vec![],
+        body: b.instrs,
+        reduce: None,
+        epilogue: vec![],
+        out: c,
+        extra_out: vec![h],
+        rows: None,
+    }
+}

@@ -470,9 +470,10 @@ pub fn all_cases() -> Vec<Case> {
     cases
 }
 
-/// Several outputs in one loop, updated in place (an Adam step; a swap).
+/// Several outputs in one loop, updated in place (an Adam step; a swap),
+/// or from one shared body (an LSTM step's c and h).
 fn multi_output_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
-    use super::common::multi_out::{adam_step, swap, ADAM_SCALARS};
+    use super::common::multi_out::{adam_step, lstm_cell, swap, ADAM_SCALARS};
     let f = |dt: DType| (if dt == F32 { F32TOL } else { F64TOL }, dt);
     for (rank, inner, l) in [
         (1, Inner::Contiguous, Layout::Contiguous),
@@ -486,6 +487,7 @@ fn multi_output_cases(cases: &mut Vec<Case>, rng: &mut Rng) {
                     ADAM_SCALARS.iter().map(|v| v.to_bits()).collect(),
                 ),
                 (swap(dt, F64, rank, inner), vec![]),
+                (lstm_cell(dt, rank, inner, inner), vec![]),
             ] {
                 for sizes in shapes(rank) {
                     let views = k

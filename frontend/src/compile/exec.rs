@@ -43,6 +43,9 @@ pub struct Executable {
     tiled_root: Vec<Option<usize>>,
     /// Per node: computed inside a tiled conv epilogue, not on its own.
     deferred: Vec<bool>,
+    /// Per node: the multi-output kernel (index in the plan) it is a stored
+    /// root of; its value appears when the kernel runs, at the last root.
+    multi: Vec<Option<usize>>,
     /// Conv outputs with fewer elements per sample take their epilogue in one pass.
     pub(crate) min_tiled_sample: usize,
     /// Some node's value is cached between calls ([`HoistCache`]).
@@ -322,6 +325,15 @@ impl Executable {
                 };
                 r.node(self, id, v.as_ref(), events, source);
             }
+            let v = match (self.launched_roots(id), v) {
+                (Some(roots), Some(Val::Many(ts))) => {
+                    if let Some(r) = rec.as_deref_mut() {
+                        r.hand_over(id, &roots);
+                    }
+                    self.hand_over(&roots, ts, &mut vals)?
+                }
+                (_, v) => v,
+            };
             vals[i] = v;
             for o in &node.operands {
                 if self.last_use[o.index()] == i {
@@ -390,6 +402,18 @@ impl Executable {
             fusion::node_kind(&node.op),
             NodeKind::Pointwise | NodeKind::Reduction | NodeKind::Extern
         );
+        if let (Some(roots), Val::Many(ts)) = (self.launched_roots(id), &v) {
+            // one run per stored root; the kernel is listed with the first
+            let mut kernels = Some(kernels);
+            for (r, t) in roots.iter().zip(ts) {
+                runs.push(KernelRun {
+                    node: *r,
+                    value: t.clone(),
+                    kernels: kernels.take().unwrap_or_default(),
+                });
+            }
+            return Ok(Some(v));
+        }
         if let (Val::One(l), true) = (&v, self.plan.stored[i] && kernel) {
             runs.push(KernelRun {
                 node: id,
@@ -501,6 +525,9 @@ impl Executable {
         if !self.plan.stored[i] {
             return Ok(Val::One(l));
         }
+        if let Some(k) = self.multi[i] {
+            return self.store_many(&self.plan.kernels[k], id, l, vals);
+        }
         if let Some(e) = self.plan.epilogue_of[i] {
             if let Some(Val::One(ext)) = &vals[e.index()] {
                 let out = ext.materialize()?;
@@ -519,6 +546,69 @@ fn max_pool_values_only(x: &Tensor, p: &kiln_ir::op::pool::Pool2dParams) -> Resu
     let dims: Vec<i64> = y.dims().iter().map(|&d| d as i64).collect();
     let unread = Tensor::zeros(&[1], DType::I64).expand(&dims)?;
     Ok(Val::Many(vec![y, unread]))
+}
+
+impl Executable {
+    /// A multi-output kernel's root `id`: pending until the last root, where
+    /// ONE kernel stores them all (`Val::Many`, in [`fusion::Kernel::roots`]
+    /// order, which [`Executable::hand_over`] gives each root).
+    fn store_many(
+        &self,
+        kernel: &fusion::Kernel,
+        id: NodeId,
+        l: Lazy,
+        vals: &[Option<Val>],
+    ) -> Result<Val> {
+        if id != kernel.root {
+            return Ok(Val::One(l));
+        }
+        let mut exprs = vec![];
+        for r in &kernel.also {
+            match &vals[r.index()] {
+                Some(Val::One(x)) => exprs.push(x.clone()),
+                _ => bail!(
+                    "compile",
+                    "{} of a multi-output kernel has no pending value",
+                    self.graph.node(*r).op_name()
+                ),
+            }
+        }
+        exprs.push(l);
+        let refs: Vec<&Lazy> = exprs.iter().collect();
+        Ok(Val::Many(Lazy::materialize_many(&refs)?))
+    }
+
+    /// The roots of the multi-output kernel launched at `id` (None: none is).
+    pub(super) fn launched_roots(&self, id: NodeId) -> Option<Vec<NodeId>> {
+        let k = &self.plan.kernels[self.multi[id.index()]?];
+        (k.root == id).then(|| k.roots())
+    }
+
+    /// Gives each root of a multi-output kernel its tensor; returns the
+    /// launching (last) root's value.
+    pub(super) fn hand_over(
+        &self,
+        roots: &[NodeId],
+        ts: Vec<Tensor>,
+        vals: &mut [Option<Val>],
+    ) -> Result<Option<Val>> {
+        if ts.len() != roots.len() {
+            bail!(
+                "compile",
+                "{} values for {} stored roots",
+                ts.len(),
+                roots.len()
+            );
+        }
+        let mut last = None;
+        for (r, t) in roots.iter().zip(ts) {
+            last = Some(Val::One(Lazy::tensor(&t)));
+            if *r != *roots.last().expect("a root") {
+                vals[r.index()] = last.take();
+            }
+        }
+        Ok(last)
+    }
 }
 
 /// Whether warm calls replay recorded launch lists: on unless `KILN_PROGRAM=0`

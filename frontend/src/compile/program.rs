@@ -440,6 +440,25 @@ impl Recorder {
         }
     }
 
+    /// The multi-output kernel launched at `id` stored `roots`: each root's
+    /// value is its part of what [`Recorder::node`] noted for `id`.
+    pub fn hand_over(&mut self, id: NodeId, roots: &[NodeId]) {
+        if self.failed.is_some() {
+            return;
+        }
+        if !matches!(self.steps.last(), Some(Step::Launch(_))) {
+            return self.fail("a multi-output kernel did not record as a launch");
+        }
+        match self.values[id.index()].take() {
+            Some(Value::Many(parts)) if parts.len() == roots.len() => {
+                for (r, (s, l)) in roots.iter().zip(parts) {
+                    self.values[r.index()] = Some(Value::One(s, l));
+                }
+            }
+            _ => self.fail("a multi-output kernel's values have no slots"),
+        }
+    }
+
     /// `id`'s extern alone becomes a node step (its epilogue's launches,
     /// captured next, are noted by [`Recorder::node`]).
     pub fn extern_step(&mut self, exec: &Executable, id: NodeId, ext: &Tensor) {

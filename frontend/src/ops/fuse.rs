@@ -173,6 +173,24 @@ impl Lazy {
         k.store_many(&name, &vals)
     }
 
+    /// Runs several pending expressions of one shape as ONE kernel, each
+    /// into a new tensor (a compiled multi-output kernel: an LSTM step's
+    /// `c_t` and `h_t`); subexpressions they share are computed once.
+    pub fn materialize_many(exprs: &[&Lazy]) -> Result<Vec<Tensor>> {
+        for x in exprs {
+            x.force()?;
+        }
+        let leaves: Vec<Tensor> = exprs.iter().flat_map(|x| x.leaves()).collect();
+        let device = crate::device::device_of(&leaves);
+        let dsts = exprs
+            .iter()
+            .map(|x| Tensor::empty_for("fused", &x.0.meta.dims, x.0.meta.dtype, device.clone()))
+            .collect::<Result<Vec<Tensor>>>()?;
+        let pairs: Vec<(&Lazy, &Tensor)> = exprs.iter().copied().zip(&dsts).collect();
+        Lazy::materialize_many_named(None, &pairs)?;
+        Ok(dsts)
+    }
+
     /// A 0-dim constant of dtype `dt` (a kernel scalar argument, not a tensor).
     pub fn constant(v: f64, dt: DType) -> Lazy {
         Lazy::new(

@@ -149,3 +149,139 @@ fn long_chains_read_twice_are_stored_not_recomputed_per_reader() {
     // a short chain is still recomputed
     assert!(!p.stored[2]);
 }
+
+/// An LSTM-like recurrence over `steps` steps: per step, gate values read
+/// from a stored `[steps, 8]` input (views), `c_t = f * c_{t-1} + i * g`
+/// and `h_t = o * tanh(c_t)`, each `h_t` a graph output (read by a view),
+/// `c_n` too.
+fn lstm_like(steps: usize) -> String {
+    let mut t = String::from("graph l(%0 gates: f32[4,8], %1 c0: f32[8]) {\n");
+    let (mut c, mut id, mut outs) = (1, 2, vec![]);
+    for _ in 0..steps {
+        let gate = |t: &mut String, id: &mut usize, k: usize, f: &str| {
+            *t += &format!("  %{id} = select(%0) {{dim=0, index={k}}} : f32[8]\n");
+            *t += &format!("  %{} = {f}(%{id}) : f32[8]\n", *id + 1);
+            *id += 2;
+            *id - 1
+        };
+        let i = gate(&mut t, &mut id, 0, "sigmoid");
+        let f = gate(&mut t, &mut id, 1, "sigmoid");
+        let g = gate(&mut t, &mut id, 2, "tanh");
+        let o = gate(&mut t, &mut id, 3, "sigmoid");
+        t += &format!("  %{id} = mul(%{f}, %{c}) : f32[8]\n");
+        t += &format!("  %{} = mul(%{i}, %{g}) : f32[8]\n", id + 1);
+        t += &format!("  %{} = add(%{id}, %{}) : f32[8]\n", id + 2, id + 1);
+        c = id + 2;
+        t += &format!("  %{} = tanh(%{c}) : f32[8]\n", id + 3);
+        t += &format!("  %{} = mul(%{o}, %{}) : f32[8]\n", id + 4, id + 3);
+        t += &format!(
+            "  %{} = view(%{}) {{shape=[1,8]}} : f32[1,8]\n",
+            id + 5,
+            id + 4
+        );
+        outs.push(format!("%{}", id + 5));
+        id += 6;
+    }
+    outs.push(format!("%{c}"));
+    t += &format!("  return {}\n}}\n", outs.join(", "));
+    t
+}
+
+#[test]
+fn a_value_needed_by_later_kernels_is_stored_by_its_readers_kernel() {
+    // c_t is read by h_t and by the next step: stored by h_t's kernel, so
+    // each step is one kernel of the same size storing (c_t, h_t)
+    let steps = 6;
+    let (g, p) = plan(&lstm_like(steps));
+    let d = dump(&g, &p);
+    assert_eq!(p.launches(), steps, "{d}");
+    for k in &p.kernels {
+        assert_eq!(k.kind, KernelKind::Pointwise, "{d}");
+        assert_eq!(k.also.len(), 1, "{d}");
+        assert_eq!(k.fused.len(), p.kernels[0].fused.len(), "{d}");
+        assert!(p.stored[k.also[0].index()]);
+    }
+    assert!(names(&g, &p)[0].ends_with("stores 2"), "{d}");
+}
+
+#[test]
+fn a_stored_value_joins_its_pointwise_reader_of_the_same_shape() {
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8], %1 y: f32[4,8]) {
+  %2 = exp(%0) : f32[4,8]
+  %3 = mul(%2, %1) : f32[4,8]
+  return %2, %3
+}
+",
+    );
+    assert_eq!(
+        dump(&g, &p),
+        "kernel 0 pointwise: %2, %3 = fused[exp+mul] stores 2 (%0, %1) fuses [%2, %3] : f32[4,8], f32[4,8]\n"
+    );
+    // a reader of another shape keeps its own kernel
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8], %1 y: f32[8]) {
+  %2 = exp(%1) : f32[8]
+  %3 = add(%0, %2) : f32[4,8]
+  return %2, %3
+}
+",
+    );
+    assert_eq!(names(&g, &p), ["exp", "add"]);
+}
+
+#[test]
+fn a_group_is_not_formed_where_a_reader_would_wait_for_it() {
+    // the sum reads exp before the division could store both: a cycle
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8]) {
+  %1 = exp(%0) : f32[4,8]
+  %2 = sum(%1) {dims=[1], keepdim=true} : f32[4,1]
+  %3 = div(%1, %2) : f32[4,8]
+  return %1, %3
+}
+",
+    );
+    assert_eq!(names(&g, &p), ["exp", "sum", "div"], "{}", dump(&g, &p));
+    assert!(p.kernels.iter().all(|k| k.also.is_empty()));
+    // the same through an inlined reader: the sum inlines exp(x * y), so
+    // x * y may not be stored by the kernel that runs after the sum
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8], %1 y: f32[4,8]) {
+  %2 = mul(%0, %1) : f32[4,8]
+  %3 = exp(%2) : f32[4,8]
+  %4 = sum(%3) {dims=[1], keepdim=true} : f32[4,1]
+  %5 = div(%3, %4) : f32[4,8]
+  %6 = add(%5, %2) : f32[4,8]
+  return %6
+}
+",
+    );
+    assert!(!p.stored[2], "{}", dump(&g, &p));
+    assert_eq!(names(&g, &p), ["sum[mul+exp]", "fused[mul+exp+div+add]"]);
+}
+
+#[test]
+fn a_cheap_value_is_recomputed_rather_than_stored_twice() {
+    // storing exp(x) for the sum would write as much as the sum saves reading
+    let (g, p) = plan(
+        "graph s(%0 x: f32[4,8]) {
+  %1 = exp(%0) : f32[4,8]
+  %2 = neg(%1) : f32[4,8]
+  %3 = sum(%1) {dims=[1], keepdim=false} : f32[4]
+  return %2, %3
+}
+",
+    );
+    assert_eq!(names(&g, &p), ["fused[exp+neg]", "sum[exp]"]);
+    assert!(!p.stored[1]);
+}
+
+#[test]
+fn grouping_can_be_refused_per_node() {
+    let g = decompose_composites(&Graph::parse(&lstm_like(3)).unwrap()).unwrap();
+    let p = plan_fusion_with(&g, &|_| false);
+    assert!(p.kernels.iter().all(|k| k.also.is_empty()));
+    assert_eq!(p, plan_fusion_with(&g, &|_| false));
+    assert!(p.launches() > 3, "{}", dump(&g, &p));
+}

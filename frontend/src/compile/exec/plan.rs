@@ -8,8 +8,6 @@ impl Executable {
     /// Plans `graph`; `captured[i]` says graph input `i` is a parameter or
     /// buffer (fixed between calls unless its version moves).
     pub fn new(graph: Graph, captured: &[bool]) -> Executable {
-        let plan = fusion::plan_fusion(&graph);
-        let memory = memory_plan::plan_memory(&graph, &plan);
         let n = graph.len();
         let mut input_index = vec![None; n];
         for (k, id) in graph.inputs().iter().enumerate() {
@@ -32,6 +30,21 @@ impl Executable {
         }
         for o in graph.outputs() {
             last_use[o.index()] = usize::MAX;
+        }
+        // a hoisted value is computed once per parameter version: it keeps
+        // a kernel of its own rather than join one that runs every call
+        let multi_on = multi_out_enabled();
+        let plan = fusion::plan_fusion_with(&graph, &|id| multi_on && !hoisted[id.index()]);
+        let memory = memory_plan::plan_memory(&graph, &plan);
+        // a multi-output kernel runs at its last root: the others' values
+        // appear there, and what their pending expressions read lives until then
+        for kernel in &plan.kernels {
+            let at = kernel.root.index();
+            for r in kernel.also.iter().chain(&kernel.reads) {
+                if !kernel.also.is_empty() {
+                    last_use[r.index()] = last_use[r.index()].max(at);
+                }
+            }
         }
         // an extern's output lives until its epilogue writes over it
         for (r, e) in plan.epilogue_of.iter().enumerate() {
@@ -66,6 +79,14 @@ impl Executable {
             }
             for read in &kernel.reads {
                 last_use[read.index()] = last_use[read.index()].max(r.index());
+            }
+        }
+        let mut multi = vec![None; n];
+        for (k, kernel) in plan.kernels.iter().enumerate() {
+            if !kernel.also.is_empty() {
+                for r in kernel.roots() {
+                    multi[r.index()] = Some(k);
+                }
             }
         }
         let mut frontier = vec![false; n];
@@ -121,8 +142,16 @@ impl Executable {
             input_index,
             tiled_root,
             deferred,
+            multi,
             min_tiled_sample: super::super::epilogue::MIN_TILED_SAMPLE,
             program: OnceLock::new(),
         }
     }
+}
+
+/// Whether kernels may store several values: on unless `KILN_MULTI_OUT=0`
+/// (the off switch plans one stored value per kernel, for comparison).
+fn multi_out_enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_MULTI_OUT").map_or(true, |v| v != "0"))
 }
