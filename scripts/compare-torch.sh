@@ -30,7 +30,7 @@ while getopts "p:r:o:t:k:" opt; do
     o) ONLY=$OPTARG ;;
     t) THREADS=$OPTARG ;;
     k) KEEP=$OPTARG ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,18p' "$0"; exit 2 ;;
   esac
 done
 if ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
