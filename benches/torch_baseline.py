@@ -12,7 +12,8 @@ mode, inductor), and prints a markdown table. Needs torch and numpy (the venv).
 
 (kiln's copy of ../shared/bench/torch_baseline.py, plus ResNet18 and MobileNetV3 rows:
 torchvision's resnet18 and mobilenet_v3_small, random weights, eval, batch 8, 224x224,
-under no_grad; a GPT2 row: a transformers GPT2LMHeadModel training step, which needs
+under no_grad; ResNet34, ResNet50, MobileNetV3Large, EfficientNetB0 and ViTB16 rows the
+same way, run only when named in --only; a GPT2 row: a transformers GPT2LMHeadModel training step, which needs
 transformers; and --no-wait, which times without waiting for an idle machine.)
 
 Method: each timed function is called 3 times to warm up, then timed in batches
@@ -102,6 +103,19 @@ def compiled(fn, first_call):
     t0 = time.perf_counter()
     first_call(cf)
     return cf, time.perf_counter() - t0
+
+
+# (workload, torchvision constructor, run without --only): the same names and
+# models as the rows of kiln's src/bench/vision.rs
+VISION = [
+    ("ResNet18", "resnet18", True),
+    ("ResNet34", "resnet34", False),
+    ("ResNet50", "resnet50", False),
+    ("MobileNetV3", "mobilenet_v3_small", True),
+    ("MobileNetV3Large", "mobilenet_v3_large", False),
+    ("EfficientNetB0", "efficientnet_b0", False),
+    ("ViTB16", "vit_b_16", False),
+]
 
 
 def small_cnn():
@@ -255,9 +269,10 @@ def main():
         return ma @ mb
     run("W7", "matmul 1024x1024 @ 1024x1024", w7, metric="GFLOP/s", work=2 * 1024 ** 3)
 
-    # ResNet-18 and MobileNetV3-small (torchvision), eval, batch 8, 224x224
-    for wid, ctor in (("ResNet18", "resnet18"), ("MobileNetV3", "mobilenet_v3_small")):
-        if only and wid not in only:
+    # torchvision vision models, eval, batch 8, 224x224 (kiln's src/bench/vision.rs WORKLOADS);
+    # ResNet18 and MobileNetV3 run by default, the larger ones only when named in --only
+    for wid, ctor, default in VISION:
+        if (only and wid not in only) or (not only and not default):
             continue
         import torchvision
         net = getattr(torchvision.models, ctor)(weights=None).eval()

@@ -11,9 +11,11 @@
 #
 # -p PYTHON   a Python with torch and torchvision (default /opt/torchvenv/bin/python)
 # -r REPEATS  alternating repeats (default 3)
-# -o LIST     comma-separated workloads (default W1,W2,W3,W4,W5,W6,W7,ResNet18,MobileNetV3)
+# -o LIST     comma-separated workloads (default W1,W2,W3,W4,W5,W6,W7,ResNet18,MobileNetV3;
+#             also GPT2, ResNet34, ResNet50, MobileNetV3Large, EfficientNetB0, ViTB16)
 # -t THREADS  torch.set_num_threads (default: the number of CPUs)
 # -k DIR      keep the raw JSON lines of every run in DIR
+# KILN=PATH   the kiln binary (default target/release/kiln, built first)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/opt/torchvenv/bin/python
@@ -35,8 +37,10 @@ if ! "$PY" -c "import torch, torchvision" 2>/dev/null; then
   echo "compare-torch: $PY cannot import torch and torchvision (pip install torch torchvision in a venv outside the repository)" >&2
   exit 1
 fi
-cargo build --release --quiet
-KILN=target/release/kiln
+if [ -z "${KILN:-}" ]; then
+  cargo build --release --quiet
+  KILN=target/release/kiln
+fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 echo "ISA: $(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | sort -u | tail -1 || echo unknown); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -76,4 +80,19 @@ print(f"| workload | kiln best / PyTorch best (median of {repeats}; >1 = kiln fa
 print("|---|---:|---|---|---|")
 for w, rs in ratios.items():
     print(f"| {w} | {statistics.median(rs):.2f}x | {' '.join(f'{x:.2f}' for x in rs)} | {med_modes(kms[w])} | {med_modes(tms[w])} |")
+# compile() to first output and kiln's peak memory of one call, medians over repeats
+extra = {}
+for side in ("kiln", "torch"):
+    for i in range(1, repeats + 1):
+        for line in open(f"{out}/{side}.{i}.json"):
+            r = json.loads(line)
+            for key in ("compile_ms", "peak_mb"):
+                if key in r and not r.get("mode", "").startswith("compile-"):
+                    extra.setdefault(r["workload"], {}).setdefault(f"{side} {r['mode']} {key}", []).append(r[key])
+print()
+print("| workload | compile ms (first output) and peak MiB, median |")
+print("|---|---|")
+for w in ratios:
+    e = extra.get(w, {})
+    print(f"| {w} | {', '.join(f'{k} {statistics.median(v):.1f}' for k, v in sorted(e.items()))} |")
 EOF

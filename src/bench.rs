@@ -454,11 +454,11 @@ pub fn run_profiled(
             })?);
         }
     }
-    for (name, make) in vision::WORKLOADS {
-        if only.iter().any(|o| o.eq_ignore_ascii_case(name)) {
-            let w = make()?;
+    for v in &vision::WORKLOADS {
+        if only.iter().any(|o| o.eq_ignore_ascii_case(v.name)) {
+            let w = v.workload()?;
             for c in modes(mode) {
-                rows.extend(traced(profile_dir, name, || {
+                rows.extend(traced(profile_dir, v.name, || {
                     Ok(vec![measure(&w, c, iters.min(10))?])
                 })?);
             }

@@ -56,3 +56,36 @@ fn real_gpt2_tiny_eager() {
 fn real_gpt2_tiny_compiled() {
     run(true);
 }
+
+/// A transformers `save_pretrained` file has no `lm_head.weight` (tied):
+/// strict `load_state_dict` reports it missing, `load_hf_state_dict` ties
+/// it to `transformer.wte.weight` and loads everything else strictly.
+#[test]
+fn save_pretrained_state_without_the_tied_head_loads() {
+    let t = real_models::load("gpt2_tiny");
+    let sd: Vec<(String, Tensor)> = real_models::group(&t, "state")
+        .into_iter()
+        .filter(|(k, _)| k != "lm_head.weight")
+        .collect();
+    let model = Gpt2LMHeadModel::new(&config()).unwrap();
+    let err = model.load_state_dict(&sd, true).unwrap_err().to_string();
+    assert!(err.contains("missing keys: lm_head.weight"), "{err}");
+    let report = model.load_hf_state_dict(&sd, true).unwrap();
+    assert_eq!(report, kiln::nn::LoadReport::default());
+    assert!(model.lm_head.weight.is_same(&model.transformer.wte.weight));
+    assert_eq!(
+        model.lm_head.weight.to_vec::<f32>().unwrap(),
+        t["state/transformer.wte.weight"].to_vec::<f32>().unwrap()
+    );
+    // an unexpected key still fails the strict load
+    let mut extra = sd.clone();
+    extra.push((
+        "lm_head.bias".to_string(),
+        Tensor::zeros(&[256], kiln::DType::F32),
+    ));
+    let err = model
+        .load_hf_state_dict(&extra, true)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unexpected keys: lm_head.bias"), "{err}");
+}

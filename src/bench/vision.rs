@@ -1,9 +1,9 @@
-//! torchvision's ResNet-18 and MobileNetV3-small (random weights), for
-//! `kiln bench --only ResNet18,MobileNetV3`: ResNet-18 as a plain
-//! Sequential of `kiln::models::resnet::BasicBlock`s, MobileNetV3 as
-//! `kiln::models::mobilenetv3::mobilenet_v3_small`.
+//! torchvision's vision models (random weights) for `kiln bench --only
+//! ResNet18,ResNet34,ResNet50,MobileNetV3,MobileNetV3Large,EfficientNetB0,ViTB16`,
+//! one [`WORKLOADS`] entry each: ResNet-18 as a plain Sequential of
+//! `kiln::models::resnet::BasicBlock`s, the others from `kiln::models`.
 //!
-//! Both follow torchvision's layer lists exactly (same shapes, strides,
+//! All follow torchvision's layer lists exactly (same shapes, strides,
 //! paddings, groups, BatchNorm eps); hardswish and hardsigmoid are kiln's
 //! native pointwise ops, so each reads its input once and fuses into the
 //! preceding conv's epilogue.
@@ -16,7 +16,8 @@
 //! assert_eq!(y.dims(), &[1, 1000]);
 //! ```
 
-use crate::models::mobilenetv3::{mobilenet_v3_small, MobileNetV3Options};
+use crate::models::efficientnet::{efficientnet_b0, EfficientNetOptions};
+use crate::models::mobilenetv3::{mobilenet_v3_large, mobilenet_v3_small, MobileNetV3Options};
 use crate::models::resnet::BasicBlock;
 use crate::nn::{self, Activation, BatchNorm, Conv, ConvOptions, Module, Sequential};
 use crate::{Result, Tensor};
@@ -65,43 +66,83 @@ pub fn resnet18(classes: usize) -> Result<Sequential> {
     resnet([64, 128, 256, 512], [2, 2, 2, 2], classes)
 }
 
-/// A vision model in eval mode on a random batch of 8 at 224x224.
-fn model_workload<M: Module + 'static>(
-    name: &'static str,
-    what: &str,
-    build: impl FnOnce() -> Result<M>,
-) -> Result<super::Workload> {
-    use crate::nn::ModuleExt;
-    crate::manual_seed(0);
-    let m = build()?;
-    m.eval();
-    Ok(super::Workload {
-        name,
-        what: format!("{what} eval, random weights, batch 8, 224x224"),
-        unit: "",
-        amount: 0.0,
-        inputs: vec![super::randn(&[8, 3, 224, 224], 23)],
-        f: Box::new(move |t: &[Tensor]| Ok(vec![m.forward(&t[0])?])),
-    })
+/// One vision row of `kiln bench`: its `--only` name, what it is, and how to
+/// build the model (random weights). Each model is one entry of [`WORKLOADS`].
+pub struct VisionModel {
+    /// The row's `workload` name (`--only`, and `benches/torch_baseline.py`'s).
+    pub name: &'static str,
+    /// The torchvision constructor it follows (`torchvision.models.NAME`).
+    pub torchvision: &'static str,
+    /// Builds the model with fresh (seeded) random weights.
+    pub build: fn() -> Result<Box<dyn Module>>,
 }
 
-/// `ResNet18`: torchvision's resnet18 as a bench workload.
-pub fn resnet18_workload() -> Result<super::Workload> {
-    model_workload("ResNet18", "torchvision resnet18", || resnet18(1000))
+fn boxed<M: Module + 'static>(m: Result<M>) -> Result<Box<dyn Module>> {
+    Ok(Box::new(m?))
 }
 
-/// `MobileNetV3`: torchvision's mobilenet_v3_small as a bench workload.
-pub fn mobilenet_v3_workload() -> Result<super::Workload> {
-    model_workload("MobileNetV3", "torchvision mobilenet_v3_small", || {
-        mobilenet_v3_small(&MobileNetV3Options::default())
-    })
-}
-
-/// The vision workloads `kiln bench --only` names (run only when named).
-pub const WORKLOADS: [(&str, fn() -> Result<super::Workload>); 2] = [
-    ("ResNet18", resnet18_workload),
-    ("MobileNetV3", mobilenet_v3_workload),
+/// The vision workloads `kiln bench --only` names (run only when named), at
+/// batch 8, 224x224, eval, random weights. `ResNet18` is the hand port
+/// above; the others are `kiln::models`.
+pub const WORKLOADS: [VisionModel; 7] = [
+    VisionModel {
+        name: "ResNet18",
+        torchvision: "resnet18",
+        build: || boxed(resnet18(1000)),
+    },
+    VisionModel {
+        name: "ResNet34",
+        torchvision: "resnet34",
+        build: || boxed(crate::models::resnet::resnet34(1000)),
+    },
+    VisionModel {
+        name: "ResNet50",
+        torchvision: "resnet50",
+        build: || boxed(crate::models::resnet::resnet50(1000)),
+    },
+    VisionModel {
+        name: "MobileNetV3",
+        torchvision: "mobilenet_v3_small",
+        build: || boxed(mobilenet_v3_small(&MobileNetV3Options::default())),
+    },
+    VisionModel {
+        name: "MobileNetV3Large",
+        torchvision: "mobilenet_v3_large",
+        build: || boxed(mobilenet_v3_large(&MobileNetV3Options::default())),
+    },
+    VisionModel {
+        name: "EfficientNetB0",
+        torchvision: "efficientnet_b0",
+        build: || boxed(efficientnet_b0(&EfficientNetOptions::default())),
+    },
+    VisionModel {
+        name: "ViTB16",
+        torchvision: "vit_b_16",
+        build: || boxed(crate::models::vit::vit_b_16()),
+    },
 ];
+
+impl VisionModel {
+    /// The model in eval mode on a random batch of 8 at 224x224, as a bench
+    /// workload (the weights seeded the same way on every run).
+    pub fn workload(&self) -> Result<super::Workload> {
+        use crate::nn::ModuleExt;
+        crate::manual_seed(0);
+        let m = (self.build)()?;
+        m.eval();
+        Ok(super::Workload {
+            name: self.name,
+            what: format!(
+                "torchvision {} eval, random weights, batch 8, 224x224",
+                self.torchvision
+            ),
+            unit: "",
+            amount: 0.0,
+            inputs: vec![super::randn(&[8, 3, 224, 224], 23)],
+            f: Box::new(move |t: &[Tensor]| Ok(vec![m.forward(&t[0])?])),
+        })
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -112,13 +153,25 @@ mod tests {
         m.parameters().iter().map(|p| p.numel()).sum()
     }
 
-    /// Parameter counts equal torchvision's (resnet18: 11,689,512;
-    /// mobilenet_v3_small: 2,542,856), so the layer lists match.
+    /// Every row's parameter count equals torchvision's
+    /// (`sum(p.numel() for p in torchvision.models.NAME().parameters())`),
+    /// so each table entry builds the model its name says.
     #[test]
     fn parameter_counts_match_torchvision() {
-        assert_eq!(count(&resnet18(1000).unwrap()), 11_689_512);
-        let m = mobilenet_v3_small(&MobileNetV3Options::default()).unwrap();
-        assert_eq!(count(&m), 2_542_856);
+        let want = [
+            ("resnet18", 11_689_512),
+            ("resnet34", 21_797_672),
+            ("resnet50", 25_557_032),
+            ("mobilenet_v3_small", 2_542_856),
+            ("mobilenet_v3_large", 5_483_032),
+            ("efficientnet_b0", 5_288_548),
+            ("vit_b_16", 86_567_656),
+        ];
+        assert_eq!(WORKLOADS.len(), want.len());
+        for (v, (tv, n)) in WORKLOADS.iter().zip(want) {
+            assert_eq!(v.torchvision, tv, "{}", v.name);
+            assert_eq!(count(&*(v.build)().unwrap()), n, "{}", v.name);
+        }
     }
 
     #[test]

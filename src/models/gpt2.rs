@@ -4,7 +4,8 @@
 //! is tied to `transformer.wte`: one tensor, listed once by `parameters()`.
 
 use crate::nn::{
-    Activation, Dropout, Embedding, Entry, EntryMut, LayerNorm, Module, ModuleList, Training,
+    Activation, Dropout, Embedding, Entry, EntryMut, LayerNorm, LoadReport, Module, ModuleExt,
+    ModuleList, Training,
 };
 use crate::{functional as F, DType, Result, Tensor};
 use kiln_ir::bail;
@@ -294,5 +295,23 @@ impl Gpt2LMHeadModel {
     /// Token ids (B, T) to logits (B, T, vocab_size).
     pub fn forward(&self, input_ids: &Tensor) -> Result<Tensor> {
         self.lm_head.forward(&self.transformer.forward(input_ids)?)
+    }
+
+    /// Loads a transformers checkpoint (`model.safetensors` of
+    /// `save_pretrained`): that file leaves out `lm_head.weight`, which is
+    /// tied to `transformer.wte.weight` (transformers' `_tied_weights_keys`),
+    /// so when only the embedding is there the head takes it, as
+    /// `from_pretrained` ties it. Everything else is checked as
+    /// [`ModuleExt::load_state_dict`] checks it (strictly when `strict`).
+    pub fn load_hf_state_dict(&self, sd: &[(String, Tensor)], strict: bool) -> Result<LoadReport> {
+        let find = |k: &str| sd.iter().find(|(n, _)| n == k).map(|(_, t)| t.clone());
+        match (find("lm_head.weight"), find("transformer.wte.weight")) {
+            (None, Some(wte)) => {
+                let mut tied = sd.to_vec();
+                tied.push(("lm_head.weight".to_string(), wte));
+                self.load_state_dict(&tied, strict)
+            }
+            _ => self.load_state_dict(sd, strict),
+        }
     }
 }
