@@ -196,7 +196,8 @@ impl Blocks {
         };
         let per_panel = MR * kk(g) * std::mem::size_of::<T>();
         let all = g.c_out_per_group().div_ceil(MR);
-        let panels = (WEIGHT_BYTES / per_panel).clamp(1, all);
+        // at least a pair: the AVX-512 tile computes two panels per input load
+        let panels = (WEIGHT_BYTES / per_panel).max(2).min(all);
         Blocks {
             samples: even(g.n, samples),
             rows: even(oh, rows),
@@ -348,18 +349,26 @@ impl<T: Elem> Block<'_, T> {
         let (opg, kk) = (g.c_out_per_group(), self.koff.len());
         let all_panels = opg.div_ceil(MR);
         let (t0, t1) = (self.rows.start * self.l.wh, self.rows.end * self.l.wh);
-        let mut tile = [T::ZERO; MR * NR];
-        for pi in self.panels.clone() {
-            let a = self.wp[(self.gi * all_panels + pi) * kk * MR..].as_ptr();
-            let rows = MR.min(opg - pi * MR);
+        let (mut tile, mut tile2) = ([T::ZERO; MR * NR], [T::ZERO; MR * NR]);
+        let panel = |pi: usize| self.wp[(self.gi * all_panels + pi) * kk * MR..].as_ptr();
+        // panels two at a time: one load of each input vector feeds both
+        for pi in self.panels.clone().step_by(2) {
+            let pair = pi + 1 < self.panels.end;
+            let rows = |pi: usize| MR.min(opg - pi * MR);
             for n in self.samples.clone() {
                 let base = (n * g.c_in + self.gi * g.c_in_per_group()) * self.l.channel();
                 let x = self.xs[base..].as_ptr();
+                let oc0 = self.gi * opg + pi * MR;
                 for t in (t0..t1).step_by(NR) {
                     // SAFETY: `reach` in conv2d covers every tap of every tile.
-                    microkernel::tile(a, self.koff, x.add(t), &mut tile);
-                    let oc0 = self.gi * opg + pi * MR;
-                    self.store(out, &tile, n, oc0, rows, t, t1);
+                    if pair {
+                        let (a0, a1) = (panel(pi), panel(pi + 1));
+                        microkernel::tile_pair(a0, a1, self.koff, x.add(t), &mut tile, &mut tile2);
+                        self.store(out, &tile2, n, oc0 + MR, rows(pi + 1), t, t1);
+                    } else {
+                        microkernel::tile(panel(pi), self.koff, x.add(t), &mut tile);
+                    }
+                    self.store(out, &tile, n, oc0, rows(pi), t, t1);
                 }
             }
         }
