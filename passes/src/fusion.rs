@@ -11,6 +11,7 @@
 //! | pointwise | view / extern / output| stored                                     | views and extern kernels index memory |
 //! | pointwise | > `MAX_RECOMPUTE` uses| stored                                     | recomputing for many readers costs more than one store |
 //! | pointwise | > 1 use, chain > `MAX_INLINED_CHAIN` | stored                      | a long chain recomputed per reader grows without bound |
+//! | pointwise | `u` > 1 uses, reads `R` elements, `(u-1)·R > (u+1)·V` | stored | each reader re-reading the chain's inputs costs more than one store (`V`: its elements) and keeps them all alive (a residual stream `x + a1 + a2 + ...`) |
 //! | extern    | one pointwise chain   | the chain is the extern's epilogue         | applied per output tile while it is in cache |
 //! | lse_parts / moments | the one pointwise kernel reading its parts | the reader may run it as its row pass | the row is re-read from cache, not memory |
 //! | pointwise, stored or inlined into > 1 kernel | the first pointwise kernel of its shape needing it, schedulable | stored by that kernel too (one loop, several stores; see `group.rs`) | computed once and stored where it is computed anyway: an LSTM step's `c_t` and `h_t` are one kernel |
@@ -168,6 +169,68 @@ fn closure_of(g: &Graph, stored: &[bool], roots: &[NodeId]) -> (Vec<NodeId>, Vec
     (fused, reads)
 }
 
+/// Which values live in memory: the first rows of the module table, by
+/// node in topological order (so operands are decided first).
+fn decide_stored(
+    g: &Graph,
+    kinds: &[NodeKind],
+    uses: &[usize],
+    needs_memory: &[bool],
+) -> Vec<bool> {
+    let n = g.len();
+    let splat_const = |i: usize| matches!(&g.nodes()[i].op, NodeOp::Const(c) if c.is_splat());
+    // nodes come in topological order, so operands are decided first
+    let mut stored = vec![false; n];
+    let mut inlined = vec![0usize; n];
+    // per pointwise node: the stored values its inlined chain reads
+    let mut chain_reads: Vec<Vec<usize>> = vec![vec![]; n];
+    let elems = |i: usize| -> usize {
+        let m = &g.nodes()[i].metas;
+        m.iter().map(|m| kiln_ir::shape::numel(&m.dims)).sum()
+    };
+    // what reading a stored value costs: a broadcast reads its source
+    let read_cost = |i: usize| -> usize {
+        match &g.nodes()[i].op {
+            NodeOp::Op(Op::Expand(_)) => elems(g.nodes()[i].operands[0].index()),
+            _ => elems(i),
+        }
+    };
+    for (i, node) in g.nodes().iter().enumerate() {
+        stored[i] = match kinds[i] {
+            NodeKind::Pointwise => needs_memory[i] || uses[i] > MAX_RECOMPUTE,
+            NodeKind::Leaf => !splat_const(i) || needs_memory[i],
+            _ => true,
+        };
+        if kinds[i] == NodeKind::Pointwise {
+            let body = node
+                .operands
+                .iter()
+                .filter(|o| kinds[o.index()] == NodeKind::Pointwise && !stored[o.index()])
+                .fold(1usize, |a, o| a.saturating_add(inlined[o.index()]));
+            let mut reads: Vec<usize> = vec![];
+            for o in node.operands.iter().map(|o| o.index()) {
+                match kinds[o] == NodeKind::Pointwise && !stored[o] {
+                    true => reads.extend_from_slice(&chain_reads[o]),
+                    false if !splat_const(o) => reads.push(o),
+                    false => {}
+                }
+            }
+            reads.sort_unstable();
+            reads.dedup();
+            let read_elems: usize = reads.iter().map(|&r| read_cost(r)).sum();
+            let u = uses[i];
+            let rereads = (u.saturating_sub(1)).saturating_mul(read_elems);
+            if u > 1 && (body > MAX_INLINED_CHAIN || rereads > (u + 1).saturating_mul(elems(i))) {
+                stored[i] = true;
+            }
+            inlined[i] = body;
+            chain_reads[i] = reads;
+        }
+    }
+
+    stored
+}
+
 /// Decides what to store and groups the graph into kernels (see the module table).
 pub fn plan_fusion(g: &Graph) -> FusionPlan {
     plan_fusion_with(g, &|_| true)
@@ -193,28 +256,7 @@ pub fn plan_fusion_with(g: &Graph, may_group: &dyn Fn(NodeId) -> bool) -> Fusion
     for o in g.outputs() {
         needs_memory[o.index()] = true;
     }
-    let splat_const = |i: usize| matches!(&g.nodes()[i].op, NodeOp::Const(c) if c.is_splat());
-    // nodes come in topological order, so operands are decided first
-    let mut stored = vec![false; n];
-    let mut inlined = vec![0usize; n];
-    for (i, node) in g.nodes().iter().enumerate() {
-        stored[i] = match kinds[i] {
-            NodeKind::Pointwise => needs_memory[i] || uses[i] > MAX_RECOMPUTE,
-            NodeKind::Leaf => !splat_const(i) || needs_memory[i],
-            _ => true,
-        };
-        if kinds[i] == NodeKind::Pointwise {
-            let body = node
-                .operands
-                .iter()
-                .filter(|o| kinds[o.index()] == NodeKind::Pointwise && !stored[o.index()])
-                .fold(1usize, |a, o| a.saturating_add(inlined[o.index()]));
-            if uses[i] > 1 && body > MAX_INLINED_CHAIN {
-                stored[i] = true;
-            }
-            inlined[i] = body;
-        }
-    }
+    let mut stored = decide_stored(g, &kinds, &uses, &needs_memory);
 
     // extern + pointwise epilogue: the extern's only reader is inside one stored
     // pointwise root of the same type that no view or other kernel reads first

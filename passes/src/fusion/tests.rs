@@ -150,6 +150,41 @@ fn long_chains_read_twice_are_stored_not_recomputed_per_reader() {
     assert!(!p.stored[2]);
 }
 
+#[test]
+fn a_residual_stream_read_twice_is_stored_once_its_chain_reads_enough() {
+    // x_k = x_{k-1} + a_k, each x_k read by a sum (a layer norm's moments)
+    // and by the next add: recomputed, x_k would re-read x_0, a_1 .. a_k in
+    // both readers and keep them all alive; stored, each is read once
+    let blocks = 4;
+    let mut t = String::from("graph r(%0 x: f32[4,8]");
+    for k in 1..=blocks {
+        t += &format!(", %{k} a{k}: f32[4,8]");
+    }
+    t += ") {
+";
+    let (mut prev, mut id, mut outs) = (0, blocks + 1, vec![]);
+    for k in 1..=blocks {
+        t += &format!("  %{id} = add(%{prev}, %{k}) : f32[4,8]\n");
+        t += &format!(
+            "  %{} = sum(%{id}) {{dims=[1], keepdim=true}} : f32[4,1]\n",
+            id + 1
+        );
+        outs.push(format!("%{}", id + 1));
+        prev = id;
+        id += 2;
+    }
+    t += &format!("  return {}, %{prev}\n}}\n", outs.join(", "));
+    let (g, p) = plan(&t);
+    let x = |k: usize| blocks + 1 + 2 * (k - 1);
+    // x_1 = x + a_1 reads 2 values: recomputed in both readers (2 * 2 reads
+    // against 1 write + 2 + 2 reads stored)
+    assert!(!p.stored[x(1)], "{}", dump(&g, &p));
+    // x_2 would read x, a_1, a_2 in each of 2 readers: 6 reads against 6
+    // stored, a tie, recomputed; x_3 (8 against 7 with x_2 inlined) stored
+    assert!(!p.stored[x(2)], "{}", dump(&g, &p));
+    assert!(p.stored[x(3)], "{}", dump(&g, &p));
+}
+
 /// An LSTM-like recurrence over `steps` steps: per step, gate values read
 /// from a stored `[steps, 8]` input (views), `c_t = f * c_{t-1} + i * g`
 /// and `h_t = o * tanh(c_t)`, each `h_t` a graph output (read by a view),
