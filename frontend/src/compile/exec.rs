@@ -46,6 +46,8 @@ pub struct Executable {
     /// Per node: the multi-output kernel (index in the plan) it is a stored
     /// root of; its value appears when the kernel runs, at the last root.
     multi: Vec<Option<usize>>,
+    /// Per node: some `getitem` reads its result 1 (a `max_pool2d`'s indices).
+    indices_read: Vec<bool>,
     /// Conv outputs with fewer elements per sample take their epilogue in one pass.
     pub(crate) min_tiled_sample: usize,
     /// Some node's value is cached between calls ([`HoistCache`]).
@@ -79,6 +81,7 @@ impl HoistCache {
 use super::value::parts;
 pub(super) use super::value::{pointwise, Val};
 
+mod multi_out;
 mod plan;
 
 impl Executable {
@@ -424,14 +427,6 @@ impl Executable {
         Ok(Some(v))
     }
 
-    /// Whether some node reads result `k` of the multi-output node `id`.
-    fn result_read(&self, id: NodeId, k: usize) -> bool {
-        self.graph
-            .nodes()
-            .iter()
-            .any(|n| n.op == NodeOp::Project(k) && n.operands.first() == Some(&id))
-    }
-
     fn eval(&self, id: NodeId, inputs: &[Tensor], vals: &[Option<Val>]) -> Result<Val> {
         let node = self.graph.node(id);
         let i = id.index();
@@ -504,7 +499,7 @@ impl Executable {
                     let ts = (0..node.operands.len())
                         .map(|k| arg(k)?.materialize())
                         .collect::<Result<Vec<_>>>()?;
-                    if let (Op::MaxPool2d(p), false) = (op, self.result_read(id, 1)) {
+                    if let (Op::MaxPool2d(p), false) = (op, self.indices_read[i]) {
                         return max_pool_values_only(&ts[0], p);
                     }
                     let mut outs = run_op(op, &ts)?;
@@ -546,69 +541,6 @@ fn max_pool_values_only(x: &Tensor, p: &kiln_ir::op::pool::Pool2dParams) -> Resu
     let dims: Vec<i64> = y.dims().iter().map(|&d| d as i64).collect();
     let unread = Tensor::zeros(&[1], DType::I64).expand(&dims)?;
     Ok(Val::Many(vec![y, unread]))
-}
-
-impl Executable {
-    /// A multi-output kernel's root `id`: pending until the last root, where
-    /// ONE kernel stores them all (`Val::Many`, in [`fusion::Kernel::roots`]
-    /// order, which [`Executable::hand_over`] gives each root).
-    fn store_many(
-        &self,
-        kernel: &fusion::Kernel,
-        id: NodeId,
-        l: Lazy,
-        vals: &[Option<Val>],
-    ) -> Result<Val> {
-        if id != kernel.root {
-            return Ok(Val::One(l));
-        }
-        let mut exprs = vec![];
-        for r in &kernel.also {
-            match &vals[r.index()] {
-                Some(Val::One(x)) => exprs.push(x.clone()),
-                _ => bail!(
-                    "compile",
-                    "{} of a multi-output kernel has no pending value",
-                    self.graph.node(*r).op_name()
-                ),
-            }
-        }
-        exprs.push(l);
-        let refs: Vec<&Lazy> = exprs.iter().collect();
-        Ok(Val::Many(Lazy::materialize_many(&refs)?))
-    }
-
-    /// The roots of the multi-output kernel launched at `id` (None: none is).
-    pub(super) fn launched_roots(&self, id: NodeId) -> Option<Vec<NodeId>> {
-        let k = &self.plan.kernels[self.multi[id.index()]?];
-        (k.root == id).then(|| k.roots())
-    }
-
-    /// Gives each root of a multi-output kernel its tensor; returns the
-    /// launching (last) root's value.
-    pub(super) fn hand_over(
-        &self,
-        roots: &[NodeId],
-        ts: Vec<Tensor>,
-        vals: &mut [Option<Val>],
-    ) -> Result<Option<Val>> {
-        if ts.len() != roots.len() {
-            bail!(
-                "compile",
-                "{} values for {} stored roots",
-                ts.len(),
-                roots.len()
-            );
-        }
-        let mut last = None;
-        for (r, t) in roots.iter().zip(ts) {
-            last = Some(Val::One(Lazy::tensor(&t)));
-            if *r != *roots.last().expect("a root") {
-                vals[r.index()] = last.take();
-            }
-        }
-        Ok(last)
-    }
 }
 
 /// Whether warm calls replay recorded launch lists: on unless `KILN_PROGRAM=0`

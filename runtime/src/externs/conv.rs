@@ -37,6 +37,16 @@ pub(super) fn tile_cols<T>(rows: usize, total: usize) -> usize {
     t.min(total).max(1)
 }
 
+/// Rows of a conv's column matrix (its GEMM's `k`): `C_in/g * kH * kW`.
+pub(super) fn kk(g: &ConvGeometry) -> usize {
+    g.c_in_per_group() * g.kernel[0] * g.kernel[1]
+}
+
+/// Output positions of one sample's plane: `OH * OW`.
+pub(super) fn positions(g: &ConvGeometry) -> usize {
+    g.out_size[0] * g.out_size[1]
+}
+
 /// Output positions `o` in `[0, out)` whose input position `o*s + off` lies in
 /// `[0, len)`, as a half-open range.
 #[inline]

@@ -31,6 +31,12 @@ impl Executable {
         for o in graph.outputs() {
             last_use[o.index()] = usize::MAX;
         }
+        let mut indices_read = vec![false; n];
+        for node in graph.nodes() {
+            if let (NodeOp::Project(1), Some(o)) = (&node.op, node.operands.first()) {
+                indices_read[o.index()] = true;
+            }
+        }
         // a hoisted value is computed once per parameter version: it keeps
         // a kernel of its own rather than join one that runs every call
         let multi_on = multi_out_enabled();
@@ -143,6 +149,7 @@ impl Executable {
             tiled_root,
             deferred,
             multi,
+            indices_read,
             min_tiled_sample: super::super::epilogue::MIN_TILED_SAMPLE,
             program: OnceLock::new(),
         }

@@ -4,7 +4,7 @@
 //! and one GEMM per group computes `[C_out/g, samples * OH * OW]`, which is
 //! then scattered into the `[N, C_out, OH, OW]` output with the bias.
 
-use super::{conv_shapes, im2col_ld, scratch, Epilogue, Tile};
+use super::{conv_shapes, im2col_ld, kk, positions, scratch, Epilogue, Tile};
 use crate::externs::gemm::{gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
@@ -18,14 +18,6 @@ const CHUNK_ELEMS: usize = 64 * 1024;
 /// leaves room for at least two samples in a chunk.
 pub fn applies(g: &ConvGeometry) -> bool {
     g.n > 1 && kk(g) * positions(g) * 2 <= CHUNK_ELEMS
-}
-
-fn kk(g: &ConvGeometry) -> usize {
-    g.c_in_per_group() * g.kernel[0] * g.kernel[1]
-}
-
-fn positions(g: &ConvGeometry) -> usize {
-    g.out_size[0] * g.out_size[1]
 }
 
 /// `conv2d` by im2col + GEMM on chunks of samples (see the module doc).
@@ -80,20 +72,8 @@ pub fn conv2d<T: Elem>(
                 );
             }
             for (s, n) in (n0..n1).enumerate() {
-                for oc in 0..opg {
-                    let b = bias.map_or(T::ZERO, |b| b[gi * opg + oc]);
-                    let src = &tmp[oc * ld + s * p..][..p];
-                    // SAFETY: chunk c alone writes samples n0..n1 of `out`.
-                    let row = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            dst.get().add((n * g.c_out + gi * opg + oc) * p),
-                            p,
-                        )
-                    };
-                    for (d, v) in row.iter_mut().zip(src) {
-                        *d = *v + b;
-                    }
-                }
+                // SAFETY: chunk c alone writes samples n0..n1 of `out`.
+                unsafe { scatter_sample(g, gi, &tmp[..opg * ld], ld, s, n, bias, dst) };
             }
         }
         if let Some(e) = epilogue {
@@ -116,5 +96,35 @@ pub fn conv2d<T: Elem>(
     } else {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         (0..chunks).try_for_each(|c| chunk(c, &mut a, &mut b))
+    }
+}
+
+/// Copies sample `s` of a chunk's GEMM result `tmp [C_out/g, ld]` (its
+/// columns `s*OH*OW..`) into sample `n`, group `gi` of the `[N, C_out, OH,
+/// OW]` output at `dst`, adding the bias.
+///
+/// # Safety
+/// `dst` is the conv's output; no other thread writes sample `n`'s channels
+/// of group `gi` meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn scatter_sample<T: Elem>(
+    g: &ConvGeometry,
+    gi: usize,
+    tmp: &[T],
+    ld: usize,
+    s: usize,
+    n: usize,
+    bias: Option<&[T]>,
+    dst: SendPtr<T>,
+) {
+    let (p, opg) = (positions(g), g.c_out_per_group());
+    for oc in 0..opg {
+        let b = bias.map_or(T::ZERO, |b| b[gi * opg + oc]);
+        let src = &tmp[oc * ld + s * p..][..p];
+        let row =
+            std::slice::from_raw_parts_mut(dst.get().add((n * g.c_out + gi * opg + oc) * p), p);
+        for (d, v) in row.iter_mut().zip(src) {
+            *d = *v + b;
+        }
     }
 }

@@ -19,7 +19,7 @@
 
 use super::microkernel::{self, MR, NR};
 use super::packed::{self, WeightKey};
-use super::{conv_shapes, scratch, Epilogue, Tile};
+use super::{conv_shapes, kk, scratch, Epilogue, Tile};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
@@ -122,10 +122,6 @@ pub fn pack_weights<T: Elem>(g: &ConvGeometry, weight: &[T]) -> Vec<T> {
         }
     }
     out
-}
-
-fn kk(g: &ConvGeometry) -> usize {
-    g.c_in_per_group() * g.kernel[0] * g.kernel[1]
 }
 
 /// Writes the padded, phase-split form of `input` into `xs`.

@@ -8,8 +8,8 @@
 //! `gemm` crate's own threads and cache blocking — computes the chunk, which
 //! is then scattered into `[N, C_out, OH, OW]` with the bias.
 
-use super::{conv_shapes, im2col_ld, scratch, Epilogue, Tile};
-use crate::externs::gemm::{gemm_raw, Parallelism};
+use super::{conv_shapes, im2col_ld, kk, positions, scratch, Epilogue, Tile};
+use crate::externs::gemm::{auto_parallelism, gemm_raw};
 use crate::externs::{threads, Elem, SendPtr};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
@@ -29,14 +29,6 @@ fn samples_per_chunk(g: &ConvGeometry) -> usize {
     let want = MIN_COLS.div_ceil(p);
     let fit = (MAX_ELEMS / (kk * p).max(1)).max(1);
     want.min(fit).clamp(1, g.n.max(1))
-}
-
-fn kk(g: &ConvGeometry) -> usize {
-    g.c_in_per_group() * g.kernel[0] * g.kernel[1]
-}
-
-fn positions(g: &ConvGeometry) -> usize {
-    g.out_size[0] * g.out_size[1]
 }
 
 /// `conv2d` by im2col + one GEMM per chunk of samples (see the module doc).
@@ -80,30 +72,13 @@ pub fn conv2d<T: Elem>(
                     ld as isize,
                     1,
                     false,
-                    if threads() > 1 {
-                        Parallelism::Rayon(0)
-                    } else {
-                        Parallelism::None
-                    },
+                    auto_parallelism(opg, kk, ld),
                 );
             }
             let tmp = &tmp[..opg * ld];
             let scatter = |n: usize| {
-                let s = n - n0;
-                for oc in 0..opg {
-                    let b = bias.map_or(T::ZERO, |b| b[gi * opg + oc]);
-                    let src = &tmp[oc * ld + s * p..][..p];
-                    // SAFETY: sample n's channels of group gi are written by this closure alone.
-                    let row = unsafe {
-                        std::slice::from_raw_parts_mut(
-                            dst.get().add((n * g.c_out + gi * opg + oc) * p),
-                            p,
-                        )
-                    };
-                    for (d, v) in row.iter_mut().zip(src) {
-                        *d = *v + b;
-                    }
-                }
+                // SAFETY: sample n's channels of group gi are written by this closure alone.
+                unsafe { super::batched::scatter_sample(g, gi, tmp, ld, n - n0, n, bias, dst) };
                 if let Some(e) = epilogue {
                     e(Tile {
                         n,
