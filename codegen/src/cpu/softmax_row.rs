@@ -12,6 +12,10 @@
 //! for i: out1[i] = row pass with exp(..) := out1[i] * (1 / s)
 //! ```
 //!
+//! When `v` is a contiguous input's row the first loop goes: the helper
+//! reads that row and writes the exps to out1 (`kiln_wide_reduce(LSE_STORE,
+//! out1, n, state, in)`).
+//!
 //! The pass then writes over a row it read: it applies only when nothing
 //! else in the row pass loads an operand (an input sharing the output's
 //! buffer would be read after it was overwritten). The shift, logsum and
@@ -23,6 +27,7 @@ use super::emit::{flags, Emitter};
 use super::jit::HostFn;
 use super::loops::{for_loop, Row};
 use super::plan::{row_pass_plan, Plan};
+use super::tiles::direct_operand;
 use super::wide;
 use crate::interp::instr_args;
 use crate::kernel::{AccPart, Instr, Kernel, ValueId};
@@ -109,8 +114,10 @@ fn loads_besides(k: &Kernel, root: ValueId, skip: ValueId) -> bool {
 }
 
 /// The reduction of the row at `row.ptrs` as a stored-exp softmax row: the
-/// reduced value into operand 1's row, then the helper. Returns the
-/// finished log-sum-exp and `1 / s`.
+/// helper reads the reduced value's row in place when it is a contiguous
+/// input ([`direct_operand`]), else from operand 1's row, where it is stored
+/// first; it writes the exps to operand 1's row. Returns the finished
+/// log-sum-exp and `1 / s`.
 pub(crate) fn exp_row(
     em: &mut Emitter,
     row: &Row,
@@ -118,6 +125,31 @@ pub(crate) fn exp_row(
     value: ValueId,
     hi: Value,
 ) -> (Finished<Value>, Value) {
+    let src = match direct_operand(row.k, value) {
+        Some(op) => row.ptrs[op],
+        None => {
+            store_value_row(em, row, plan, value, hi);
+            row.ptrs[1]
+        }
+    };
+    let slot =
+        em.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8, 4));
+    let init = online::lse_init(em, DType::F32);
+    let state = em.b.ins().stack_addr(types::I64, slot, 0);
+    em.b.ins().store(flags(), init.m, state, 0);
+    em.b.ins().store(flags(), init.s, state, 4);
+    let f = em.hosts.get(em.b.func, HostFn::WideReduce);
+    let kind = em.b.ins().iconst(types::I64, wide::LSE_STORE as i64);
+    em.b.ins().call(f, &[kind, row.ptrs[1], hi, state, src]);
+    let m = em.b.ins().load(types::F32, flags(), state, 0);
+    let s = em.b.ins().load(types::F32, flags(), state, 4);
+    let one = em.constant(1.0, DType::F32);
+    let scale = em.b.ins().fdiv(one, s);
+    (online::finish_lse(em, Lse { m, s }, DType::F32), scale)
+}
+
+/// `out1[i] = value(i)` over the row (f32x4, then a scalar tail).
+fn store_value_row(em: &mut Emitter, row: &Row, plan: &Plan, value: ValueId, hi: Value) {
     let lo = em.b.ins().iconst(types::I64, 0);
     let lanes = plan.lanes as i64;
     let step = lanes * 2;
@@ -150,19 +182,4 @@ pub(crate) fn exp_row(
             em.b.ins().store(flags(), v, at, 0);
         },
     );
-    let slot =
-        em.b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8, 4));
-    let init = online::lse_init(em, DType::F32);
-    let state = em.b.ins().stack_addr(types::I64, slot, 0);
-    em.b.ins().store(flags(), init.m, state, 0);
-    em.b.ins().store(flags(), init.s, state, 4);
-    let f = em.hosts.get(em.b.func, HostFn::WideReduce);
-    let kind = em.b.ins().iconst(types::I64, wide::LSE_STORE as i64);
-    let zero = em.b.ins().iconst(types::I64, 0);
-    em.b.ins().call(f, &[kind, row.ptrs[1], hi, state, zero]);
-    let m = em.b.ins().load(types::F32, flags(), state, 0);
-    let s = em.b.ins().load(types::F32, flags(), state, 4);
-    let one = em.constant(1.0, DType::F32);
-    let scale = em.b.ins().fdiv(one, s);
-    (online::finish_lse(em, Lse { m, s }, DType::F32), scale)
 }

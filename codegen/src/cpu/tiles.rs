@@ -23,8 +23,8 @@ use super::jit::HostFn;
 use super::loops::{for_loop, Row};
 use super::plan::{live_body, Plan};
 use super::wide;
-use crate::kernel::Instr;
-use cranelift_codegen::ir::{types, InstBuilder, StackSlotData, StackSlotKind, Value};
+use crate::kernel::{Inner, Instr};
+use cranelift_codegen::ir::{types, InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value};
 use kiln_ir::DType;
 
 /// Body values (in order) that a wide helper computes for a row storing `roots`.
@@ -153,12 +153,28 @@ fn tile_slot(em: &mut Emitter, sbase: Value, i: Value, t: Value) -> Value {
     em.b.ins().iadd(sbase, rel)
 }
 
+/// The operand whose row a reduction reads straight from memory: `value` is
+/// a load of a contiguous f32 operand, so the wide helper can fold that row
+/// in place instead of a copy of it.
+pub(crate) fn direct_operand(k: &crate::Kernel, value: usize) -> Option<usize> {
+    let (Instr::Load(op), DType::F32) = *k.body.get(value)? else {
+        return None;
+    };
+    let o = k.operands[op];
+    (o.inner == Inner::Contiguous && o.dtype == DType::F32).then_some(op)
+}
+
+/// Elements per helper call on a row read in place: the helper's second
+/// sweep finds them in L1, and Welford chunks merge in f64.
+const DIRECT_CHUNK: i64 = 2048;
+
 /// A log-sum-exp or Welford row of f32 values through the wide reduce
-/// helper (when the emitter may use it): per tile, an f32x4 loop (scalar
-/// for the last, partial tile) evaluates the reduced value into a stack tile
-/// and the helper folds the tile into a `[2 x f32]` state on the stack,
-/// which is finished as [`crate::online`] finishes the one-pass state.
-/// `None`: the caller emits the one-pass row.
+/// helper (when the emitter may use it), folded into a `[2 x f32]` state on
+/// the stack and finished as [`crate::online`] finishes the one-pass state.
+/// A row that only loads a contiguous input ([`direct_operand`]) is folded
+/// in place, by chunks; otherwise, per tile, an f32x4 loop (scalar for the
+/// last, partial tile) evaluates the reduced value into a stack tile that
+/// the helper folds. `None`: the caller emits the one-pass row.
 pub(crate) fn tiled_online_row(
     em: &mut Emitter,
     row: &Row,
@@ -168,16 +184,20 @@ pub(crate) fn tiled_online_row(
     (vd, cd): (DType, DType),
     hi: Value,
 ) -> Option<crate::online::Finished<Value>> {
+    let direct = direct_operand(row.k, value);
+    // Welford rows stay opt-in even in place: the two-pass mean of a row
+    // holding inf is inf where the one-pass (and interpreter's) is NaN.
     let on = em.wide || (em.wide_lse && is_lse);
     if !on || plan.lanes != 4 || vd != DType::F32 || cd != DType::F32 {
         return None;
     }
     let tile = wide::TILE as i64;
     let tile_bytes = (tile * 4) as i32;
-    // the tile, then the state
+    // the tile (none for a direct row), then the state
+    let state_at = if direct.is_some() { 0 } else { tile_bytes };
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,
-        (tile_bytes + 16) as u32,
+        (state_at + 16) as u32,
         4,
     ));
     em.lanes = 1;
@@ -189,17 +209,38 @@ pub(crate) fn tiled_online_row(
         (st.mean, st.m2)
     };
     let base = em.b.ins().stack_addr(types::I64, slot, 0);
-    em.b.ins().store(flags(), s0, base, tile_bytes);
-    em.b.ins().store(flags(), s1, base, tile_bytes + 4);
+    em.b.ins().store(flags(), s0, base, state_at);
+    em.b.ins().store(flags(), s1, base, state_at + 4);
     let kind = if is_lse { wide::LSE } else { wide::WELFORD } as i64;
-    let fold = |em: &mut Emitter, n: Value, count: Value| {
+    // folds n values at x, which follow `count` already folded
+    let fold = |em: &mut Emitter, x: Option<Value>, n: Value, count: Value| {
         let f = em.hosts.get(em.b.func, HostFn::WideReduce);
         let base = em.b.ins().stack_addr(types::I64, slot, 0);
         let kind = em.b.ins().iconst(types::I64, kind);
-        let state = em.b.ins().iadd_imm_s(base, tile_bytes as i64);
-        em.b.ins().call(f, &[kind, base, n, state, count]);
+        let state = em.b.ins().iadd_imm_s(base, state_at as i64);
+        em.b.ins()
+            .call(f, &[kind, x.unwrap_or(base), n, state, count]);
     };
     let zero = em.b.ins().iconst(types::I64, 0);
+    if let Some(op) = direct {
+        let ends = em.b.ins().band_imm_s(hi, !(DIRECT_CHUNK - 1));
+        for_loop(
+            em,
+            zero,
+            ends,
+            DIRECT_CHUNK,
+            |_| (),
+            |em, t, _| {
+                let x = row.addr(em, op, t);
+                let n = em.b.ins().iconst(types::I64, DIRECT_CHUNK);
+                fold(em, Some(x), n, t);
+            },
+        );
+        let x = row.addr(em, op, ends);
+        let rest = em.b.ins().isub(hi, ends);
+        fold(em, Some(x), rest, ends);
+        return Some(finish(em, slot, state_at, is_lse, hi, cd));
+    }
     let tiles_end = em.b.ins().band_imm_s(hi, !(tile - 1));
     let step = 2 * plan.lanes as i64;
     em.lanes = plan.lanes;
@@ -229,7 +270,7 @@ pub(crate) fn tiled_online_row(
                 },
             );
             let n = em.b.ins().iconst(types::I64, tile);
-            fold(em, n, t);
+            fold(em, None, n, t);
         },
     );
     // the partial tile, scalar
@@ -250,14 +291,27 @@ pub(crate) fn tiled_online_row(
         },
     );
     let rest = em.b.ins().isub(hi, tiles_end);
-    fold(em, rest, tiles_end);
+    fold(em, None, rest, tiles_end);
+    Some(finish(em, slot, state_at, is_lse, hi, cd))
+}
+
+/// The finished reduction of the state at `state_at` in `slot`.
+fn finish(
+    em: &mut Emitter,
+    slot: StackSlot,
+    state_at: i32,
+    is_lse: bool,
+    hi: Value,
+    cd: DType,
+) -> crate::online::Finished<Value> {
+    em.lanes = 1;
     let base = em.b.ins().stack_addr(types::I64, slot, 0);
-    let a = em.b.ins().load(types::F32, flags(), base, tile_bytes);
-    let b = em.b.ins().load(types::F32, flags(), base, tile_bytes + 4);
-    Some(if is_lse {
+    let a = em.b.ins().load(types::F32, flags(), base, state_at);
+    let b = em.b.ins().load(types::F32, flags(), base, state_at + 4);
+    if is_lse {
         crate::online::finish_lse(em, crate::online::Lse { m: a, s: b }, cd)
     } else {
         let m = crate::online::Moments { mean: a, m2: b };
         crate::online::finish_welford(em, hi, m, cd)
-    })
+    }
 }

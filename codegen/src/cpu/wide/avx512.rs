@@ -139,4 +139,9 @@ impl Lanes for Avx512 {
     fn i2f(a: __m512) -> __m512 {
         unsafe { _mm512_cvtepi32_ps(si(a)) }
     }
+    const SCALEF: bool = true;
+    #[inline(always)]
+    fn scalef(a: __m512, n: __m512) -> __m512 {
+        unsafe { _mm512_scalef_ps(a, n) }
+    }
 }

@@ -58,6 +58,13 @@ pub(crate) trait Lanes {
     fn sshr1(a: Self::F) -> Self::F;
     /// The i32 lanes converted to f32.
     fn i2f(a: Self::F) -> Self::F;
+    /// Whether [`Lanes::scalef`] exists (one instruction, AVX-512's `vscalefps`).
+    const SCALEF: bool = false;
+    /// `a · 2^n` for integral `n`, rounded once. Only called where
+    /// [`Lanes::SCALEF`] says it exists.
+    fn scalef(_a: Self::F, _n: Self::F) -> Self::F {
+        unreachable!("scalef is only called where Lanes::SCALEF")
+    }
 }
 
 /// One lane, in plain Rust: the portable fallback.

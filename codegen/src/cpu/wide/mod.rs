@@ -94,8 +94,9 @@ impl WideIsa {
 }
 
 impl WideIsa {
-    /// The `extern "C" fn(kind, tile, n, state, count)` that folds a tile
-    /// into a row reduction's state (see `reduce.rs`).
+    /// The `extern "C" fn(kind, tile, n, state, aux)` that folds a tile
+    /// into a row reduction's state (see `reduce.rs`; `aux` is a Welford
+    /// state's count, or the row an [`LSE_STORE`] reads).
     pub(crate) fn reduce_entry(self) -> *const u8 {
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -117,13 +118,7 @@ pub fn fold_tile(
     state: &mut [f32; 2],
     count: u64,
 ) -> Result<(), Error> {
-    let isa = isa.unwrap_or(WideIsa::Portable);
-    if !isa.available() {
-        return Err(Error::Codegen(format!(
-            "wide::fold_tile: this CPU lacks {}",
-            isa.name()
-        )));
-    }
+    let isa = available(isa, "fold_tile")?;
     if kind == LSE_STORE {
         return Err(Error::Codegen(
             "wide::fold_tile: LSE_STORE rewrites its row (use wide::lse_store_row)".into(),
@@ -146,17 +141,53 @@ pub fn fold_tile(
 /// assert!((s - (1.0 + (-1f32).exp() + (-2f32).exp())).abs() < 1e-6);
 /// ```
 pub fn lse_store_row(isa: Option<WideIsa>, xs: &mut [f32]) -> Result<[f32; 2], Error> {
-    let isa = isa.unwrap_or(WideIsa::Portable);
-    if !isa.available() {
-        return Err(Error::Codegen(format!(
-            "wide::lse_store_row: this CPU lacks {}",
-            isa.name()
-        )));
-    }
+    let isa = available(isa, "lse_store_row")?;
     let mut state = [f32::MIN, 0.0];
     // SAFETY: a row of xs.len() f32 and a 2-f32 state.
     unsafe { reduce_with(isa, LSE_STORE, xs.as_mut_ptr(), xs.len(), &mut state, 0) };
     Ok(state)
+}
+
+/// [`lse_store_row`] reading `src` and writing the exps to `dst`, as the
+/// JIT code runs a softmax of a contiguous input.
+///
+/// ```
+/// use kiln_codegen::cpu::wide;
+/// let (src, mut dst) = ([0.0f32, 1.0], [9.0f32; 2]);
+/// let [shift, _] = wide::lse_store_from(wide::detect(), &src, &mut dst).unwrap();
+/// assert_eq!((shift, dst[1]), (1.0, 1.0));
+/// ```
+pub fn lse_store_from(
+    isa: Option<WideIsa>,
+    src: &[f32],
+    dst: &mut [f32],
+) -> Result<[f32; 2], Error> {
+    let isa = available(isa, "lse_store_from")?;
+    if src.len() != dst.len() {
+        return Err(Error::Codegen(format!(
+            "wide::lse_store_from: src has {} values, dst {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    let mut state = [f32::MIN, 0.0];
+    let aux = src.as_ptr() as u64;
+    // SAFETY: rows of dst.len() f32 each and a 2-f32 state.
+    unsafe { reduce_with(isa, LSE_STORE, dst.as_mut_ptr(), dst.len(), &mut state, aux) };
+    Ok(state)
+}
+
+/// `isa` (`None`: portable) if this CPU has it, else an error naming `what`.
+fn available(isa: Option<WideIsa>, what: &str) -> Result<WideIsa, Error> {
+    let isa = isa.unwrap_or(WideIsa::Portable);
+    if isa.available() {
+        Ok(isa)
+    } else {
+        Err(Error::Codegen(format!(
+            "wide::{what}: this CPU lacks {}",
+            isa.name()
+        )))
+    }
 }
 
 /// Calls `isa`'s reduce entry.
@@ -177,29 +208,29 @@ unsafe fn reduce_with(
     f(kind, x, n as u64, state.as_mut_ptr(), count);
 }
 
-extern "C" fn wide_reduce_portable(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
+extern "C" fn wide_reduce_portable(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
     // SAFETY: the JIT passes a tile of n f32 and a 2-f32 state.
-    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, count) }
+    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, aux) }
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx2(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
+extern "C" fn wide_reduce_avx2(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, count: u64) {
-        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, count)
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64) {
+        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, aux)
     }
     // SAFETY: handed out only where the CPU has AVX2 + FMA; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, count) }
+    unsafe { go(kind, x, n as usize, st, aux) }
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, count: u64) {
+extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
     #[target_feature(enable = "avx512f")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, count: u64) {
-        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, count)
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64) {
+        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, aux)
     }
     // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, count) }
+    unsafe { go(kind, x, n as usize, st, aux) }
 }
 
 /// Whether new JITs use the helpers without being asked (`set_wide`):
@@ -214,7 +245,8 @@ pub fn on_by_default() -> bool {
 /// entropy) use the wide reduce helper without being asked: yes unless
 /// `KILN_WIDE=0`. It is where the helpers pay: on AVX2, W2 softmax ran 1.70x
 /// faster compiled and 1.27x eager, while pointwise tiles (W1, memory-bound)
-/// and Welford rows (W3) did not gain, so those stay opt-in.
+/// did not gain, and Welford rows (W3) differ from the one-pass code on rows
+/// holding inf (mean inf, not NaN), so those stay opt-in.
 pub fn lse_by_default() -> bool {
     std::env::var("KILN_WIDE").map_or(true, |v| v != "0")
 }
@@ -237,18 +269,12 @@ pub fn detect() -> Option<WideIsa> {
 /// `xs = op(xs)` in place with `isa` (`None`: the portable helper), for
 /// tests and callers outside the JIT.
 pub fn apply(isa: Option<WideIsa>, op: UnaryOp, xs: &mut [f32]) -> Result<(), Error> {
-    let isa = isa.unwrap_or(WideIsa::Portable);
     let code = op_code(op).ok_or_else(|| {
         Error::Codegen(format!(
             "wide::apply: {op:?} has no wide helper (supported: {SUPPORTED:?})"
         ))
     })?;
-    if !isa.available() {
-        return Err(Error::Codegen(format!(
-            "wide::apply: this CPU lacks {}",
-            isa.name()
-        )));
-    }
+    let isa = available(isa, "apply")?;
     let f: extern "C" fn(u64, *mut f32, u64) =
         // SAFETY: every entry has this signature.
         unsafe { std::mem::transmute::<*const u8, _>(isa.entry()) };

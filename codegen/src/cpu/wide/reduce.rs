@@ -21,7 +21,7 @@ use super::math;
 pub const LSE: u64 = 0;
 /// See [`LSE`].
 pub const WELFORD: u64 = 1;
-/// A whole row's log-sum-exp that also leaves `exp(x - shift)` in the row
+/// A whole row's log-sum-exp that also writes `exp(x - shift)` to the row
 /// (see [`lse_store_row`]): a softmax's one exp per element.
 pub const LSE_STORE: u64 = 2;
 
@@ -38,18 +38,27 @@ fn nan_max(a: f32, b: f32) -> f32 {
     }
 }
 
-/// Lane `l` of every accumulator, folded in a fixed order.
+/// Every accumulator folded into one value: the vectors combined pairwise
+/// with `join` (a [`Step`] whose accumulator and operand are alike, such as
+/// [`Sum`]), then the lanes halved as a tree with `f`. A tree, not a chain:
+/// a chain of 63 dependent adds cost more than a 256-element tile's sweep.
 #[inline(always)]
-unsafe fn fold<L: Lanes>(accs: &[L::F; ACCS], f: impl Fn(f32, f32) -> f32) -> f32 {
-    let mut lanes = [0f32; 16 * ACCS];
-    for (a, v) in accs.iter().enumerate() {
-        L::store(lanes.as_mut_ptr().add(a * L::N), *v);
+unsafe fn fold<L: Lanes>(
+    accs: &[L::F; ACCS],
+    join: impl Step<L>,
+    f: impl Fn(f32, f32) -> f32,
+) -> f32 {
+    let v = join.step(join.step(accs[0], accs[1]), join.step(accs[2], accs[3]));
+    let mut lanes = [0f32; 16];
+    L::store(lanes.as_mut_ptr(), v);
+    let mut n = L::N;
+    while n > 1 {
+        n /= 2;
+        for l in 0..n {
+            lanes[l] = f(lanes[l], lanes[l + n]);
+        }
     }
-    let mut r = lanes[0];
-    for &x in &lanes[1..ACCS * L::N] {
-        r = f(r, x);
-    }
-    r
+    lanes[0]
 }
 
 /// One accumulator update of a [`sweep`]. A struct rather than a closure:
@@ -128,14 +137,36 @@ fn exp1(x: f32) -> f32 {
 }
 
 /// The log-sum-exp shift of `x[..n]`: its max, at least the lowest finite
-/// value, NaN with a NaN anywhere.
+/// value, NaN with a NaN anywhere. One sweep keeps both the maxes and a NaN
+/// mask (`maxps` alone drops NaNs).
 #[inline(always)]
 unsafe fn row_shift<L: Lanes>(x: *const f32, n: usize) -> f32 {
     let main = n - n % L::N;
-    let maxes = sweep::<L>(x, main, L::splat(f32::MIN), Max);
-    let nans = sweep::<L>(x, main, L::splat(0.0), NanMask);
-    let mut m = fold::<L>(&maxes, nan_max);
-    if fold::<L>(&nans, |a, b| f32::from_bits(a.to_bits() | b.to_bits())).to_bits() != 0 {
+    let mut maxes = [L::splat(f32::MIN); ACCS];
+    let mut nans = [L::splat(0.0); ACCS];
+    let step = L::N * ACCS;
+    let mut i = 0;
+    while i + step <= main {
+        for j in 0..ACCS {
+            let v = L::load(x.add(i + j * L::N));
+            maxes[j] = Step::<L>::step(&Max, maxes[j], v);
+            nans[j] = Step::<L>::step(&NanMask, nans[j], v);
+        }
+        i += step;
+    }
+    while i < main {
+        let v = L::load(x.add(i));
+        maxes[0] = Step::<L>::step(&Max, maxes[0], v);
+        nans[0] = Step::<L>::step(&NanMask, nans[0], v);
+        i += L::N;
+    }
+    let mut m = fold::<L>(&maxes, Max, nan_max);
+    if fold::<L>(&nans, NanMask, |a, b| {
+        f32::from_bits(a.to_bits() | b.to_bits())
+    })
+    .to_bits()
+        != 0
+    {
         m = f32::NAN;
     }
     for j in main..n {
@@ -151,7 +182,7 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
     let m = row_shift::<L>(x, n);
     let mv = L::splat(m);
     let sums = sweep::<L>(x, main, L::splat(0.0), ExpSum(mv));
-    let mut s = fold::<L>(&sums, |a, b| a + b);
+    let mut s = fold::<L>(&sums, Sum, |a, b| a + b);
     for j in main..n {
         s += exp1(*x.add(j) - m);
     }
@@ -161,38 +192,43 @@ pub(crate) unsafe fn lse_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32
     *state.add(1) = s0 * exp1(m0 - mm) + s * exp1(m - mm);
 }
 
-/// The log-sum-exp of the whole row `x[..n]` into `state = [shift, s]`,
-/// rewriting the row to `x[i] = exp(x[i] - shift)` (one exp per element;
-/// `s` is their sum). `shift` is the row max, at least the lowest finite
-/// value and NaN with a NaN in the row, as [`lse_tile`]'s: the state is the
-/// one-pass reduction's, and `row * (1 / s)` is the softmax.
+/// The log-sum-exp of the whole row `src[..n]` into `state = [shift, s]`,
+/// writing `dst[i] = exp(src[i] - shift)` (one exp per element; `s` is their
+/// sum; `dst` may be `src`). `shift` is the row max, at least the lowest
+/// finite value and NaN with a NaN in the row, as [`lse_tile`]'s: the state
+/// is the one-pass reduction's, and `dst * (1 / s)` is the softmax.
 #[inline(always)]
-pub(crate) unsafe fn lse_store_row<L: Lanes>(x: *mut f32, n: usize, state: *mut f32) {
+pub(crate) unsafe fn lse_store_row<L: Lanes>(
+    src: *const f32,
+    dst: *mut f32,
+    n: usize,
+    state: *mut f32,
+) {
     let main = n - n % L::N;
-    let m = row_shift::<L>(x, n);
+    let m = row_shift::<L>(src, n);
     let mv = L::splat(m);
     let mut acc = [L::splat(0.0); ACCS];
     let step = L::N * ACCS;
     let mut i = 0;
     while i + step <= main {
         for (j, a) in acc.iter_mut().enumerate() {
-            let at = x.add(i + j * L::N);
-            let e = math::exp::<L>(L::sub(L::load(at), mv));
-            L::store(at, e);
+            let at = i + j * L::N;
+            let e = math::exp::<L>(L::sub(L::load(src.add(at)), mv));
+            L::store(dst.add(at), e);
             *a = L::add(*a, e);
         }
         i += step;
     }
     while i < main {
-        let e = math::exp::<L>(L::sub(L::load(x.add(i)), mv));
-        L::store(x.add(i), e);
+        let e = math::exp::<L>(L::sub(L::load(src.add(i)), mv));
+        L::store(dst.add(i), e);
         acc[0] = L::add(acc[0], e);
         i += L::N;
     }
-    let mut s = fold::<L>(&acc, |a, b| a + b);
+    let mut s = fold::<L>(&acc, Sum, |a, b| a + b);
     for j in main..n {
-        let e = exp1(*x.add(j) - m);
-        *x.add(j) = e;
+        let e = exp1(*src.add(j) - m);
+        *dst.add(j) = e;
         s += e;
     }
     *state = m;
@@ -204,14 +240,14 @@ pub(crate) unsafe fn lse_store_row<L: Lanes>(x: *mut f32, n: usize, state: *mut 
 pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32, count: u64) {
     let main = n - n % L::N;
     let sums = sweep::<L>(x, main, L::splat(0.0), Sum);
-    let mut sum = fold::<L>(&sums, |a, b| a + b);
+    let mut sum = fold::<L>(&sums, Sum, |a, b| a + b);
     for j in main..n {
         sum += *x.add(j);
     }
     let mean = sum / n as f32;
     let mv = L::splat(mean);
     let sq = sweep::<L>(x, main, L::splat(0.0), SquaredDeviation(mv));
-    let mut m2 = fold::<L>(&sq, |a, b| a + b);
+    let mut m2 = fold::<L>(&sq, Sum, |a, b| a + b);
     for j in main..n {
         let d = *x.add(j) - mean;
         m2 = d.mul_add(d, m2);
@@ -230,21 +266,30 @@ pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut
 }
 
 /// Folds a tile into the state of reduction `kind` ([`LSE`], [`WELFORD`],
-/// or [`LSE_STORE`] over a whole row, which rewrites it).
+/// or [`LSE_STORE`] over a whole row, which writes `exp` to `x`). `aux` is
+/// the count of values already in a Welford state, and for [`LSE_STORE`] the
+/// address of the row it reads (0: `x` itself).
 #[inline(always)]
 pub(crate) unsafe fn reduce_tile<L: Lanes>(
     kind: u64,
     x: *mut f32,
     n: usize,
     state: *mut f32,
-    count: u64,
+    aux: u64,
 ) {
     if n == 0 {
         return;
     }
     match kind {
         LSE => lse_tile::<L>(x, n, state),
-        LSE_STORE => lse_store_row::<L>(x, n, state),
-        _ => welford_tile::<L>(x, n, state, count),
+        LSE_STORE => {
+            let src = if aux == 0 {
+                x as *const f32
+            } else {
+                aux as *const f32
+            };
+            lse_store_row::<L>(src, x, n, state)
+        }
+        _ => welford_tile::<L>(x, n, state, aux),
     }
 }

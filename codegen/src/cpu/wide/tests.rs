@@ -166,3 +166,40 @@ fn reduce_helpers_agree_across_isas() {
         }
     }
 }
+
+#[test]
+fn softmax_row_from_a_source_matches_the_row_done_in_place() {
+    let isas: Vec<WideIsa> = [WideIsa::Portable, WideIsa::Avx2, WideIsa::Avx512]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect();
+    let mut rows: Vec<Vec<f32>> = [0, 1, 15, 64, 300, 1024]
+        .into_iter()
+        .map(|n| inputs(n, 17 + n as u64))
+        .collect();
+    rows.push(vec![f32::NEG_INFINITY; 70]);
+    rows.push(
+        (0..70)
+            .map(|i| if i == 33 { f32::NAN } else { i as f32 })
+            .collect(),
+    );
+    for &isa in &isas {
+        for src in &rows {
+            let mut in_place = src.clone();
+            let want = lse_store_row(Some(isa), &mut in_place).unwrap();
+            let mut dst = vec![7.0; src.len()];
+            let got = lse_store_from(Some(isa), src, &mut dst).unwrap();
+            let n = src.len();
+            assert!(
+                same(got[0], want[0]) && same(got[1], want[1]),
+                "{} n {n}: state {got:?} vs {want:?}",
+                isa.name()
+            );
+            for i in 0..n {
+                assert!(same(dst[i], in_place[i]), "{} n {n} [{i}]", isa.name());
+            }
+        }
+    }
+    let e = lse_store_from(None, &[1.0; 3], &mut [0.0; 2]).unwrap_err();
+    assert!(e.to_string().contains("src has 3 values, dst 2"), "{e}");
+}
