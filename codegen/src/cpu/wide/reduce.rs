@@ -26,6 +26,8 @@ pub const WELFORD: u64 = 1;
 pub const LSE_STORE: u64 = 2;
 
 const ACCS: usize = 4;
+// `fold` joins the accumulators as two pairs.
+const _: () = assert!(ACCS == 4);
 
 #[inline(always)]
 fn nan_max(a: f32, b: f32) -> f32 {

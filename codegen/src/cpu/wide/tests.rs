@@ -44,6 +44,14 @@ fn inputs(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Every ISA this CPU runs, the portable one first.
+fn isas_here() -> Vec<WideIsa> {
+    [WideIsa::Portable, WideIsa::Avx2, WideIsa::Avx512]
+        .into_iter()
+        .filter(|i| i.available())
+        .collect()
+}
+
 fn same(a: f32, b: f32) -> bool {
     a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
 }
@@ -113,10 +121,7 @@ fn unsupported_op_is_an_error() {
 
 #[test]
 fn reduce_helpers_agree_across_isas() {
-    let isas: Vec<WideIsa> = [WideIsa::Portable, WideIsa::Avx2, WideIsa::Avx512]
-        .into_iter()
-        .filter(|i| i.available())
-        .collect();
+    let isas = isas_here();
     for n in [1, 9, 256, 300] {
         let x: Vec<f32> = inputs(n, 3 + n as u64)
             .into_iter()
@@ -169,10 +174,7 @@ fn reduce_helpers_agree_across_isas() {
 
 #[test]
 fn softmax_row_from_a_source_matches_the_row_done_in_place() {
-    let isas: Vec<WideIsa> = [WideIsa::Portable, WideIsa::Avx2, WideIsa::Avx512]
-        .into_iter()
-        .filter(|i| i.available())
-        .collect();
+    let isas = isas_here();
     let mut rows: Vec<Vec<f32>> = [0, 1, 15, 64, 300, 1024]
         .into_iter()
         .map(|n| inputs(n, 17 + n as u64))
