@@ -32,8 +32,9 @@ pub(crate) struct Emitter<'a, 'f> {
     /// Pointwise rows with a transcendental call the wide-vector helpers on
     /// tiles (`tiles.rs`); off: plain f32x4 code.
     pub wide: bool,
-    /// Log-sum-exp rows fold their tiles with the wide reduce helper.
-    pub wide_lse: bool,
+    /// Log-sum-exp rows, and Welford rows read in place, fold with the wide
+    /// reduce helper.
+    pub wide_rows: bool,
 }
 
 /// The scalar Cranelift type of a (compute) dtype.
@@ -73,7 +74,7 @@ impl<'a, 'f> Emitter<'a, 'f> {
             pool_gv,
             pool_base: None,
             wide: false,
-            wide_lse: false,
+            wide_rows: false,
         }
     }
 

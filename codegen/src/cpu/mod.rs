@@ -48,9 +48,9 @@ pub struct CpuJit {
     fma: bool,
     /// Pointwise rows with transcendentals call the wide helpers (see [`wide`]).
     wide: bool,
-    /// Log-sum-exp rows call the wide reduce helper (on by default: see
-    /// [`wide::lse_by_default`]).
-    wide_lse: bool,
+    /// Log-sum-exp rows, and Welford rows of a contiguous input, call the
+    /// wide reduce helper (on by default: see [`wide::rows_by_default`]).
+    wide_rows: bool,
     fctx: FunctionBuilderContext,
     ctx: Context,
     compiled: usize,
@@ -116,7 +116,7 @@ fn build_function(
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
     hosts: HostImports,
-    (fma, wide, wide_lse): (bool, bool, bool),
+    (fma, wide, wide_rows): (bool, bool, bool),
     config: TargetFrontendConfig,
     pool_index: u32,
 ) -> Result<(plan::Plan, Vec<u8>), Error> {
@@ -136,7 +136,7 @@ fn build_function(
     let mut b = FunctionBuilder::new(func, fctx);
     let mut em = emit::Emitter::new(&mut b, hosts, fma, pool_gv);
     em.wide = wide && fma;
-    em.wide_lse = (wide || wide_lse) && fma;
+    em.wide_rows = (wide || wide_rows) && fma;
     loops::build(k, &mut em, &plan);
     if let Some(e) = em.err.take() {
         return Err(Error::Codegen(format!("kernel {}: {e}", k.name)));
@@ -162,7 +162,7 @@ impl CpuJit {
             host_ids,
             fma,
             wide: fma && wide::on_by_default() && wide::detect().is_some(),
-            wide_lse: fma && wide::lse_by_default() && wide::detect().is_some(),
+            wide_rows: fma && wide::rows_by_default() && wide::detect().is_some(),
             fctx: FunctionBuilderContext::new(),
             ctx: Context::new(),
             compiled: 0,
@@ -183,7 +183,7 @@ impl CpuJit {
     /// compiled from now on; off, they are plain f32x4 code (same results).
     pub fn set_wide(&mut self, on: bool) {
         self.wide = on && self.fma && wide::detect().is_some();
-        self.wide_lse = self.wide;
+        self.wide_rows = self.wide;
     }
 
     /// Frees the machine code of every kernel this JIT compiled (dropping a
@@ -222,7 +222,7 @@ impl CpuJit {
             &mut self.ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide, self.wide_lse),
+            (self.fma, self.wide, self.wide_rows),
             config,
             data.as_u32(),
         )?;
@@ -315,7 +315,7 @@ impl CpuJit {
             &mut ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide, self.wide_lse),
+            (self.fma, self.wide, self.wide_rows),
             self.isa.frontend_config(),
             0,
         )?;

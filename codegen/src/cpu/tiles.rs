@@ -185,9 +185,9 @@ pub(crate) fn tiled_online_row(
     hi: Value,
 ) -> Option<crate::online::Finished<Value>> {
     let direct = direct_operand(row.k, value);
-    // Welford rows stay opt-in even in place: the two-pass mean of a row
-    // holding inf is inf where the one-pass (and interpreter's) is NaN.
-    let on = em.wide || (em.wide_lse && is_lse);
+    // Welford rows by default only in place: through a tile copy they
+    // measured no faster than the one-pass f32x4 code.
+    let on = em.wide || (em.wide_rows && (is_lse || direct.is_some()));
     if !on || plan.lanes != 4 || vd != DType::F32 || cd != DType::F32 {
         return None;
     }

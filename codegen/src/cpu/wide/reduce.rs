@@ -9,7 +9,8 @@
 //!   keeps the lowest shift with `s = 0`: the finished values are those of
 //!   the one-pass reduction.
 //! - Welford: the tile's mean, then `Σ (x - mean)²` (two passes), merged into
-//!   `(mean, m2)` with Chan et al.'s formula.
+//!   `(mean, m2)` with Chan et al.'s formula. A tile holding inf or NaN
+//!   before its last value has a NaN mean, as the one-pass update gives.
 //!
 //! State layout (f32): `[m, s]` or `[mean, m2]`; `count` is how many values
 //! the state already holds.
@@ -246,7 +247,14 @@ pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut
     for j in main..n {
         sum += *x.add(j);
     }
-    let mean = sum / n as f32;
+    let mut mean = sum / n as f32;
+    if !sum.is_finite() && (0..n - 1).any(|j| !(*x.add(j)).is_finite()) {
+        // The one-pass mean turns NaN at the first value after an inf or
+        // NaN (`inf + (x - inf) / n`); only a row whose sole non-finite
+        // value is its last keeps a mean of ±inf. Tiles merge into the
+        // same result: an inf mean followed by any tile gives NaN.
+        mean = f32::NAN;
+    }
     let mv = L::splat(mean);
     let sq = sweep::<L>(x, main, L::splat(0.0), SquaredDeviation(mv));
     let mut m2 = fold::<L>(&sq, Sum, |a, b| a + b);
