@@ -121,3 +121,36 @@ fn explain_names_each_conv_algorithm() {
     assert!(ConvAlgo::ALL.iter().any(|a| lines[0].contains(a.name())));
     assert!(r.to_string().contains("conv algorithm: conv2d"));
 }
+
+/// A compiled conv keeps the remembered algorithm on every call, the warm
+/// calls that replay its tiled epilogue too (they once ran outside the
+/// compiled scope, so benchmarking was off and the heuristic ran instead).
+#[test]
+fn a_compiled_conv_runs_its_remembered_algorithm_on_every_call() {
+    use kiln::ir::op::conv::{conv_geometry, ConvParams, Padding};
+    use kiln::runtime::externs::conv::select;
+    let p = ConvParams {
+        padding: Padding::Explicit(vec![1]),
+        ..Default::default()
+    };
+    // a shape no other test uses, so its remembered choice is this test's;
+    // 9 x 64 x 60 outputs per sample (over MIN_TILED_SAMPLE): a tiled epilogue
+    let (xs, ws) = ([2, 5, 64, 60], [9, 5, 3, 3]);
+    let g = conv_geometry("conv2d", &xs, &ws, None, &p).unwrap();
+    let pinned = ConvAlgo::WinogradF2x2;
+    assert_ne!(select::heuristic(&g), pinned, "the pin must differ from the heuristic");
+    select::remember(&select::key(&g, "f32"), pinned);
+    let mut r = kiln::random::Generator::new(7);
+    let w = kiln::random::randn(&ws, Some(&mut r));
+    let b = kiln::random::randn(&[9], Some(&mut r));
+    let f = kiln::compile::compile_fn("conv_pinned", |xs: &[kiln::Tensor]| {
+        let y = kiln::functional::conv2d(&xs[0], &w, None, &p)?;
+        Ok(vec![y.add(&b.reshape(&[1, 9, 1, 1])?)?.relu()?])
+    });
+    let x = kiln::random::randn(&xs, Some(&mut r));
+    for call in 0..4 {
+        take_last_run();
+        f.call(&[x.clone()]).unwrap();
+        assert_eq!(take_last_run(), Some(pinned), "call {call}");
+    }
+}

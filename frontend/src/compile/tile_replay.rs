@@ -164,5 +164,8 @@ pub(crate) fn run(
         unsafe { code.run(&ptrs, &strides, &dims, scalars, 0, t.channels) };
         Ok(())
     };
+    // a compiled graph's convs time their algorithms (cudnn.benchmark); the
+    // replay is a compiled call too, so it keeps the first call's choice
+    let _scope = kiln_runtime::externs::conv::select::compiled_scope();
     F::conv_with_epilogue(x, w, b, params, spatial, &per_tile)
 }

@@ -14,6 +14,20 @@ use kiln_ir::scalar::{lower_unary, Cmp, Prim1, Prim2, ScalarOps};
 use kiln_ir::{DType, UnaryOp};
 use std::mem::MaybeUninit;
 
+/// `N` tiles of scratch, cache-line aligned: an unaligned arena splits
+/// every 64-byte AVX-512 store across two lines.
+#[repr(C, align(64))]
+pub(crate) struct Arena<const N: usize>(pub [MaybeUninit<[f32; TILE]>; N]);
+
+impl<const N: usize> Arena<N> {
+    pub fn new() -> Self {
+        Arena([MaybeUninit::uninit(); N])
+    }
+    pub fn base(&mut self) -> *mut f32 {
+        self.0.as_mut_ptr() as *mut f32
+    }
+}
+
 /// Elements per tile: a few tiles of it stay in L1 beside the kernel's rows.
 pub const TILE: usize = 256;
 /// Intermediate tiles one lowering may use (gelu_tanh, the largest, needs 9).
@@ -255,8 +269,8 @@ pub(crate) unsafe fn run<I: TileIsa, J: TileIsa>(
     n: usize,
     lanes: usize,
 ) {
-    let mut arena = [MaybeUninit::<f32>::uninit(); MAX_TILES * TILE];
-    let arena = arena.as_mut_ptr() as *mut f32;
+    let mut arena = Arena::<MAX_TILES>::new();
+    let arena = arena.base();
     let mut at = 0;
     while at < n {
         let len = (n - at).min(TILE);
