@@ -23,6 +23,7 @@ pub mod batched;
 pub mod direct;
 pub mod microkernel;
 pub mod packed;
+pub mod patch_map;
 pub mod select;
 pub mod wide;
 pub mod winograd;
@@ -372,6 +373,21 @@ fn im2col_gemm<T: Elem>(
 /// `p0..p1` (flattened `oh*OW + ow`) of one sample's group `x[C/g, H, W]`.
 fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T]) {
     im2col_ld(g, x, p0, p1, col, p1 - p0)
+}
+
+/// A whole plane's [`im2col_ld`] (every output position), by `map`'s
+/// table when the plane's rows are short enough to have one.
+pub(super) fn im2col_plane<T: Elem>(
+    g: &ConvGeometry,
+    map: Option<&patch_map::PatchMap>,
+    x: &[T],
+    col: &mut [T],
+    ld: usize,
+) {
+    match map {
+        Some(m) => m.gather(x, g.c_in_per_group(), col, ld),
+        None => im2col_ld(g, x, 0, positions(g), col, ld),
+    }
 }
 
 /// [`im2col`] into rows `ld` elements apart (columns of a wider matrix).

@@ -7,7 +7,8 @@
 //! worker accumulating its own dW; the partial sums are added at the end.
 //! The input gradient is a transposed convolution (`conv::conv_transpose2d`).
 
-use super::conv::{conv_shapes, im2col_ld, scratch};
+use super::conv::patch_map::PatchMap;
+use super::conv::{conv_shapes, im2col_plane, scratch};
 use super::gemm::{gemm_raw, Parallelism};
 use super::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
@@ -57,6 +58,7 @@ pub fn conv2d_weight_grad<T: Elem>(
     let chunks = g.n.div_ceil(per);
     // adds samples of chunk c to every group of `acc`
     let shapes = || conv_shapes(g);
+    let map = PatchMap::for_conv(g);
     let chunk = |c: usize, acc: &mut [T], cols: &mut Vec<T>, dys: &mut Vec<T>| -> Result<()> {
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
         let ld = (n1 - n0) * p;
@@ -65,7 +67,7 @@ pub fn conv2d_weight_grad<T: Elem>(
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * h * w..][..cpg * h * w];
-                im2col_ld(g, x, 0, p, &mut cols[s * p..], ld);
+                im2col_plane(g, map.as_ref(), x, &mut cols[s * p..], ld);
                 for o in 0..opg {
                     let src = &grad[(n * g.c_out + gi * opg + o) * p..][..p];
                     dys[o * ld + s * p..][..p].copy_from_slice(src);

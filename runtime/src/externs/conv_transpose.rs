@@ -4,6 +4,7 @@
 //! GEMM's `n` is `samples * H * W`, not `H * W`); large ones per sample, on
 //! tiles of input positions.
 
+use super::conv::patch_map::PatchMap;
 use super::conv::{scratch, tile_cols, valid_range};
 use super::gemm::{auto_parallelism, gemm_raw, gemm_with, Parallelism};
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
@@ -135,7 +136,7 @@ fn transpose_shapes(g: &ConvTransposeGeometry) -> String {
 
 /// Adds `cols[C_out/g * kH * kW, q1 - q0]` (input positions `q0..q1`) into the
 /// group's output `region[C_out/g, OH, OW]`.
-fn col2im<T: Elem>(
+pub(super) fn col2im<T: Elem>(
     g: &ConvTransposeGeometry,
     cols: &[T],
     q0: usize,
@@ -218,6 +219,7 @@ fn batched<T: Elem>(
     let dst = SendPtr(out.as_mut_ptr());
     let plane = oh * ow;
     let shapes = || transpose_shapes(g);
+    let map = PatchMap::for_transpose(g);
     let run = |item: usize, xs: &mut Vec<T>, cols: &mut Vec<T>| -> kiln_ir::Result<()> {
         let (c, gi) = (item / g.groups, item % g.groups);
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
@@ -264,7 +266,10 @@ fn batched<T: Elem>(
                 region[oc * plane..(oc + 1) * plane]
                     .fill(bias.map_or(T::ZERO, |b| b[gi * opg + oc]));
             }
-            col2im(g, &cols[s * q..], 0, q, region, ld);
+            match &map {
+                Some(m) => m.scatter_add(&cols[s * q..], opg, region, ld),
+                None => col2im(g, &cols[s * q..], 0, q, region, ld),
+            }
         }
         Ok(())
     };

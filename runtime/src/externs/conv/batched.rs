@@ -4,7 +4,8 @@
 //! and one GEMM per group computes `[C_out/g, samples * OH * OW]`, which is
 //! then scattered into the `[N, C_out, OH, OW]` output with the bias.
 
-use super::{conv_shapes, im2col_ld, kk, positions, scratch, Epilogue, Tile};
+use super::patch_map::PatchMap;
+use super::{conv_shapes, im2col_plane, kk, positions, scratch, Epilogue, Tile};
 use crate::externs::gemm::{gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
@@ -41,6 +42,7 @@ pub fn conv2d<T: Elem>(
     let chunks = g.n.div_ceil(per);
     let dst = SendPtr(out.as_mut_ptr());
     let shapes = || conv_shapes(g);
+    let map = PatchMap::for_conv(g);
     let chunk = |c: usize, cols: &mut Vec<T>, tmp: &mut Vec<T>| -> Result<()> {
         let (n0, n1) = (c * per, ((c + 1) * per).min(g.n));
         let ld = (n1 - n0) * p;
@@ -49,7 +51,7 @@ pub fn conv2d<T: Elem>(
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * plane..][..cpg * plane];
-                im2col_ld(g, x, 0, p, &mut cols[s * p..], ld);
+                im2col_plane(g, map.as_ref(), x, &mut cols[s * p..], ld);
             }
             let wg = &weight[gi * opg * kk..][..opg * kk];
             // SAFETY: wg is [opg, kk], cols [kk, ld], tmp [opg, ld]: in bounds.

@@ -8,7 +8,8 @@
 //! `gemm` crate's own threads and cache blocking — computes the chunk, which
 //! is then scattered into `[N, C_out, OH, OW]` with the bias.
 
-use super::{conv_shapes, im2col_ld, kk, positions, scratch, Epilogue, Tile};
+use super::patch_map::PatchMap;
+use super::{conv_shapes, im2col_plane, kk, positions, scratch, Epilogue, Tile};
 use crate::externs::gemm::{auto_parallelism, gemm_raw};
 use crate::externs::{threads, Elem, SendPtr};
 use kiln_ir::op::conv::ConvGeometry;
@@ -110,6 +111,7 @@ fn im2col_chunk<'a, T: Elem>(
     let plane = g.in_size[0] * g.in_size[1];
     let p = positions(g);
     let block = cpg.div_ceil(4 * threads()).max(1);
+    let map = PatchMap::for_conv(g);
     cols.par_chunks_mut(block * taps * ld)
         .enumerate()
         .for_each(|(b, rows)| {
@@ -124,7 +126,7 @@ fn im2col_chunk<'a, T: Elem>(
             };
             for (s, n) in ns.clone().enumerate() {
                 let xs = &x(n)[c0 * plane..][..cb * plane];
-                im2col_ld(&sub, xs, 0, p, &mut rows[s * p..], ld);
+                im2col_plane(&sub, map.as_ref(), xs, &mut rows[s * p..], ld);
             }
         });
 }
