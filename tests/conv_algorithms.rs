@@ -138,7 +138,11 @@ fn a_compiled_conv_runs_its_remembered_algorithm_on_every_call() {
     let (xs, ws) = ([2, 5, 64, 60], [9, 5, 3, 3]);
     let g = conv_geometry("conv2d", &xs, &ws, None, &p).unwrap();
     let pinned = ConvAlgo::WinogradF2x2;
-    assert_ne!(select::heuristic(&g), pinned, "the pin must differ from the heuristic");
+    assert_ne!(
+        select::heuristic(&g),
+        pinned,
+        "the pin must differ from the heuristic"
+    );
     select::remember(&select::key(&g, "f32"), pinned);
     let mut r = kiln::random::Generator::new(7);
     let w = kiln::random::randn(&ws, Some(&mut r));
