@@ -2,8 +2,8 @@
 //! GEMM per group on L2-sized tiles of output positions, by Winograd
 //! F(2x2, 3x3) (`winograd.rs`), by register tiles read straight off a
 //! padded copy of the input (`direct.rs`), or for depthwise convolutions by
-//! a direct loop; `select.rs` picks one per shape (timing them when benchmarking is
-//! on) and `packed.rs` keeps transformed weights per parameter version
+//! register accumulators over the same copy (`depthwise.rs`); `select.rs`
+//! picks one per shape (timing them when benchmarking is on) and `packed.rs` keeps transformed weights per parameter version
 //! (`conv_transpose2d` is in `conv_transpose.rs`).
 //!
 //! Geometry (stride, asymmetric padding, dilation, groups) comes checked from
@@ -20,6 +20,7 @@ use rayon::prelude::*;
 use select::ConvAlgo;
 
 pub mod batched;
+pub mod depthwise;
 pub mod direct;
 pub mod microkernel;
 pub mod packed;
@@ -221,10 +222,7 @@ fn run_algorithm<T: Elem>(
     key: Option<WeightKey>,
 ) -> Result<()> {
     match algo {
-        ConvAlgo::Depthwise => {
-            depthwise(g, input, weight, bias, out, epilogue);
-            Ok(())
-        }
+        ConvAlgo::Depthwise => depthwise::conv2d(g, input, weight, bias, out, epilogue),
         ConvAlgo::WinogradF2x2 => {
             let u = packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
                 winograd::pack_weights(g.c_out, g.c_in, weight)
@@ -375,6 +373,25 @@ fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T
     im2col_ld(g, x, p0, p1, col, p1 - p0)
 }
 
+/// `dst[k] = src[k * stride]` for every `k` of `dst`.
+#[inline]
+pub(super) fn copy_strided<T: Elem>(dst: &mut [T], src: &[T], stride: usize) {
+    match stride {
+        1 => dst.copy_from_slice(&src[..dst.len()]),
+        // indexing a slice cut to the reach keeps the loop free of checks
+        // (a zipped step_by iterator ran several cycles per element)
+        _ => {
+            let Some(last) = dst.len().checked_sub(1) else {
+                return;
+            };
+            let src = &src[..last * stride + 1];
+            for (k, d) in dst.iter_mut().enumerate() {
+                *d = src[k * stride];
+            }
+        }
+    }
+}
+
 /// A whole plane's [`im2col_ld`] (every output position), by `map`'s
 /// table when the plane's rows are short enough to have one.
 pub(super) fn im2col_plane<T: Elem>(
@@ -428,14 +445,7 @@ pub(super) fn im2col_ld<T: Elem>(
                         let xrow = &plane[ih as usize * w..][..w];
                         seg[..lo].fill(T::ZERO);
                         seg[hi..].fill(T::ZERO);
-                        let src = &xrow[iw0 as usize..];
-                        if sw == 1 {
-                            seg[lo..hi].copy_from_slice(&src[..hi - lo]);
-                        } else {
-                            for (k, d) in seg[lo..hi].iter_mut().enumerate() {
-                                *d = src[k * sw];
-                            }
-                        }
+                        copy_strided(&mut seg[lo..hi], &xrow[iw0 as usize..], sw);
                     }
                 }
             }
@@ -467,94 +477,11 @@ pub(super) fn im2col_ld<T: Elem>(
                     seg[hi - ow0..].fill(T::ZERO);
                     if lo < hi {
                         let iw0 = (lo * sw + j * dw) - pl as usize;
-                        let dst = &mut seg[lo - ow0..hi - ow0];
-                        if sw == 1 {
-                            dst.copy_from_slice(&xrow[iw0..iw0 + (hi - lo)]);
-                        } else {
-                            for (d, s) in dst.iter_mut().zip(xrow[iw0..].iter().step_by(sw)) {
-                                *d = *s;
-                            }
-                        }
+                        copy_strided(&mut seg[lo - ow0..hi - ow0], &xrow[iw0..], sw);
                     }
                 }
             }
         }
-    }
-}
-
-/// Direct convolution for one input channel per group (depthwise and
-/// channel-multiplier convolutions), where a GEMM would have `k = kH*kW`.
-fn depthwise<T: Elem>(
-    g: &ConvGeometry,
-    input: &[T],
-    weight: &[T],
-    bias: Option<&[T]>,
-    out: &mut [T],
-    epilogue: Option<Epilogue>,
-) {
-    let [h, w] = g.in_size;
-    let [oh, ow] = g.out_size;
-    let [kh, kw] = g.kernel;
-    let [sh, sw] = g.stride;
-    let [dh, dw] = g.dilation;
-    let (pt, pl) = (g.pad_begin[0] as isize, g.pad_begin[1] as isize);
-    let opg = g.c_out_per_group();
-    let ranges: Vec<(usize, usize)> = (0..kw)
-        .map(|j| valid_range(ow, sw, (j * dw) as isize - pl, w))
-        .collect();
-    let plane = |idx: usize, o: &mut [T]| {
-        let (ni, oc) = (idx / g.c_out, idx % g.c_out);
-        let x = &input[(ni * g.c_in + oc / opg) * h * w..][..h * w];
-        let wk = &weight[oc * kh * kw..][..kh * kw];
-        o.fill(bias.map_or(T::ZERO, |b| b[oc]));
-        for (r, orow) in o.chunks_exact_mut(ow).enumerate() {
-            for i in 0..kh {
-                let ih = (r * sh + i * dh) as isize - pt;
-                if ih < 0 || ih >= h as isize {
-                    continue;
-                }
-                let xrow = &x[ih as usize * w..][..w];
-                for (j, &(lo, hi)) in ranges.iter().enumerate() {
-                    if lo >= hi {
-                        continue;
-                    }
-                    let wv = wk[i * kw + j];
-                    let iw0 = (lo * sw + j * dw) - pl as usize;
-                    let dst = &mut orow[lo..hi];
-                    if sw == 1 {
-                        for (d, s) in dst.iter_mut().zip(&xrow[iw0..iw0 + (hi - lo)]) {
-                            *d += wv * *s;
-                        }
-                    } else {
-                        for (d, s) in dst.iter_mut().zip(xrow[iw0..].iter().step_by(sw)) {
-                            *d += wv * *s;
-                        }
-                    }
-                }
-            }
-        }
-    };
-    let plane_then_epilogue = |i: usize, o: &mut [T]| {
-        plane(i, o);
-        if let Some(e) = epilogue {
-            e(Tile {
-                n: i / g.c_out,
-                c0: i % g.c_out,
-                channels: 1,
-                p0: 0,
-                cols: oh * ow,
-            });
-        }
-    };
-    let work = out.len() * kh * kw;
-    if threads() > 1 && work >= PAR_MIN_WORK {
-        out.par_chunks_mut(oh * ow)
-            .enumerate()
-            .for_each(|(i, o)| plane_then_epilogue(i, o));
-    } else {
-        out.chunks_mut(oh * ow)
-            .enumerate()
-            .for_each(|(i, o)| plane_then_epilogue(i, o));
     }
 }
 

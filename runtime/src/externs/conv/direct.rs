@@ -38,11 +38,11 @@ pub fn applies(g: &ConvGeometry) -> bool {
 
 /// The padded, phase-split input's layout (see the module doc). Only the
 /// phases some tap reads are kept: a 1x1 stride-2 conv reads one in four.
-struct Layout {
+pub(super) struct Layout {
     sh: usize,
     sw: usize,
     hh: usize,
-    wh: usize,
+    pub wh: usize,
     /// The row phases `a` taps read, in plane order.
     row_phases: Vec<usize>,
     /// The column phases `b` taps read, in plane order.
@@ -50,7 +50,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn of(g: &ConvGeometry) -> Layout {
+    pub fn of(g: &ConvGeometry) -> Layout {
         let [sh, sw] = g.stride;
         let hp = g.in_size[0] + g.pad_begin[0] + g.pad_end[0];
         let wp = g.in_size[1] + g.pad_begin[1] + g.pad_end[1];
@@ -76,7 +76,7 @@ impl Layout {
     }
 
     /// Elements of one channel: its planes.
-    fn channel(&self) -> usize {
+    pub fn channel(&self) -> usize {
         self.row_phases.len() * self.col_phases.len() * self.plane()
     }
 
@@ -89,7 +89,7 @@ impl Layout {
 
 /// The offset of each tap `k = (c, i, j)` (im2col's row order, the packed
 /// weights' too) from its output column, within one group's channels.
-fn tap_offsets(g: &ConvGeometry, l: &Layout) -> Vec<isize> {
+pub(super) fn tap_offsets(g: &ConvGeometry, l: &Layout) -> Vec<isize> {
     let [kh, kw] = g.kernel;
     let [dh, dw] = g.dilation;
     let mut koff = Vec::with_capacity(g.c_in_per_group() * kh * kw);
@@ -126,47 +126,43 @@ pub fn pack_weights<T: Elem>(g: &ConvGeometry, weight: &[T]) -> Vec<T> {
 
 /// Writes the padded, phase-split form of `input` into `xs`.
 fn split_input<T: Elem>(g: &ConvGeometry, l: &Layout, input: &[T], xs: &mut [T]) {
-    let [h, w] = g.in_size;
-    let (pt, pl) = (g.pad_begin[0], g.pad_begin[1]);
-    let plane = l.hh * l.wh;
-    let channel = |(idx, dst): (usize, &mut [T])| {
-        let x = &input[idx * h * w..][..h * w];
-        for &a in &l.row_phases {
-            for &b in &l.col_phases {
-                let dst = &mut dst[l.plane_of(a, b) * plane..][..plane];
-                // padded column v * sw + b reads input column v * sw + b - pl
-                let v_lo = pl.saturating_sub(b).div_ceil(l.sw).min(l.wh);
-                let v_hi = (w + pl).saturating_sub(b).div_ceil(l.sw).clamp(v_lo, l.wh);
-                for (u, row) in dst.chunks_exact_mut(l.wh).enumerate() {
-                    let ih = u * l.sh + a;
-                    if ih < pt || ih - pt >= h || v_lo == v_hi {
-                        row.fill(T::ZERO);
-                        continue;
-                    }
-                    let xrow = &x[(ih - pt) * w..][..w];
-                    row[..v_lo].fill(T::ZERO);
-                    row[v_hi..].fill(T::ZERO);
-                    let iw0 = v_lo * l.sw + b - pl;
-                    if l.sw == 1 {
-                        row[v_lo..v_hi].copy_from_slice(&xrow[iw0..iw0 + (v_hi - v_lo)]);
-                    } else {
-                        for (d, s) in row[v_lo..v_hi]
-                            .iter_mut()
-                            .zip(xrow[iw0..].iter().step_by(l.sw))
-                        {
-                            *d = *s;
-                        }
-                    }
-                }
-            }
-        }
-    };
+    let plane = g.in_size[0] * g.in_size[1];
+    let channel =
+        |(idx, dst): (usize, &mut [T])| split_channel(g, l, &input[idx * plane..][..plane], dst);
     let channels = g.n * g.c_in;
     let xs = &mut xs[..channels * l.channel()];
     if threads() > 1 && xs.len() >= PAR_MIN_WORK {
         xs.par_chunks_mut(l.channel()).enumerate().for_each(channel);
     } else {
         xs.chunks_mut(l.channel()).enumerate().for_each(channel);
+    }
+}
+
+/// Writes the padded, phase-split form of one input channel `x` (an
+/// `H x W` plane) into `dst` (`l.channel()` elements).
+pub(super) fn split_channel<T: Elem>(g: &ConvGeometry, l: &Layout, x: &[T], dst: &mut [T]) {
+    let [h, w] = g.in_size;
+    let (pt, pl) = (g.pad_begin[0], g.pad_begin[1]);
+    let plane = l.hh * l.wh;
+    for &a in &l.row_phases {
+        for &b in &l.col_phases {
+            let dst = &mut dst[l.plane_of(a, b) * plane..][..plane];
+            // padded column v * sw + b reads input column v * sw + b - pl
+            let v_lo = pl.saturating_sub(b).div_ceil(l.sw).min(l.wh);
+            let v_hi = (w + pl).saturating_sub(b).div_ceil(l.sw).clamp(v_lo, l.wh);
+            for (u, row) in dst.chunks_exact_mut(l.wh).enumerate() {
+                let ih = u * l.sh + a;
+                if ih < pt || ih - pt >= h || v_lo == v_hi {
+                    row.fill(T::ZERO);
+                    continue;
+                }
+                let xrow = &x[(ih - pt) * w..][..w];
+                row[..v_lo].fill(T::ZERO);
+                row[v_hi..].fill(T::ZERO);
+                let iw0 = v_lo * l.sw + b - pl;
+                super::copy_strided(&mut row[v_lo..v_hi], &xrow[iw0..], l.sw);
+            }
+        }
     }
 }
 
@@ -237,7 +233,7 @@ pub fn conv2d<T: Elem>(
 
 /// Runs `f` on this thread's reusable split-input buffer: a fresh one per
 /// call would page-fault its megabytes in on every conv.
-fn with_input_buffer<T: Elem, R>(f: impl FnOnce(&mut Vec<T>) -> R) -> R {
+pub(super) fn with_input_buffer<T: Elem, R>(f: impl FnOnce(&mut Vec<T>) -> R) -> R {
     /// Buffers above this are freed after the call rather than kept.
     const KEEP_BYTES: usize = 32 << 20;
     thread_local! {
