@@ -330,8 +330,14 @@ pub mod disk {
     /// without it) are dropped silently and every shape is timed again.
     /// v3: the direct kernel got its AVX-512 tile, so v2's choices (timed
     /// at half its speed there) are dropped the same way.
-    const HEADER: &str = "kiln conv algorithms v3";
-    const OLDER: [&str; 2] = ["kiln conv algorithms v1", "kiln conv algorithms v2"];
+    /// v4: the depthwise kernel moved to register accumulators (several
+    /// times faster), so v3's choices of im2col for depthwise shapes go.
+    const HEADER: &str = "kiln conv algorithms v4";
+    const OLDER: [&str; 3] = [
+        "kiln conv algorithms v1",
+        "kiln conv algorithms v2",
+        "kiln conv algorithms v3",
+    ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
     pub fn path() -> Option<PathBuf> {
