@@ -127,8 +127,9 @@ pub fn pack_weights<T: Elem>(g: &ConvGeometry, weight: &[T]) -> Vec<T> {
 /// Writes the padded, phase-split form of `input` into `xs`.
 fn split_input<T: Elem>(g: &ConvGeometry, l: &Layout, input: &[T], xs: &mut [T]) {
     let plane = g.in_size[0] * g.in_size[1];
-    let channel =
-        |(idx, dst): (usize, &mut [T])| split_channel(g, l, &input[idx * plane..][..plane], dst);
+    let channel = |(idx, dst): (usize, &mut [T])| {
+        split_channel(g, l, &input[idx * plane..][..plane], dst, true)
+    };
     let channels = g.n * g.c_in;
     let xs = &mut xs[..channels * l.channel()];
     if threads() > 1 && xs.len() >= PAR_MIN_WORK {
@@ -139,8 +140,16 @@ fn split_input<T: Elem>(g: &ConvGeometry, l: &Layout, input: &[T], xs: &mut [T])
 }
 
 /// Writes the padded, phase-split form of one input channel `x` (an
-/// `H x W` plane) into `dst` (`l.channel()` elements).
-pub(super) fn split_channel<T: Elem>(g: &ConvGeometry, l: &Layout, x: &[T], dst: &mut [T]) {
+/// `H x W` plane) into `dst` (`l.channel()` elements); with `fill_padding`
+/// false the padding is left as it is (a buffer zeroed once and refilled
+/// with channels of the same geometry keeps it zero).
+pub(super) fn split_channel<T: Elem>(
+    g: &ConvGeometry,
+    l: &Layout,
+    x: &[T],
+    dst: &mut [T],
+    fill_padding: bool,
+) {
     let [h, w] = g.in_size;
     let (pt, pl) = (g.pad_begin[0], g.pad_begin[1]);
     let plane = l.hh * l.wh;
@@ -153,12 +162,16 @@ pub(super) fn split_channel<T: Elem>(g: &ConvGeometry, l: &Layout, x: &[T], dst:
             for (u, row) in dst.chunks_exact_mut(l.wh).enumerate() {
                 let ih = u * l.sh + a;
                 if ih < pt || ih - pt >= h || v_lo == v_hi {
-                    row.fill(T::ZERO);
+                    if fill_padding {
+                        row.fill(T::ZERO);
+                    }
                     continue;
                 }
                 let xrow = &x[(ih - pt) * w..][..w];
-                row[..v_lo].fill(T::ZERO);
-                row[v_hi..].fill(T::ZERO);
+                if fill_padding {
+                    row[..v_lo].fill(T::ZERO);
+                    row[v_hi..].fill(T::ZERO);
+                }
                 let iw0 = v_lo * l.sw + b - pl;
                 super::copy_strided(&mut row[v_lo..v_hi], &xrow[iw0..], l.sw);
             }

@@ -388,3 +388,28 @@ fn bench_conv2d_w4() {
         g.flops() / times[0] / 1e9
     );
 }
+
+/// `copy_strided` (its AVX-512 evens path too) against the definition, for
+/// lengths around the vector width and sources cut exactly to the reach.
+#[test]
+fn copy_strided_picks_every_stride_th_element() {
+    for stride in 1..4 {
+        for n in [0, 1, 15, 16, 17, 31, 32, 33, 100] {
+            let reach = if n == 0 { 0 } else { (n - 1) * stride + 1 };
+            for extra in [0, 1, 40] {
+                let src: Vec<f32> = (0..reach + extra).map(|i| i as f32).collect();
+                let mut dst = vec![f32::NAN; n];
+                super::copy_strided(&mut dst, &src, stride);
+                let want: Vec<f32> = (0..n).map(|k| (k * stride) as f32).collect();
+                assert_eq!(
+                    dst, want,
+                    "stride {stride}, {n} elements, {extra} past the reach"
+                );
+                let src64: Vec<f64> = src.iter().map(|&v| v as f64).collect();
+                let mut dst64 = vec![f64::NAN; n];
+                super::copy_strided(&mut dst64, &src64, stride);
+                assert!(dst64.iter().zip(&want).all(|(a, &b)| *a == b as f64));
+            }
+        }
+    }
+}
