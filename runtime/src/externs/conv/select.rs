@@ -332,11 +332,14 @@ pub mod disk {
     /// at half its speed there) are dropped the same way.
     /// v4: the depthwise kernel moved to register accumulators (several
     /// times faster), so v3's choices of im2col for depthwise shapes go.
-    const HEADER: &str = "kiln conv algorithms v4";
-    const OLDER: [&str; 3] = [
+    /// v5: small planes are timed on at least 4096 output positions (two
+    /// samples of a 7x7 plane had ranked im2col first), so v4's go too.
+    const HEADER: &str = "kiln conv algorithms v5";
+    const OLDER: [&str; 4] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
+        "kiln conv algorithms v4",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
