@@ -8,6 +8,7 @@
 //! lane mask (`i32x4` next to f32x4, `i64x2` next to f64x2: all ones = true).
 
 use super::jit::{HostFn, HostImports};
+use super::wide;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, GlobalValue, InstBuilder, MemFlagsData, Type, Value};
 use cranelift_frontend::FunctionBuilder;
@@ -29,12 +30,9 @@ pub(crate) struct Emitter<'a, 'f> {
     pub pool_gv: GlobalValue,
     /// The pool's address as seen in the current loop (see `loops::for_loop`).
     pub pool_base: Option<Value>,
-    /// Pointwise rows with a transcendental call the wide-vector helpers on
-    /// tiles (`tiles.rs`); off: plain f32x4 code.
-    pub wide: bool,
-    /// Log-sum-exp rows, and Welford rows read in place, fold with the wide
-    /// reduce helper.
-    pub wide_rows: bool,
+    /// Which kernels call the wide-vector helpers (`tiles.rs`, `rows.rs`,
+    /// `softmax_row.rs`); none: plain f32x4 code.
+    pub wide: wide::Uses,
 }
 
 /// The scalar Cranelift type of a (compute) dtype.
@@ -73,8 +71,7 @@ impl<'a, 'f> Emitter<'a, 'f> {
             pool: Vec::new(),
             pool_gv,
             pool_base: None,
-            wide: false,
-            wide_rows: false,
+            wide: wide::Uses::default(),
         }
     }
 

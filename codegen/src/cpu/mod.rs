@@ -46,11 +46,9 @@ pub struct CpuJit {
     isa: OwnedTargetIsa,
     host_ids: [u32; HostFn::ALL.len()],
     fma: bool,
-    /// Pointwise rows with transcendentals call the wide helpers (see [`wide`]).
-    wide: bool,
-    /// Log-sum-exp rows, and Welford rows of a contiguous input, call the
-    /// wide reduce helper (on by default: see [`wide::rows_by_default`]).
-    wide_rows: bool,
+    /// Which kernels call the wide helpers ([`wide::Uses::from_env`] unless
+    /// [`CpuJit::set_wide`] said otherwise; none without a wide ISA and FMA).
+    wide: wide::Uses,
     fctx: FunctionBuilderContext,
     ctx: Context,
     compiled: usize,
@@ -116,7 +114,7 @@ fn build_function(
     func: &mut Function,
     fctx: &mut FunctionBuilderContext,
     hosts: HostImports,
-    (fma, wide, wide_rows): (bool, bool, bool),
+    (fma, wide): (bool, wide::Uses),
     config: TargetFrontendConfig,
     pool_index: u32,
 ) -> Result<(plan::Plan, Vec<u8>), Error> {
@@ -135,8 +133,7 @@ fn build_function(
     });
     let mut b = FunctionBuilder::new(func, fctx);
     let mut em = emit::Emitter::new(&mut b, hosts, fma, pool_gv);
-    em.wide = wide && fma;
-    em.wide_rows = (wide || wide_rows) && fma;
+    em.wide = if fma { wide } else { wide::Uses::default() };
     loops::build(k, &mut em, &plan);
     if let Some(e) = em.err.take() {
         return Err(Error::Codegen(format!("kernel {}: {e}", k.name)));
@@ -161,18 +158,20 @@ impl CpuJit {
             isa,
             host_ids,
             fma,
-            wide: fma && wide::on_by_default() && wide::detect().is_some(),
-            wide_rows: fma && wide::rows_by_default() && wide::detect().is_some(),
+            wide: match wide::detect() {
+                Some(isa) if fma => wide::Uses::from_env(Some(isa)),
+                _ => wide::Uses::default(),
+            },
             fctx: FunctionBuilderContext::new(),
             ctx: Context::new(),
             compiled: 0,
         })
     }
 
-    /// The wide ISA kernels compiled from now on call on their tiles, if any
-    /// ([`wide::detect`]; `None` without AVX2/AVX-512 or after `set_wide(false)`).
+    /// The wide ISA kernels compiled from now on call, if any ([`wide::detect`];
+    /// `None` without AVX2/AVX-512, with `KILN_WIDE=0` or after `set_wide(false)`).
     pub fn wide_isa(&self) -> Option<wide::WideIsa> {
-        if self.wide {
+        if self.wide.any() {
             wide::detect()
         } else {
             None
@@ -182,8 +181,7 @@ impl CpuJit {
     /// Turns the wide helpers on (where the CPU has them) or off for kernels
     /// compiled from now on; off, they are plain f32x4 code (same results).
     pub fn set_wide(&mut self, on: bool) {
-        self.wide = on && self.fma && wide::detect().is_some();
-        self.wide_rows = self.wide;
+        self.wide = wide::Uses::all(on && self.fma && wide::detect().is_some());
     }
 
     /// Frees the machine code of every kernel this JIT compiled (dropping a
@@ -222,7 +220,7 @@ impl CpuJit {
             &mut self.ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide, self.wide_rows),
+            (self.fma, self.wide),
             config,
             data.as_u32(),
         )?;
@@ -286,7 +284,7 @@ impl CpuJit {
             &mut func,
             &mut fctx,
             hosts,
-            (true, wide, wide),
+            (true, wide::Uses::all(wide)),
             config,
             0,
         )?;
@@ -315,7 +313,7 @@ impl CpuJit {
             &mut ctx.func,
             &mut self.fctx,
             hosts,
-            (self.fma, self.wide, self.wide_rows),
+            (self.fma, self.wide),
             self.isa.frontend_config(),
             0,
         )?;

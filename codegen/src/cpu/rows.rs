@@ -123,7 +123,7 @@ fn stored_value(em: &mut Emitter, at: Value, off: i32, scale: Value) -> Value {
 /// wide helper for `op`, in f32 on vectors, and the emitter may call it.
 fn wide_root(k: &Kernel, em: &Emitter, plan: &Plan) -> Option<(UnaryOp, ValueId)> {
     let rows = k.rows.as_ref()?;
-    let on = (em.wide || em.wide_rows) && plan.lanes == 4 && plan.vdt == DType::F32;
+    let on = em.wide.rows && plan.lanes == 4 && plan.vdt == DType::F32;
     match k.instr(rows.out) {
         (Instr::Unary(op, a), DType::F32) if on && k.dtype_of(a) == DType::F32 => {
             wide::op_code(op).map(|_| (op, a))

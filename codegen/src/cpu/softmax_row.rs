@@ -52,7 +52,7 @@ pub(crate) fn stored_exp(k: &Kernel, em: &Emitter, plan: &Plan) -> Option<ValueI
     let rows = k.rows.as_ref()?;
     let rp = row_pass_plan(k);
     let f32_lanes = |p: &Plan| p.lanes == 4 && p.vdt == DType::F32;
-    let on = (em.wide || em.wide_rows)
+    let on = em.wide.rows
         && enabled()
         && red.kind == ReduceKind::LogSumExp
         && red.dtype == DType::F32

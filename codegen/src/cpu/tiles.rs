@@ -56,7 +56,7 @@ pub(crate) fn tiled_row(
     let k = row.k;
     let roots: Vec<usize> = stores.iter().map(|s| s.2).collect();
     let heavy = wide_values(k, &roots);
-    if !em.wide || heavy.is_empty() || plan.lanes != 4 || plan.vdt != DType::F32 {
+    if !em.wide.pointwise || heavy.is_empty() || plan.lanes != 4 || plan.vdt != DType::F32 {
         return lo;
     }
     let tile = wide::TILE as i64;
@@ -187,7 +187,7 @@ pub(crate) fn tiled_online_row(
     let direct = direct_operand(row.k, value);
     // Welford rows by default only in place: through a tile copy they
     // measured no faster than the one-pass f32x4 code.
-    let on = em.wide || (em.wide_rows && (is_lse || direct.is_some()));
+    let on = em.wide.expression_rows || (em.wide.rows && (is_lse || direct.is_some()));
     if !on || plan.lanes != 4 || vd != DType::F32 || cd != DType::F32 {
         return None;
     }

@@ -5,6 +5,7 @@
 use super::lanes::{Lanes, Scalar};
 use super::tile::{self, Src, TileIsa};
 use kiln_ir::scalar::{Cmp, Prim1, Prim2};
+use kiln_ir::UnaryOp;
 
 macro_rules! tile_isa {
     ($(#[$doc:meta])* $name:ident, $lanes:ty $(, $feat:literal)?) => {
@@ -32,6 +33,13 @@ macro_rules! tile_isa {
                     tile::compare::<$lanes>(op, a, b, out, n)
                 }
                 go(op, a, b, out, n)
+            }
+            unsafe fn fused(op: UnaryOp, p: *mut f32, n: usize) -> bool {
+                $(#[target_feature(enable = $feat)])?
+                unsafe fn go(op: UnaryOp, p: *mut f32, n: usize) -> bool {
+                    tile::fused::<$lanes>(op, p, n)
+                }
+                go(op, p, n)
             }
             unsafe fn select(c: Src, a: Src, b: Src, out: *mut f32, n: usize) {
                 $(#[target_feature(enable = $feat)])?

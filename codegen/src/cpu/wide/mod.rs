@@ -6,14 +6,16 @@
 //! FMA (8 lanes) and AVX-512F (16 lanes); [`detect`] picks one at run time
 //! with `is_x86_feature_detected!`, and the JIT code of such a kernel calls
 //! it on L1-sized tiles ([`TILE`] elements, see `cpu/tiles.rs`). Log-sum-exp
-//! rows, and Welford rows of a contiguous input, use them by default
-//! ([`rows_by_default`]); pointwise rows and Welford rows of an expression
-//! only with `KILN_WIDE=1` (or `CpuJit::set_wide(true)`). Without either ISA,
-//! or with `KILN_WIDE=0`, kernels keep their f32x4 Cranelift code.
+//! rows, Welford rows of a contiguous input and, on AVX-512, pointwise rows
+//! use them by default ([`Uses::from_env`]); Welford rows of an expression
+//! (and pointwise rows on AVX2) only with `KILN_WIDE=1` (or
+//! `CpuJit::set_wide(true)`). Without either ISA, or with `KILN_WIDE=0`,
+//! kernels keep their f32x4 Cranelift code.
 //!
 //! Results are the Cranelift code's bits: `math.rs` is `cpu/math.rs`
 //! operation for operation, and compound ops (gelu, sigmoid, ...) run the
-//! shared [`kiln_ir::scalar::lower_unary`] on tiles (`tile.rs`).
+//! shared [`kiln_ir::scalar::lower_unary`] on tiles, or its primitives in
+//! registers in the same order (`tile.rs`).
 //!
 //! ```
 //! use kiln_codegen::cpu::wide;
@@ -234,23 +236,51 @@ extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, a
     unsafe { go(kind, x, n as usize, st, aux) }
 }
 
-/// Whether new JITs use the helpers without being asked (`set_wide`):
-/// only with `KILN_WIDE=1`, until their speed is measured in release builds
-/// (in the opt-level-1 test profile they were slower than f32x4, with the
-/// intrinsics left out of line).
-pub fn on_by_default() -> bool {
-    std::env::var("KILN_WIDE").is_ok_and(|v| v == "1")
+/// Which kernels call the helpers (where the CPU has a wide ISA and FMA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Uses {
+    /// Pointwise rows with a transcendental, on tiles.
+    pub pointwise: bool,
+    /// Log-sum-exp rows (softmax, log_softmax, logsumexp, cross entropy)
+    /// and Welford rows of a contiguous input (layer_norm of a tensor).
+    pub rows: bool,
+    /// Welford rows of an expression, through a tile copy.
+    pub expression_rows: bool,
 }
 
-/// Whether log-sum-exp rows (softmax, log_softmax, logsumexp, cross
-/// entropy) and Welford rows of a contiguous input (layer_norm of a tensor)
-/// use the wide reduce helper without being asked: yes unless
-/// `KILN_WIDE=0`. It is where the helpers pay: on AVX2, W2 softmax ran 1.70x
-/// faster compiled and 1.27x eager; on AVX-512, W3 layer_norm read in place
-/// 2.44 -> 1.76 ms; pointwise tiles (W1, memory-bound) and Welford rows
-/// through a tile copy did not gain.
-pub fn rows_by_default() -> bool {
-    std::env::var("KILN_WIDE").map_or(true, |v| v != "0")
+impl Uses {
+    /// Every use on, or none.
+    pub fn all(on: bool) -> Uses {
+        Uses {
+            pointwise: on,
+            rows: on,
+            expression_rows: on,
+        }
+    }
+
+    /// The uses measured to pay, unless `KILN_WIDE` says otherwise
+    /// (`1`: all, `0`: none). Rows: on AVX2, W2 softmax ran 1.70x faster
+    /// compiled and 1.27x eager; on AVX-512, W3 layer_norm read in place
+    /// 2.44 -> 1.76 ms. Pointwise on AVX-512 only: with compound ops in
+    /// registers W1's gelu chain ran 2.39 -> 1.83 ms compiled on Zen 5 (on
+    /// AVX2 it had lost, 0.59x, before that). Welford rows through a tile
+    /// copy measured no faster than f32x4.
+    pub fn from_env(isa: Option<WideIsa>) -> Uses {
+        match std::env::var("KILN_WIDE").as_deref() {
+            Ok("1") => Uses::all(true),
+            Ok("0") => Uses::all(false),
+            _ => Uses {
+                pointwise: isa == Some(WideIsa::Avx512),
+                rows: true,
+                expression_rows: false,
+            },
+        }
+    }
+
+    /// Whether any kernel calls a helper.
+    pub fn any(self) -> bool {
+        self.pointwise || self.rows || self.expression_rows
+    }
 }
 
 /// The widest ISA this CPU has (AVX-512F, else AVX2 + FMA), or `None` when it

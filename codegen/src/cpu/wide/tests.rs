@@ -205,3 +205,18 @@ fn softmax_row_from_a_source_matches_the_row_done_in_place() {
     let e = lse_store_from(None, &[1.0; 3], &mut [0.0; 2]).unwrap_err();
     assert!(e.to_string().contains("src has 3 values, dst 2"), "{e}");
 }
+
+/// The default uses: rows everywhere, pointwise only on AVX-512 (where it
+/// was measured to pay), expression rows never; `KILN_WIDE` overrides.
+#[test]
+fn default_uses_follow_the_measurements() {
+    if std::env::var("KILN_WIDE").is_ok() {
+        return; // the environment chose
+    }
+    let avx512 = Uses::from_env(Some(WideIsa::Avx512));
+    assert!(avx512.pointwise && avx512.rows && !avx512.expression_rows);
+    let avx2 = Uses::from_env(Some(WideIsa::Avx2));
+    assert!(!avx2.pointwise && avx2.rows && !avx2.expression_rows);
+    assert_eq!(Uses::all(false), Uses::default());
+    assert!(!Uses::default().any() && Uses::all(true).any());
+}

@@ -164,6 +164,52 @@ pub(crate) unsafe fn select<L: Lanes>(c: Src, a: Src, b: Src, out: *mut f32, n: 
     }
 }
 
+// The compound ops of `SUPPORTED` in registers: `lower_unary`'s primitives
+// (activation.rs) in its order, one vector at a time; the same IEEE
+// operations on the same values give the same bits, and a tile is loaded
+// and stored once instead of once per primitive. The wide tests hold every
+// one to the interpreter bit for bit.
+#[inline(always)]
+fn sigmoid<L: Lanes>(x: L::F) -> L::F {
+    let e = math::exp::<L>(math::neg::<L>(x));
+    let one = L::splat(1.0);
+    L::div(one, L::add(one, e))
+}
+#[inline(always)]
+fn silu<L: Lanes>(x: L::F) -> L::F {
+    let e = math::exp::<L>(math::neg::<L>(x));
+    L::div(x, L::add(L::splat(1.0), e))
+}
+#[inline(always)]
+fn gelu<L: Lanes>(x: L::F) -> L::F {
+    let u = L::mul(x, L::splat(std::f64::consts::FRAC_1_SQRT_2 as f32));
+    let t = L::add(L::splat(1.0), math::erf::<L>(u));
+    L::mul(L::mul(x, L::splat(0.5)), t)
+}
+#[inline(always)]
+fn gelu_tanh<L: Lanes>(x: L::F) -> L::F {
+    let x3 = L::mul(L::mul(x, x), x);
+    let inner = L::add(x, L::mul(x3, L::splat(0.044715)));
+    let u = L::mul(inner, L::splat((2.0 / std::f64::consts::PI).sqrt() as f32));
+    let t1 = L::add(L::splat(1.0), math::tanh::<L>(u));
+    L::mul(L::mul(x, L::splat(0.5)), t1)
+}
+
+/// `p[..n] = op(p[..n])` in registers when `op` is one of the compound ops
+/// above (false, nothing written, otherwise).
+#[inline(always)]
+pub(crate) unsafe fn fused<L: Lanes>(op: UnaryOp, p: *mut f32, n: usize) -> bool {
+    let x = Src::Tile(p);
+    match op {
+        UnaryOp::Sigmoid => map1::<L>(x, p, n, sigmoid::<L>),
+        UnaryOp::Silu => map1::<L>(x, p, n, silu::<L>),
+        UnaryOp::Gelu => map1::<L>(x, p, n, gelu::<L>),
+        UnaryOp::GeluTanh => map1::<L>(x, p, n, gelu_tanh::<L>),
+        _ => return false,
+    }
+    true
+}
+
 /// The tile loops of one instruction set (see `isa.rs`).
 pub(crate) trait TileIsa {
     /// # Safety
@@ -178,6 +224,11 @@ pub(crate) trait TileIsa {
     /// # Safety
     /// As [`TileIsa::unary`].
     unsafe fn select(c: Src, a: Src, b: Src, out: *mut f32, n: usize);
+    /// [`fused`] for this ISA.
+    ///
+    /// # Safety
+    /// As [`TileIsa::unary`], `p` read and written.
+    unsafe fn fused(op: UnaryOp, p: *mut f32, n: usize) -> bool;
 }
 
 /// [`ScalarOps`] over tiles of `n` f32 lanes (bools are masks).
@@ -287,6 +338,9 @@ pub(crate) unsafe fn run<I: TileIsa, J: TileIsa>(
 }
 
 unsafe fn run_tile<I: TileIsa>(op: UnaryOp, p: *mut f32, n: usize, arena: *mut f32) {
+    if I::fused(op, p, n) {
+        return;
+    }
     let mut ops = TileOps::<I> {
         arena,
         used: 0,
