@@ -268,16 +268,39 @@ pub fn adaptive_avg_pool2d<T: Elem>(g: &Pool2dGeometry, input: &[T], out: &mut [
         for (k, ov) in o.iter_mut().enumerate() {
             let (hs, he) = adaptive_range(k / ow, h, oh);
             let (ws, we) = adaptive_range(k % ow, w, ow);
-            let mut sum = T::ZERO;
-            for ih in hs..he {
-                for v in &x[ih * w + ws..ih * w + we] {
-                    sum += *v;
-                }
-            }
+            let sum = window_sum(x, w, (hs, he), (ws, we));
             *ov = sum / T::from_f64(((he - hs) * (we - ws)) as f64);
         }
     };
     for_planes(g, h * w, out, None, f);
+}
+
+/// The sum of rows `hs..he`, columns `ws..we` of a plane `w` wide. A global
+/// pool's window is the whole plane (contiguous, summed as one run): eight
+/// running sums, so the adds do not wait on each other (one sum ran a 4-cycle
+/// add per element, 4 µs per 56x56 plane), combined pairwise at the end.
+fn window_sum<T: Elem>(x: &[T], w: usize, (hs, he): (usize, usize), (ws, we): (usize, usize)) -> T {
+    let mut acc = [T::ZERO; 8];
+    let mut add_run = |run: &[T]| {
+        let mut chunks = run.chunks_exact(8);
+        for c in &mut chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += v;
+            }
+        }
+        for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+            *a += v;
+        }
+    };
+    if ws == 0 && we == w {
+        add_run(&x[hs * w..he * w]);
+    } else {
+        for ih in hs..he {
+            add_run(&x[ih * w + ws..ih * w + we]);
+        }
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
 }
 
 /// `adaptive_max_pool2d` with flat in-plane indices, same windows as
