@@ -9,11 +9,15 @@
 mod fixture_support;
 
 use fixture_support::{load_suite, Case, Fixtures, FORWARD_SUITES};
+use kiln::backends::cpu::{with_algorithm, ConvAlgo};
 use kiln::compile::dispatch::run_op;
 use kiln::compile::trace::{self, Binding, GraphBreak, Trace};
 use kiln::ir::graph::NodeOp;
+use kiln::ir::op::conv::conv_geometry;
+use kiln::ir::op::Op;
 use kiln::nn::{Linear, Module, ModuleExt, Sequential};
 use kiln::optim::Optimizer;
+use kiln::runtime::externs::conv::select;
 use kiln::{DType, Tensor};
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -110,7 +114,12 @@ fn replay(tr: &Trace, args: &[Tensor]) -> Result<Vec<Tensor>, String> {
                     .iter()
                     .map(operand)
                     .collect::<Result<Vec<_>, _>>()?;
-                run_op(op, &ins).map_err(|e| format!("run_op %{}: {e}", id.index()))?
+                let run = || run_op(op, &ins);
+                match eager_conv_algorithm(op, &ins) {
+                    Some(algo) => with_algorithm(algo, run),
+                    None => run(),
+                }
+                .map_err(|e| format!("run_op %{}: {e}", id.index()))?
             }
             NodeOp::Project(i) => vec![env[node.operands[0].index()][*i].clone()],
             NodeOp::Const(_) => return Err("the tracer made a constant node".into()),
@@ -120,6 +129,20 @@ fn replay(tr: &Trace, args: &[Tensor]) -> Result<Vec<Tensor>, String> {
         .iter()
         .map(|o| env[o.index()].first().cloned().ok_or("empty output".into()))
         .collect()
+}
+
+/// The algorithm an eager conv of `op` on `ins` runs (benchmarking is off
+/// for eager ops: the heuristic). A compiled graph's convs time theirs, and
+/// another algorithm rounds differently (as under `cudnn.benchmark`), so the
+/// replay runs the one the traced outputs came from.
+fn eager_conv_algorithm(op: &Op, ins: &[Tensor]) -> Option<ConvAlgo> {
+    let Op::Conv { params, spatial } = op else {
+        return None;
+    };
+    let name = if *spatial == 1 { "conv1d" } else { "conv2d" };
+    let bias = ins.get(2).map(|b| b.dims().to_vec());
+    let g = conv_geometry(name, ins[0].dims(), ins[1].dims(), bias.as_deref(), params).ok()?;
+    Some(select::heuristic(&g))
 }
 
 /// Same dtype, shape and bytes.

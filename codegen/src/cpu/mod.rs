@@ -159,7 +159,7 @@ impl CpuJit {
             host_ids,
             fma,
             wide: match wide::detect() {
-                Some(isa) if fma => wide::Uses::from_env(Some(isa)),
+                Some(isa) if fma => wide::Uses::from_env(isa),
                 _ => wide::Uses::default(),
             },
             fctx: FunctionBuilderContext::new(),

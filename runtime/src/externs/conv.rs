@@ -3,8 +3,9 @@
 //! F(2x2, 3x3) (`winograd.rs`), by register tiles read straight off a
 //! padded copy of the input (`direct.rs`), or for depthwise convolutions by
 //! register accumulators over the same copy (`depthwise.rs`); `select.rs`
-//! picks one per shape (timing them when benchmarking is on) and `packed.rs` keeps transformed weights per parameter version
-//! (`conv_transpose2d` is in `conv_transpose.rs`).
+//! picks one per shape (timing them when benchmarking is on) and `packed.rs`
+//! keeps transformed weights per parameter version (`conv_transpose2d` is in
+//! `conv_transpose.rs`).
 //!
 //! Geometry (stride, asymmetric padding, dilation, groups) comes checked from
 //! `kiln_ir::op::conv::{conv_geometry, conv_transpose_geometry}`.

@@ -237,6 +237,13 @@ extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, a
 }
 
 /// Which kernels call the helpers (where the CPU has a wide ISA and FMA).
+///
+/// ```
+/// use kiln_codegen::cpu::wide::{Uses, WideIsa};
+/// let u = Uses::from_env(WideIsa::Avx512);
+/// assert!(u.rows || std::env::var("KILN_WIDE").is_ok_and(|v| v == "0"));
+/// assert!(!Uses::all(false).any());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Uses {
     /// Pointwise rows with a transcendental, on tiles.
@@ -265,12 +272,12 @@ impl Uses {
     /// registers W1's gelu chain ran 2.39 -> 1.83 ms compiled on Zen 5 (on
     /// AVX2 it had lost, 0.59x, before that). Welford rows through a tile
     /// copy measured no faster than f32x4.
-    pub fn from_env(isa: Option<WideIsa>) -> Uses {
+    pub fn from_env(isa: WideIsa) -> Uses {
         match std::env::var("KILN_WIDE").as_deref() {
             Ok("1") => Uses::all(true),
             Ok("0") => Uses::all(false),
             _ => Uses {
-                pointwise: isa == Some(WideIsa::Avx512),
+                pointwise: isa == WideIsa::Avx512,
                 rows: true,
                 expression_rows: false,
             },

@@ -213,9 +213,9 @@ fn default_uses_follow_the_measurements() {
     if std::env::var("KILN_WIDE").is_ok() {
         return; // the environment chose
     }
-    let avx512 = Uses::from_env(Some(WideIsa::Avx512));
+    let avx512 = Uses::from_env(WideIsa::Avx512);
     assert!(avx512.pointwise && avx512.rows && !avx512.expression_rows);
-    let avx2 = Uses::from_env(Some(WideIsa::Avx2));
+    let avx2 = Uses::from_env(WideIsa::Avx2);
     assert!(!avx2.pointwise && avx2.rows && !avx2.expression_rows);
     assert_eq!(Uses::all(false), Uses::default());
     assert!(!Uses::default().any() && Uses::all(true).any());
