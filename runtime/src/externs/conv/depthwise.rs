@@ -77,13 +77,14 @@ pub fn conv2d<T: Elem>(
     };
     let init = || (Vec::new(), Vec::new());
     let work = out.len() * taps;
-    let planes = out.chunks_mut(oh * ow).enumerate();
     if threads() > 1 && work >= PAR_MIN_WORK {
         let planes = out.par_chunks_mut(oh * ow).enumerate();
         planes.try_for_each_init(init, |s, p| plane(p, s))
     } else {
         let mut s = init();
-        planes.into_iter().try_for_each(|p| plane(p, &mut s))
+        out.chunks_mut(oh * ow)
+            .enumerate()
+            .try_for_each(|p| plane(p, &mut s))
     }
 }
 
