@@ -29,62 +29,50 @@ pub struct PatchMap {
     offsets: Vec<u32>,
 }
 
-/// One axis of the grid-to-plane map: `grid * stride + tap * dilation - pad`.
-#[derive(Clone, Copy)]
-struct Axis {
-    grid: usize,
-    plane: usize,
-    kernel: usize,
-    stride: usize,
-    dilation: usize,
-    pad: usize,
-}
+/// Per axis (rows, columns): the grid's and the plane's extents and the
+/// kernel, stride, dilation and leading pad that map grid position `o` and
+/// tap `k` to plane coordinate `o * stride + k * dilation - pad`.
+type Axes = [[usize; 2]; 6];
 
 impl PatchMap {
     /// The map of `g`'s im2col (grid: output positions, plane: the input),
     /// when its output rows are short enough for the table to pay.
     pub fn for_conv(g: &ConvGeometry) -> Option<PatchMap> {
-        let axis = |d: usize| Axis {
-            grid: g.out_size[d],
-            plane: g.in_size[d],
-            kernel: g.kernel[d],
-            stride: g.stride[d],
-            dilation: g.dilation[d],
-            pad: g.pad_begin[d],
-        };
-        Self::build([axis(0), axis(1)])
+        Self::build([
+            g.out_size,
+            g.in_size,
+            g.kernel,
+            g.stride,
+            g.dilation,
+            g.pad_begin,
+        ])
     }
 
     /// The map of `g`'s col2im (grid: input positions, plane: the output).
     pub fn for_transpose(g: &ConvTransposeGeometry) -> Option<PatchMap> {
-        let axis = |d: usize| Axis {
-            grid: g.in_size[d],
-            plane: g.out_size[d],
-            kernel: g.kernel[d],
-            stride: g.stride[d],
-            dilation: g.dilation[d],
-            pad: g.padding[d],
-        };
-        Self::build([axis(0), axis(1)])
+        Self::build([
+            g.in_size, g.out_size, g.kernel, g.stride, g.dilation, g.padding,
+        ])
     }
 
-    fn build([a, b]: [Axis; 2]) -> Option<PatchMap> {
-        let (taps, positions, plane) = (a.kernel * b.kernel, a.grid * b.grid, a.plane * b.plane);
+    fn build([grid, size, kernel, stride, dilation, pad]: Axes) -> Option<PatchMap> {
+        let taps = kernel[0] * kernel[1];
+        let (positions, plane) = (grid[0] * grid[1], size[0] * size[1]);
         let entries = taps.checked_mul(positions)?;
-        if b.grid >= SHORT_ROW || entries > MAX_ENTRIES || plane >= PAD as usize {
+        if grid[1] >= SHORT_ROW || entries > MAX_ENTRIES || plane >= PAD as usize {
             return None;
         }
-        let coord = |x: &Axis, o: usize, k: usize| {
-            let at = (o * x.stride + k * x.dilation) as isize - x.pad as isize;
-            (0..x.plane as isize).contains(&at).then_some(at as usize)
+        let coord = |d: usize, o: usize, k: usize| {
+            let at = (o * stride[d] + k * dilation[d]) as isize - pad[d] as isize;
+            (0..size[d] as isize).contains(&at).then_some(at as usize)
         };
         let mut offsets = Vec::with_capacity(entries);
-        for i in 0..a.kernel {
-            for j in 0..b.kernel {
-                for r in 0..a.grid {
-                    for c in 0..b.grid {
-                        let at = match (coord(&a, r, i), coord(&b, c, j)) {
-                            (Some(y), Some(x)) => (y * b.plane + x) as u32,
+        for i in 0..kernel[0] {
+            for j in 0..kernel[1] {
+                for r in 0..grid[0] {
+                    for c in 0..grid[1] {
+                        let at = match (coord(0, r, i), coord(1, c, j)) {
+                            (Some(y), Some(x)) => (y * size[1] + x) as u32,
                             _ => PAD,
                         };
                         offsets.push(at);
