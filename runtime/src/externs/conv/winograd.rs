@@ -9,6 +9,7 @@
 //! The transforms are written over contiguous runs of tiles (the input row
 //! split into its even and odd columns), so the compiler vectorises them; on
 //! x86 they are compiled a second time for AVX2 and chosen at run time.
+//! For f32 on AVX-512 the transforms run on 16 tiles a vector (`avx512.rs`).
 
 use super::{Epilogue, Tile};
 use crate::externs::cpu_isa::{self, Isa};
@@ -16,6 +17,10 @@ use crate::externs::gemm::{auto_parallelism, gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use rayon::prelude::*;
+use std::any::TypeId;
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 /// Tiles per block: `V` and `M` of a 64-channel block (2 x 16 x 64 x 96 f32,
 /// 768 KiB) stay in L2/L3 while the 16 GEMMs read them.
@@ -174,15 +179,19 @@ unsafe fn block<T: Elem>(
     super::scratch(&mut s.eo, 8 * (tl.tw + 1), "conv2d", &shapes)?;
     super::scratch(&mut s.rt, 16 * tl.tw, "conv2d", &shapes)?;
     super::scratch(&mut s.st, 12 * tl.tw, "conv2d", &shapes)?;
+    let wide = isa == Isa::Avx512 && TypeId::of::<T>() == TypeId::of::<f32>();
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
+    if wide {
+        // SAFETY: T is f32 (checked above) and the CPU has AVX-512F.
+        avx512::input_transform(g, tl.tw, as_f32(x), (tr0, tr1), as_f32_mut(&mut s.v));
+    } else if isa >= Isa::Avx2 {
         input_transform_avx2(g, tl, x, (tr0, tr1), s);
     } else {
         input_transform(g, tl, x, (tr0, tr1), s);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = isa;
+        let _ = (isa, wide);
         input_transform(g, tl, x, (tr0, tr1), s);
     }
     for xi in 0..16 {
@@ -204,12 +213,37 @@ unsafe fn block<T: Elem>(
         );
     }
     #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: as for the input transform; `out` as this function's.
+        let bias = bias.map(|b| as_f32(b));
+        avx512::output_transform(g, tl.tw, as_f32(&s.m), bias, out.cast(), (tr0, tr1));
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
         output_transform_avx2(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
         return Ok(());
     }
     output_transform(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
     Ok(())
+}
+
+/// `xs` as f32s.
+///
+/// # Safety
+/// `T` must be f32.
+#[cfg(target_arch = "x86_64")]
+unsafe fn as_f32<T: Elem>(xs: &[T]) -> &[f32] {
+    &*(xs as *const [T] as *const [f32])
+}
+
+/// `xs` as f32s.
+///
+/// # Safety
+/// `T` must be f32.
+#[cfg(target_arch = "x86_64")]
+unsafe fn as_f32_mut<T: Elem>(xs: &mut [T]) -> &mut [f32] {
+    &mut *(xs as *mut [T] as *mut [f32])
 }
 
 #[cfg(target_arch = "x86_64")]
