@@ -176,10 +176,13 @@ unsafe fn block<T: Elem>(
     let shapes = || super::conv_shapes(g);
     super::scratch(&mut s.v, 16 * c * nt, "conv2d", &shapes)?;
     super::scratch(&mut s.m, 16 * k * nt, "conv2d", &shapes)?;
-    super::scratch(&mut s.eo, 8 * (tl.tw + 1), "conv2d", &shapes)?;
-    super::scratch(&mut s.rt, 16 * tl.tw, "conv2d", &shapes)?;
-    super::scratch(&mut s.st, 12 * tl.tw, "conv2d", &shapes)?;
     let wide = isa == Isa::Avx512 && TypeId::of::<T>() == TypeId::of::<f32>();
+    if !wide {
+        // the staging rows of the portable transforms
+        super::scratch(&mut s.eo, 8 * (tl.tw + 1), "conv2d", &shapes)?;
+        super::scratch(&mut s.rt, 16 * tl.tw, "conv2d", &shapes)?;
+        super::scratch(&mut s.st, 12 * tl.tw, "conv2d", &shapes)?;
+    }
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: T is f32 (checked above) and the CPU has AVX-512F.
