@@ -385,20 +385,36 @@ fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T
     im2col_ld(g, x, p0, p1, col, p1 - p0)
 }
 
+/// Whether `T` is f32 (the element type the wide kernels are written for).
+pub(super) fn is_f32<T: Elem>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+}
+
+/// `xs` as f32s.
+///
+/// # Safety
+/// `T` must be f32 ([`is_f32`]).
+pub(super) unsafe fn as_f32<T: Elem>(xs: &[T]) -> &[f32] {
+    &*(xs as *const [T] as *const [f32])
+}
+
+/// `xs` as f32s.
+///
+/// # Safety
+/// `T` must be f32 ([`is_f32`]).
+pub(super) unsafe fn as_f32_mut<T: Elem>(xs: &mut [T]) -> &mut [f32] {
+    &mut *(xs as *mut [T] as *mut [f32])
+}
+
 /// `dst[k] = src[k * stride]` for every `k` of `dst`.
 #[inline]
 pub(super) fn copy_strided<T: Elem>(dst: &mut [T], src: &[T], stride: usize) {
     match stride {
         1 => dst.copy_from_slice(&src[..dst.len()]),
         #[cfg(target_arch = "x86_64")]
-        2 if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
-            && cpu_isa::detect() == cpu_isa::Isa::Avx512 =>
-        {
+        2 if is_f32::<T>() && cpu_isa::detect() == cpu_isa::Isa::Avx512 => {
             // SAFETY: T is f32 (checked above); the CPU has AVX-512F.
-            unsafe {
-                let d = &mut *(dst as *mut [T] as *mut [f32]);
-                evens_avx512(d, &*(src as *const [T] as *const [f32]))
-            }
+            unsafe { evens_avx512(as_f32_mut(dst), as_f32(src)) }
         }
         // indexing a slice cut to the reach keeps the loop free of checks
         // (a zipped step_by iterator ran several cycles per element)

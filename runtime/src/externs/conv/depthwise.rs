@@ -22,7 +22,6 @@ use crate::externs::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
 use rayon::prelude::*;
-use std::any::TypeId;
 
 /// Output columns one accumulator block covers: four 16-lane vectors.
 const BLOCK: usize = 64;
@@ -95,10 +94,9 @@ pub fn conv2d<T: Elem>(
 /// `xs[koff[k] + t]` must be in bounds for every `k` and `t < acc.len()`.
 unsafe fn accumulate<T: Elem>(w: &[T], koff: &[isize], xs: &[T], bias: T, acc: &mut [T]) {
     #[cfg(target_arch = "x86_64")]
-    if TypeId::of::<T>() == TypeId::of::<f32>() {
-        let w = &*(w as *const [T] as *const [f32]);
+    if super::is_f32::<T>() {
+        let (w, acc) = (super::as_f32(w), super::as_f32_mut(acc));
         let xs = (xs as *const [T]).cast::<f32>();
-        let acc = &mut *(acc as *mut [T] as *mut [f32]);
         let bias = *(&bias as *const T).cast::<f32>();
         match cpu_isa::detect() {
             // SAFETY: T is f32 (checked above); the CPU has the ISA.

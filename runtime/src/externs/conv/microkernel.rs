@@ -15,7 +15,6 @@
 
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::Elem;
-use std::any::TypeId;
 
 /// Output channels per register tile.
 pub const MR: usize = 6;
@@ -31,7 +30,7 @@ pub const NR: usize = 32;
 /// be readable for every `p` and `q < NR`.
 pub unsafe fn tile<T: Elem>(a: *const T, koff: &[isize], b: *const T, tile: &mut [T; MR * NR]) {
     #[cfg(target_arch = "x86_64")]
-    if TypeId::of::<T>() == TypeId::of::<f32>() {
+    if super::is_f32::<T>() {
         let (a, b) = (a as *const f32, b as *const f32);
         let t = &mut *(tile as *mut [T; MR * NR] as *mut [f32; MR * NR]);
         match cpu_isa::detect() {
@@ -63,7 +62,7 @@ pub unsafe fn tile_pair<T: Elem>(
     t1: &mut [T; MR * NR],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if TypeId::of::<T>() == TypeId::of::<f32>() && cpu_isa::detect() == Isa::Avx512 {
+    if super::is_f32::<T>() && cpu_isa::detect() == Isa::Avx512 {
         let f = |t: &mut [T; MR * NR]| &mut *(t as *mut [T; MR * NR] as *mut [f32; MR * NR]);
         // SAFETY: T is f32 (checked above); the CPU has AVX-512F.
         return tile_pair_avx512(

@@ -11,13 +11,14 @@
 //! x86 they are compiled a second time for AVX2 and chosen at run time.
 //! For f32 on AVX-512 the transforms run on 16 tiles a vector (`avx512.rs`).
 
+#[cfg(target_arch = "x86_64")]
+use super::{as_f32, as_f32_mut};
 use super::{Epilogue, Tile};
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::gemm::{auto_parallelism, gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use rayon::prelude::*;
-use std::any::TypeId;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -176,7 +177,7 @@ unsafe fn block<T: Elem>(
     let shapes = || super::conv_shapes(g);
     super::scratch(&mut s.v, 16 * c * nt, "conv2d", &shapes)?;
     super::scratch(&mut s.m, 16 * k * nt, "conv2d", &shapes)?;
-    let wide = isa == Isa::Avx512 && TypeId::of::<T>() == TypeId::of::<f32>();
+    let wide = isa == Isa::Avx512 && super::is_f32::<T>();
     if !wide {
         // the staging rows of the portable transforms
         super::scratch(&mut s.eo, 8 * (tl.tw + 1), "conv2d", &shapes)?;
@@ -229,24 +230,6 @@ unsafe fn block<T: Elem>(
     }
     output_transform(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
     Ok(())
-}
-
-/// `xs` as f32s.
-///
-/// # Safety
-/// `T` must be f32.
-#[cfg(target_arch = "x86_64")]
-unsafe fn as_f32<T: Elem>(xs: &[T]) -> &[f32] {
-    &*(xs as *const [T] as *const [f32])
-}
-
-/// `xs` as f32s.
-///
-/// # Safety
-/// `T` must be f32.
-#[cfg(target_arch = "x86_64")]
-unsafe fn as_f32_mut<T: Elem>(xs: &mut [T]) -> &mut [f32] {
-    &mut *(xs as *mut [T] as *mut [f32])
 }
 
 #[cfg(target_arch = "x86_64")]
