@@ -4,7 +4,10 @@
 //! (`V = B^T d B`), 16 GEMMs `M_xi[K, T] = U_xi[K, C] @ V_xi[C, T]` run on the
 //! weights transformed once (`U = G w G^T`, [`pack_weights`]), and the
 //! output is transformed back (`Y = A^T M A`) with the bias, then handed to
-//! the epilogue while it is in cache.
+//! the epilogue while it is in cache. The tile rows of all samples are
+//! numbered as one run and cut into even blocks, so small planes (7x7 has
+//! 16 tiles) share a block, and with it each read of `U`, with other
+//! samples' tiles instead of running 16 GEMMs a sample on a sliver of tiles.
 //!
 //! The transforms are written over contiguous runs of tiles (the input row
 //! split into its even and odd columns), so the compiler vectorises them; on
@@ -78,11 +81,42 @@ struct Scratch<T> {
     st: Vec<T>,
 }
 
-/// Geometry of the tiling.
+/// Geometry of the tiling. Tile rows are numbered across the batch: global
+/// row `gr` is tile row `gr % th` of sample `gr / th`.
 #[derive(Clone, Copy)]
 struct Tiling {
     /// tiles per output row pair
     tw: usize,
+    /// tile rows per sample
+    th: usize,
+}
+
+impl Tiling {
+    fn new(g: &ConvGeometry) -> Tiling {
+        let [oh, ow] = g.out_size;
+        Tiling {
+            tw: ow.div_ceil(2),
+            th: oh.div_ceil(2),
+        }
+    }
+
+    /// `(sample, tile row)` of global tile row `gr`.
+    fn locate(self, gr: usize) -> (usize, usize) {
+        (gr / self.th, gr % self.th)
+    }
+
+    /// `(rows per block, blocks)`: about [`BLOCK_TILES`] tiles a block, the
+    /// `n * th` global rows shared out evenly over a multiple of `workers`
+    /// blocks where there are rows enough.
+    fn blocks(self, n: usize, workers: usize) -> (usize, usize) {
+        let rows = n * self.th;
+        let blocks = (rows * self.tw)
+            .div_ceil(BLOCK_TILES)
+            .next_multiple_of(workers)
+            .clamp(1, rows);
+        let per_block = rows.div_ceil(blocks);
+        (per_block, rows.div_ceil(per_block))
+    }
 }
 
 /// `conv2d` by Winograd F(2x2, 3x3) on the transformed weights `u`
@@ -96,56 +130,48 @@ pub fn conv2d<T: Elem>(
     epilogue: Option<Epilogue>,
 ) -> kiln_ir::Result<()> {
     let [oh, ow] = g.out_size;
-    let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
-    let rows_per_block = (BLOCK_TILES / tw).clamp(1, th);
-    let tl = Tiling { tw };
+    let tl = Tiling::new(g);
+    let work = g.n * g.c_out * g.c_in * tl.th * tl.tw * 16;
+    let workers = if work >= PAR_MIN_WORK { threads() } else { 1 };
+    let (rows_per_block, items) = tl.blocks(g.n, workers);
     assert_eq!(u.len(), 16 * g.c_out * g.c_in, "winograd: packed weights");
-    let blocks = th.div_ceil(rows_per_block);
-    let items = g.n * blocks;
+    assert!(input.len() >= g.n * g.c_in * g.in_size[0] * g.in_size[1]);
+    assert!(out.len() >= g.n * g.c_out * oh * ow);
     let dst = SendPtr(out.as_mut_ptr());
     let isa = cpu_isa::detect();
-    let work = g.n * g.c_out * g.c_in * th * tw * 16;
     let run = |item: usize, s: &mut Scratch<T>, par: Parallelism| -> kiln_ir::Result<()> {
-        let (ni, bi) = (item / blocks, item % blocks);
-        let tr0 = bi * rows_per_block;
-        let tr1 = (tr0 + rows_per_block).min(th);
-        let x = &input[ni * g.c_in * g.in_size[0] * g.in_size[1]..]
-            [..g.c_in * g.in_size[0] * g.in_size[1]];
-        // SAFETY: item (ni, bi) writes output rows 2*tr0..2*tr1 of sample ni
-        // in every channel: disjoint from every other item, inside `out`.
-        unsafe {
-            block(
-                g,
-                tl,
-                x,
-                u,
-                bias,
-                dst.get().add(ni * g.c_out * oh * ow),
-                (tr0, tr1),
-                s,
-                par,
-                isa,
-            )?;
-        }
+        let gr0 = item * rows_per_block;
+        let gr1 = (gr0 + rows_per_block).min(g.n * tl.th);
+        // SAFETY: the item writes output rows 2*tr..2*tr+2 of the samples of
+        // its global tile rows gr0..gr1 in every channel: disjoint from every
+        // other item, inside `out` (checked above).
+        unsafe { block(g, tl, input, u, bias, dst.get(), (gr0, gr1), s, par, isa)? };
         if let Some(e) = epilogue {
-            let (r0, r1) = (2 * tr0, (2 * tr1).min(oh));
-            e(Tile {
-                n: ni,
-                c0: 0,
-                channels: g.c_out,
-                p0: r0 * ow,
-                cols: (r1 - r0) * ow,
-            });
+            // one tile per sample the block touches
+            let mut gr = gr0;
+            while gr < gr1 {
+                let (ni, tr0) = tl.locate(gr);
+                let tr1 = tr0 + (gr1 - gr).min(tl.th - tr0);
+                let (r0, r1) = (2 * tr0, (2 * tr1).min(oh));
+                e(Tile {
+                    n: ni,
+                    c0: 0,
+                    channels: g.c_out,
+                    p0: r0 * ow,
+                    cols: (r1 - r0) * ow,
+                });
+                gr += tr1 - tr0;
+            }
         }
         Ok(())
     };
-    if threads() > 1 && work >= PAR_MIN_WORK && items >= 2 * threads() {
+    if workers > 1 && items >= workers {
         (0..items)
             .into_par_iter()
             .try_for_each_init(Scratch::default, |s, i| run(i, s, Parallelism::None))
     } else {
         let par = if work >= PAR_MIN_WORK {
-            auto_parallelism(g.c_out, g.c_in, rows_per_block * tw)
+            auto_parallelism(g.c_out, g.c_in, rows_per_block * tl.tw)
         } else {
             Parallelism::None
         };
@@ -154,11 +180,11 @@ pub fn conv2d<T: Elem>(
     }
 }
 
-/// Tile rows `tr0..tr1` of one sample `x[C, H, W]` into `out[K, OH, OW]`.
+/// Global tile rows `gr0..gr1` of `x[N, C, H, W]` into `out[N, K, OH, OW]`.
 ///
 /// # Safety
-/// `out` must be valid for the sample's `K * OH * OW` elements, and no other
-/// thread may write its rows `2*tr0..2*tr1`.
+/// `out` must be valid for `N * K * OH * OW` elements, and no other thread
+/// may write the output rows of tile rows `gr0..gr1`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn block<T: Elem>(
     g: &ConvGeometry,
@@ -167,13 +193,13 @@ unsafe fn block<T: Elem>(
     u: &[T],
     bias: Option<&[T]>,
     out: *mut T,
-    (tr0, tr1): (usize, usize),
+    (gr0, gr1): (usize, usize),
     s: &mut Scratch<T>,
     par: Parallelism,
     isa: Isa,
 ) -> kiln_ir::Result<()> {
     let (c, k) = (g.c_in, g.c_out);
-    let nt = (tr1 - tr0) * tl.tw;
+    let nt = (gr1 - gr0) * tl.tw;
     let shapes = || super::conv_shapes(g);
     super::scratch(&mut s.v, 16 * c * nt, "conv2d", &shapes)?;
     super::scratch(&mut s.m, 16 * k * nt, "conv2d", &shapes)?;
@@ -187,16 +213,16 @@ unsafe fn block<T: Elem>(
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: T is f32 (checked above) and the CPU has AVX-512F.
-        avx512::input_transform(g, tl.tw, as_f32(x), (tr0, tr1), as_f32_mut(&mut s.v));
+        avx512::input_transform(g, tl, as_f32(x), (gr0, gr1), as_f32_mut(&mut s.v));
     } else if isa >= Isa::Avx2 {
-        input_transform_avx2(g, tl, x, (tr0, tr1), s);
+        input_transform_avx2(g, tl, x, (gr0, gr1), s);
     } else {
-        input_transform(g, tl, x, (tr0, tr1), s);
+        input_transform(g, tl, x, (gr0, gr1), s);
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (isa, wide);
-        input_transform(g, tl, x, (tr0, tr1), s);
+        input_transform(g, tl, x, (gr0, gr1), s);
     }
     for xi in 0..16 {
         gemm_raw(
@@ -220,15 +246,15 @@ unsafe fn block<T: Elem>(
     if wide {
         // SAFETY: as for the input transform; `out` as this function's.
         let bias = bias.map(|b| as_f32(b));
-        avx512::output_transform(g, tl.tw, as_f32(&s.m), bias, out.cast(), (tr0, tr1));
+        avx512::output_transform(g, tl, as_f32(&s.m), bias, out.cast(), (gr0, gr1));
         return Ok(());
     }
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx2 {
-        output_transform_avx2(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
+        output_transform_avx2(g, tl, &s.m, &mut s.st, bias, out, (gr0, gr1));
         return Ok(());
     }
-    output_transform(g, tl, &s.m, &mut s.st, bias, out, (tr0, tr1));
+    output_transform(g, tl, &s.m, &mut s.st, bias, out, (gr0, gr1));
     Ok(())
 }
 
@@ -258,26 +284,27 @@ unsafe fn output_transform_avx2<T: Elem>(
     output_transform(g, tl, m, st, bias, out, rows)
 }
 
-/// Writes `V[16][C][T]` for tile rows `tr0..tr1`: `B^T d B` of every 4x4
-/// input patch (zero outside the image).
+/// Writes `V[16][C][T]` for global tile rows `gr0..gr1` of `x[N, C, H, W]`:
+/// `B^T d B` of every 4x4 input patch (zero outside the image).
 #[inline(always)]
 fn input_transform<T: Elem>(
     g: &ConvGeometry,
     tl: Tiling,
     x: &[T],
-    (tr0, tr1): (usize, usize),
+    (gr0, gr1): (usize, usize),
     s: &mut Scratch<T>,
 ) {
     let [h, w] = g.in_size;
     let (pt, pl) = (g.pad_begin[0] as isize, g.pad_begin[1] as isize);
     let tw = tl.tw;
     let c_in = g.c_in;
-    let nt = (tr1 - tr0) * tw;
+    let nt = (gr1 - gr0) * tw;
     let n1 = tw + 1;
     let (eo, rt, v) = (&mut s.eo, &mut s.rt, &mut s.v);
     for c in 0..c_in {
-        let plane = &x[c * h * w..][..h * w];
-        for (r, tr) in (tr0..tr1).enumerate() {
+        for (r, gr) in (gr0..gr1).enumerate() {
+            let (ni, tr) = tl.locate(gr);
+            let plane = &x[(ni * c_in + c) * h * w..][..h * w];
             for i in 0..4 {
                 let ih = (2 * tr + i) as isize - pt;
                 let (e, o) = eo[i * 2 * n1..][..2 * n1].split_at_mut(n1);
@@ -369,7 +396,8 @@ fn split_row<T: Elem>(row: &[T], pl: isize, e: &mut [T], o: &mut [T]) {
     }
 }
 
-/// `Y = A^T M A` (+ bias) for tile rows `tr0..tr1` into `out[K, OH, OW]`.
+/// `Y = A^T M A` (+ bias) for global tile rows `gr0..gr1` into
+/// `out[N, K, OH, OW]`.
 #[inline(always)]
 fn output_transform<T: Elem>(
     g: &ConvGeometry,
@@ -378,17 +406,18 @@ fn output_transform<T: Elem>(
     st: &mut [T],
     bias: Option<&[T]>,
     out: *mut T,
-    (tr0, tr1): (usize, usize),
+    (gr0, gr1): (usize, usize),
 ) {
     let [oh, ow] = g.out_size;
     let tw = tl.tw;
     let k_out = g.c_out;
-    let nt = (tr1 - tr0) * tw;
+    let nt = (gr1 - gr0) * tw;
     let (s0, rest) = st[..12 * tw].split_at_mut(4 * tw);
     let (s1, y) = rest.split_at_mut(4 * tw);
     for k in 0..k_out {
         let b = bias.map_or(T::ZERO, |b| b[k]);
-        for (r, tr) in (tr0..tr1).enumerate() {
+        for (r, gr) in (gr0..gr1).enumerate() {
+            let (ni, tr) = tl.locate(gr);
             let mm = |xi: usize| &m[(xi * k_out + k) * nt + r * tw..][..tw];
             for j in 0..4 {
                 let (a0, a1, a2, a3) = (mm(j), mm(4 + j), mm(8 + j), mm(12 + j));
@@ -413,10 +442,10 @@ fn output_transform<T: Elem>(
                     break;
                 }
                 let (ya, yb) = (&y[dr * 2 * tw..][..tw], &y[dr * 2 * tw + tw..][..tw]);
-                // SAFETY: row oy of channel k is inside this sample's output
+                // SAFETY: row oy of channel k of sample ni is inside `out`
                 // and owned by the caller (see `block`).
-                let orow =
-                    unsafe { std::slice::from_raw_parts_mut(out.add((k * oh + oy) * ow), ow) };
+                let at = ((ni * k_out + k) * oh + oy) * ow;
+                let orow = unsafe { std::slice::from_raw_parts_mut(out.add(at), ow) };
                 let (pairs, tail) = orow.split_at_mut(ow / 2 * 2);
                 for (t, pr) in pairs.chunks_exact_mut(2).enumerate() {
                     pr[0] = ya[t];

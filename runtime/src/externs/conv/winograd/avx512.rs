@@ -13,6 +13,7 @@
 //! additions in the same order as the portable transforms, so both give the
 //! same bits.
 
+use super::Tiling;
 use kiln_ir::op::conv::ConvGeometry;
 use std::arch::x86_64::*;
 
@@ -66,29 +67,30 @@ unsafe fn tile_columns(row: *const f32, start: isize, len: isize) -> [__m512; 4]
     ]
 }
 
-/// `V[16][C][T]` for tile rows `tr0..tr1` of one sample (see
+/// `V[16][C][T]` for global tile rows `gr0..gr1` (see
 /// `super::input_transform`).
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `x` holds the sample's `C * H * W` values and
-/// `v` at least `16 * C * (tr1 - tr0) * tw`.
+/// The CPU must have AVX-512F; `v` holds at least `16 * C * (gr1 - gr0) * tw`.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn input_transform(
     g: &ConvGeometry,
-    tw: usize,
+    tl: Tiling,
     x: &[f32],
-    (tr0, tr1): (usize, usize),
+    (gr0, gr1): (usize, usize),
     v: &mut [f32],
 ) {
     let [h, w] = g.in_size;
     let (pt, pl) = (g.pad_begin[0] as isize, g.pad_begin[1] as isize);
-    let c_in = g.c_in;
-    let nt = (tr1 - tr0) * tw;
-    assert!(x.len() >= c_in * h * w && v.len() >= 16 * c_in * nt);
+    let (c_in, tw) = (g.c_in, tl.tw);
+    let nt = (gr1 - gr0) * tw;
+    let (last, _) = tl.locate(gr1 - 1);
+    assert!(x.len() >= (last + 1) * c_in * h * w && v.len() >= 16 * c_in * nt);
     let vp = v.as_mut_ptr();
     for c in 0..c_in {
-        let plane = x[c * h * w..].as_ptr();
-        for (r, tr) in (tr0..tr1).enumerate() {
+        for (r, gr) in (gr0..gr1).enumerate() {
+            let (ni, tr) = tl.locate(gr);
+            let plane = x[(ni * c_in + c) * h * w..].as_ptr();
             for t0 in (0..tw).step_by(16) {
                 let tiles = lanes_inside(t0 as isize, tw as isize);
                 let start = 2 * t0 as isize - pl;
@@ -121,25 +123,25 @@ pub(super) unsafe fn input_transform(
     }
 }
 
-/// `Y = A^T M A` (+ bias) for tile rows `tr0..tr1` into `out[K, OH, OW]`
-/// (see `super::output_transform`).
+/// `Y = A^T M A` (+ bias) for global tile rows `gr0..gr1` into
+/// `out[N, K, OH, OW]` (see `super::output_transform`).
 ///
 /// # Safety
-/// The CPU must have AVX-512F; `m` holds `16 * K * (tr1 - tr0) * tw` values;
-/// `out` is valid for the sample's `K * OH * OW` values and its rows
-/// `2*tr0..2*tr1` are the caller's alone.
+/// The CPU must have AVX-512F; `m` holds `16 * K * (gr1 - gr0) * tw` values;
+/// `out` is valid for the `N * K * OH * OW` values and the output rows of
+/// tile rows `gr0..gr1` are the caller's alone.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn output_transform(
     g: &ConvGeometry,
-    tw: usize,
+    tl: Tiling,
     m: &[f32],
     bias: Option<&[f32]>,
     out: *mut f32,
-    (tr0, tr1): (usize, usize),
+    (gr0, gr1): (usize, usize),
 ) {
     let [oh, ow] = g.out_size;
-    let k_out = g.c_out;
-    let nt = (tr1 - tr0) * tw;
+    let (k_out, tw) = (g.c_out, tl.tw);
+    let nt = (gr1 - gr0) * tw;
     assert!(m.len() >= 16 * k_out * nt && bias.is_none_or(|b| b.len() >= k_out));
     let (first, second) = (
         _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
@@ -147,7 +149,8 @@ pub(super) unsafe fn output_transform(
     );
     for k in 0..k_out {
         let b = _mm512_set1_ps(bias.map_or(0.0, |b| b[k]));
-        for (r, tr) in (tr0..tr1).enumerate() {
+        for (r, gr) in (gr0..gr1).enumerate() {
+            let (ni, tr) = tl.locate(gr);
             for t0 in (0..tw).step_by(16) {
                 let tiles = lanes_inside(t0 as isize, tw as isize);
                 let mm = |xi: usize| {
@@ -168,7 +171,7 @@ pub(super) unsafe fn output_transform(
                     }
                     let ya = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), c2), b);
                     let yb = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(c1, c2), c3), b);
-                    let row = out.add((k * oh + oy) * ow);
+                    let row = out.add(((ni * k_out + k) * oh + oy) * ow);
                     let col = 2 * t0 as isize;
                     for (half, idx) in [first, second].into_iter().enumerate() {
                         let at = col + 16 * half as isize;
@@ -193,7 +196,8 @@ mod tests {
     use kiln_ir::op::conv::{conv_geometry, ConvParams, Padding};
 
     /// Both transforms give the portable transforms' bits: planes narrower
-    /// than a vector, wider than two, odd sizes, every padding the 3x3 uses.
+    /// than a vector, wider than two, odd sizes, every padding the 3x3 uses,
+    /// on a run of tile rows that starts inside one sample and ends in the next.
     #[test]
     fn the_avx512_transforms_give_the_portable_bits() {
         if !is_x86_feature_detected!("avx512f") {
@@ -209,15 +213,16 @@ mod tests {
                     dilation: vec![1],
                     groups: 1,
                 };
-                let Ok(g) = conv_geometry("conv2d", &[1, 3, h, w], &[2, 3, 3, 3], Some(&[2]), &p)
+                let Ok(g) = conv_geometry("conv2d", &[2, 3, h, w], &[2, 3, 3, 3], Some(&[2]), &p)
                 else {
                     continue;
                 };
                 let [oh, ow] = g.out_size;
-                let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
+                let tl = Tiling::new(&g);
+                let (tw, th) = (tl.tw, tl.th);
                 let mut r = Lcg(case as u64);
-                let x: Vec<f32> = r.vec(3 * h * w);
-                let rows = (th / 2, th);
+                let x: Vec<f32> = r.vec(2 * 3 * h * w);
+                let rows = (th / 2, th + th.div_ceil(2));
                 let nt = (rows.1 - rows.0) * tw;
                 let mut s = Scratch::<f32> {
                     v: vec![f32::NAN; 16 * 3 * nt],
@@ -226,21 +231,21 @@ mod tests {
                     rt: vec![0.0; 16 * tw],
                     st: vec![0.0; 12 * tw],
                 };
-                portable_input(&g, Tiling { tw }, &x, rows, &mut s);
+                portable_input(&g, tl, &x, rows, &mut s);
                 let mut v = vec![f32::NAN; 16 * 3 * nt];
                 // SAFETY: the CPU has AVX-512F; the buffers are sized as asked.
-                unsafe { super::input_transform(&g, tw, &x, rows, &mut v) };
+                unsafe { super::input_transform(&g, tl, &x, rows, &mut v) };
                 let what = format!("input transform {h}x{w} pad {pad:?}");
                 assert_eq!(bits(&v), bits(&s.v), "{what}");
 
                 let m: Vec<f32> = r.vec(16 * 2 * nt);
                 let bias: Vec<f32> = r.vec(2);
-                let mut want = vec![f32::NAN; 2 * oh * ow];
+                let mut want = vec![f32::NAN; 2 * 2 * oh * ow];
                 let mut got = want.clone();
                 let out = want.as_mut_ptr();
-                portable_output(&g, Tiling { tw }, &m, &mut s.st, Some(&bias), out, rows);
+                portable_output(&g, tl, &m, &mut s.st, Some(&bias), out, rows);
                 // SAFETY: as above; `got` holds the sample's whole output.
-                unsafe { super::output_transform(&g, tw, &m, Some(&bias), got.as_mut_ptr(), rows) };
+                unsafe { super::output_transform(&g, tl, &m, Some(&bias), got.as_mut_ptr(), rows) };
                 let what = format!("output transform {h}x{w} pad {pad:?}");
                 assert_eq!(bits(&got), bits(&want), "{what}");
             }
