@@ -158,3 +158,50 @@ fn a_compiled_conv_runs_its_remembered_algorithm_on_every_call() {
         assert_eq!(take_last_run(), Some(pinned), "call {call}");
     }
 }
+
+/// A compiled graph's weight computed from parameters (a scale folded in, as
+/// BatchNorm folds) is hoisted, and its packed form is made once and reused
+/// on later calls; an in-place change of a parameter repacks it, and the
+/// output follows the new weight.
+#[test]
+fn a_hoisted_conv_weight_is_packed_once_per_parameter_version() {
+    use kiln::runtime::externs::conv::packed::packs_on_this_thread;
+    let p = kiln::ir::op::conv::ConvParams {
+        padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
+        ..Default::default()
+    };
+    let mut r = kiln::random::Generator::new(8);
+    let w = kiln::random::randn(&[6, 4, 3, 3], Some(&mut r)).requires_grad_(true);
+    let s = kiln::random::randn(&[6, 1, 1, 1], Some(&mut r)).requires_grad_(true);
+    let x = kiln::random::randn(&[2, 4, 10, 10], Some(&mut r));
+    let f = kiln::compile::compile_fn("conv_hoisted_weight", |xs: &[kiln::Tensor]| {
+        Ok(vec![kiln::functional::conv2d(&xs[0], &w.mul(&s)?, None, &p)?])
+    });
+    let eager = || {
+        let _no_grad = kiln::autograd::no_grad();
+        let y = kiln::functional::conv2d(&x, &w.mul(&s).unwrap(), None, &p).unwrap();
+        y.to_vec::<f32>().unwrap()
+    };
+    let run = || {
+        let before = packs_on_this_thread();
+        let y = with_algorithm(ConvAlgo::WinogradF2x2, || f.call(&[x.clone()])).unwrap();
+        let y = y[0].to_vec::<f32>().unwrap();
+        (y, packs_on_this_thread() - before)
+    };
+    let (first, _) = run();
+    assert!(close(&first, &eager()));
+    for call in 1..3 {
+        let (y, packs) = run();
+        assert_eq!(packs, 0, "call {call} packed the hoisted weight again");
+        assert_eq!(y, first, "call {call}");
+    }
+    {
+        let _no_grad = kiln::autograd::no_grad();
+        s.copy_(&kiln::random::randn(&[6, 1, 1, 1], Some(&mut r)))
+            .unwrap();
+    }
+    let (y, packs) = run();
+    assert_eq!(packs, 1, "the changed weight was packed {packs} times");
+    assert!(!close(&y, &first), "the new scale changed nothing");
+    assert!(close(&y, &eager()));
+}

@@ -315,6 +315,8 @@ impl Executable {
             let v = match v? {
                 Some(Val::One(l)) if self.frontier[i] && !valid => {
                     let t = l.materialize()?;
+                    // nothing writes a cached value: convs may keep its packed forms
+                    kiln_runtime::externs::conv::packed::mark_stable(&t.storage);
                     cache.values.insert(i, t.clone());
                     Some(Val::One(Lazy::tensor(&t)))
                 }

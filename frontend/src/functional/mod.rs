@@ -345,11 +345,13 @@ fn conv_eager(
 
 /// Identifies a parameter's conv weight (`wc`, contiguous, as
 /// `compute_input` made it from `w`) so its packed forms are reused until
-/// the parameter changes in place (its version moves). Only parameters get
-/// a key: a computed weight (BatchNorm folded in) may be rewritten in its
-/// buffer without a version bump, so it is packed afresh each call.
+/// the parameter changes in place (its version moves). Only parameters and
+/// storages marked stable (a compiled graph's cached hoisted values) get a
+/// key: any other computed weight may be rewritten in its buffer without a
+/// version bump, so it is packed afresh each call.
 fn weight_key<'a>(w: &Tensor, wc: &'a Tensor) -> Option<externs::conv::packed::WeightKey<'a>> {
-    w.requires_grad().then(|| externs::conv::packed::WeightKey {
+    let keyed = w.requires_grad() || externs::conv::packed::is_stable(&wc.storage);
+    keyed.then(|| externs::conv::packed::WeightKey {
         storage: &wc.storage,
         offset: wc.offset(),
         dims: wc.dims(),

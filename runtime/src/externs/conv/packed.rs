@@ -7,6 +7,11 @@
 //! storage's address cannot be reused by a new one while its entry lives:
 //! an entry can only ever match the storage it was packed from.
 //!
+//! Parameters are keyed because every write to them is an in-place op that
+//! moves the version. So are storages marked [`mark_stable`]: a compiled
+//! graph's cached hoisted values (BatchNorm folded into a conv's weight),
+//! which nothing writes again while the cache holds them.
+//!
 //! ```
 //! use kiln_runtime::externs::conv::packed::{packed_or_insert, WeightKey};
 //! use kiln_runtime::Storage;
@@ -46,6 +51,51 @@ const CAPACITY: usize = 256;
 
 static CACHE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
+thread_local! {
+    static PACKS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many packed forms this thread has made: a test's way to see that a
+/// cached form was reused, not made again.
+pub fn packs_on_this_thread() -> u64 {
+    PACKS.with(|n| n.get())
+}
+
+/// The storages marked [`mark_stable`] that are still alive.
+static STABLE: Mutex<Vec<Weak<Storage>>> = Mutex::new(Vec::new());
+
+/// Marks `storage` as written only by in-place ops that move its tensor's
+/// version counter from now on, so a conv weight in it is packed once per
+/// version ([`is_stable`]) as a parameter's is.
+///
+/// ```
+/// use kiln_runtime::externs::conv::packed::{is_stable, mark_stable};
+/// use kiln_runtime::Storage;
+/// use std::sync::Arc;
+/// let st = Arc::new(Storage::zeros(kiln_ir::DType::F32, 4));
+/// assert!(!is_stable(&st));
+/// mark_stable(&st);
+/// assert!(is_stable(&st));
+/// ```
+pub fn mark_stable(storage: &Arc<Storage>) {
+    let mut stable = STABLE.lock().unwrap_or_else(|e| e.into_inner());
+    stable.retain(|s| s.strong_count() > 0);
+    if !stable
+        .iter()
+        .any(|s| std::ptr::eq(s.as_ptr(), Arc::as_ptr(storage)))
+    {
+        stable.push(Arc::downgrade(storage));
+    }
+}
+
+/// Whether `storage` was marked [`mark_stable`].
+pub fn is_stable(storage: &Arc<Storage>) -> bool {
+    let stable = STABLE.lock().unwrap_or_else(|e| e.into_inner());
+    stable
+        .iter()
+        .any(|s| std::ptr::eq(s.as_ptr(), Arc::as_ptr(storage)))
+}
+
 /// The packed form `kind` of the weight `key`, made by `pack` when absent
 /// or stale; without a key it is made afresh (nothing to remember it by).
 pub fn packed_or_insert<T: Send + Sync + 'static>(
@@ -53,6 +103,10 @@ pub fn packed_or_insert<T: Send + Sync + 'static>(
     kind: &'static str,
     pack: impl FnOnce() -> Vec<T>,
 ) -> Arc<Vec<T>> {
+    let pack = || {
+        PACKS.with(|n| n.set(n.get() + 1));
+        pack()
+    };
     let Some(key) = key else {
         return Arc::new(pack());
     };
