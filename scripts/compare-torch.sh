@@ -16,6 +16,8 @@
 # -t THREADS  torch.set_num_threads (default: the number of CPUs)
 # -k DIR      keep the raw JSON lines of every run in DIR
 # KILN=PATH   the kiln binary (default target/release/kiln, built first)
+# KILN_CACHE_DIR  kiln's cache (default: a fresh one for this run, so conv
+#             algorithms are timed by this build, not remembered from an older one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=/opt/torchvenv/bin/python
@@ -43,6 +45,7 @@ if [ -z "${KILN:-}" ]; then
 fi
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$OUT/kiln-cache}"
 echo "ISA: $(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | sort -u | tail -1 || echo unknown); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$REPEATS"); do
   echo "repeat $r/$REPEATS: kiln" >&2

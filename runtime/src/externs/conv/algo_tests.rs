@@ -159,7 +159,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     select::forget_in_memory();
     assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
     // a corrupt file: a warning, the heuristic, and a re-timed valid file
-    std::fs::write(&path, "kiln conv algorithms v5\nno tab here\n").unwrap();
+    std::fs::write(&path, format!("{}\nno tab here\n", disk::HEADER)).unwrap();
     select::forget_in_memory();
     assert_eq!(
         select::describe(&g, "f32"),
@@ -172,7 +172,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     let text = std::fs::read_to_string(&path).unwrap();
     assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&again));
     assert!(disk::parse("garbage").is_err());
-    assert!(disk::parse("kiln conv algorithms v5\nk\tno-such-algo\n").is_err());
+    assert!(disk::parse(&format!("{}\nk\tno-such-algo\n", disk::HEADER)).is_err());
     select::forget_in_memory();
     std::env::remove_var("KILN_CACHE_DIR");
     let _ = std::fs::remove_dir_all(&dir);

@@ -334,12 +334,15 @@ pub mod disk {
     /// times faster), so v3's choices of im2col for depthwise shapes go.
     /// v5: small planes are timed on at least 4096 output positions (two
     /// samples of a 7x7 plane had ranked im2col first), so v4's go too.
-    const HEADER: &str = "kiln conv algorithms v5";
-    const OLDER: [&str; 4] = [
+    /// v6: Winograd shares blocks across samples (7x7 planes went from
+    /// slower than im2col to faster), so v5's choices go as well.
+    pub const HEADER: &str = "kiln conv algorithms v6";
+    const OLDER: [&str; 5] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
         "kiln conv algorithms v4",
+        "kiln conv algorithms v5",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.

@@ -105,17 +105,29 @@ impl Tiling {
         (gr / self.th, gr % self.th)
     }
 
-    /// `(rows per block, blocks)`: about [`BLOCK_TILES`] tiles a block, the
-    /// `n * th` global rows shared out evenly over a multiple of `workers`
-    /// blocks where there are rows enough.
+    /// `(rows per block, blocks)` over the `n * th` global rows: equal
+    /// blocks whose count is a multiple of `workers` (no worker waits on a
+    /// short last block), the one nearest [`BLOCK_TILES`] tiles. Where no
+    /// divisor of the rows comes within 2x of that, blocks of about
+    /// `BLOCK_TILES` with a shorter last one.
     fn blocks(self, n: usize, workers: usize) -> (usize, usize) {
         let rows = n * self.th;
-        let blocks = (rows * self.tw)
-            .div_ceil(BLOCK_TILES)
-            .next_multiple_of(workers)
-            .clamp(1, rows);
-        let per_block = rows.div_ceil(blocks);
-        (per_block, rows.div_ceil(per_block))
+        let off = |p: usize| {
+            let nt = (p * self.tw) as f64;
+            (nt / BLOCK_TILES as f64).ln().abs()
+        };
+        let even = |w: usize| {
+            (1..=rows.min(2 * BLOCK_TILES / self.tw + 1))
+                .filter(move |p| rows % p == 0 && (rows / p) % w == 0)
+                .min_by(|&a, &b| off(a).total_cmp(&off(b)))
+        };
+        match even(workers).or_else(|| even(1)) {
+            Some(p) if off(p) <= 2f64.ln() => (p, rows / p),
+            _ => {
+                let p = (BLOCK_TILES / self.tw).min(rows).max(1);
+                (p, rows.div_ceil(p))
+            }
+        }
     }
 }
 
@@ -453,6 +465,38 @@ fn output_transform<T: Elem>(
                 }
                 if let Some(last) = tail.first_mut() {
                     *last = ya[tw - 1];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tiling;
+
+    /// Blocks cover every global row once; on ResNet-18's planes at batch 8
+    /// with two workers they are equal and a multiple of the workers.
+    #[test]
+    fn blocks_cover_every_row_and_are_even_where_they_can_be() {
+        let resnet = [(56, (4, 56)), (28, (7, 16)), (14, (14, 4)), (7, (16, 2))];
+        for (side, want) in resnet {
+            let tl = Tiling {
+                tw: side / 2 + side % 2,
+                th: side / 2 + side % 2,
+            };
+            assert_eq!(tl.blocks(8, 2), want, "{side}x{side}");
+        }
+        for n in [1, 2, 3, 7, 8] {
+            for (tw, th) in [(1, 1), (4, 4), (7, 7), (13, 5), (50, 3), (112, 112)] {
+                for workers in [1, 2, 3] {
+                    let (p, blocks) = Tiling { tw, th }.blocks(n, workers);
+                    let rows = n * th;
+                    let what = format!("n {n} tiles {tw}x{th} workers {workers}: ({p}, {blocks})");
+                    assert!(
+                        p >= 1 && p * blocks >= rows && p * (blocks - 1) < rows,
+                        "{what}"
+                    );
                 }
             }
         }
