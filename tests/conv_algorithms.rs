@@ -175,7 +175,12 @@ fn a_hoisted_conv_weight_is_packed_once_per_parameter_version() {
     let s = kiln::random::randn(&[6, 1, 1, 1], Some(&mut r)).requires_grad_(true);
     let x = kiln::random::randn(&[2, 4, 10, 10], Some(&mut r));
     let f = kiln::compile::compile_fn("conv_hoisted_weight", |xs: &[kiln::Tensor]| {
-        Ok(vec![kiln::functional::conv2d(&xs[0], &w.mul(&s)?, None, &p)?])
+        Ok(vec![kiln::functional::conv2d(
+            &xs[0],
+            &w.mul(&s)?,
+            None,
+            &p,
+        )?])
     });
     let eager = || {
         let _no_grad = kiln::autograd::no_grad();

@@ -385,6 +385,42 @@ fn im2col<T: Elem>(g: &ConvGeometry, x: &[T], p0: usize, p1: usize, col: &mut [T
     im2col_ld(g, x, p0, p1, col, p1 - p0)
 }
 
+/// The bytes a reusable conv scratch holds (what [`with_thread_scratch`] keeps).
+pub(super) trait ScratchBytes: Default + 'static {
+    fn bytes(&self) -> usize;
+}
+
+impl<T: Elem> ScratchBytes for Vec<T> {
+    fn bytes(&self) -> usize {
+        self.capacity() * std::mem::size_of::<T>()
+    }
+}
+
+/// Runs `f` on this thread's reusable scratch of type `S`: fresh buffers
+/// per call would zero-fill and page-fault their megabytes in on every
+/// conv. A nested call of the same type gets a fresh one; scratch above
+/// 32 MiB is freed after the call rather than kept.
+pub(super) fn with_thread_scratch<S: ScratchBytes, R>(f: impl FnOnce(&mut S) -> R) -> R {
+    const KEEP_BYTES: usize = 32 << 20;
+    thread_local! {
+        static KEPT: std::cell::RefCell<Vec<Box<dyn std::any::Any>>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let mut s: S = KEPT
+        .with(|k| {
+            let mut k = k.borrow_mut();
+            let i = k.iter().position(|b| b.is::<S>())?;
+            k.swap_remove(i).downcast::<S>().ok()
+        })
+        .map(|b| *b)
+        .unwrap_or_default();
+    let r = f(&mut s);
+    if s.bytes() <= KEEP_BYTES {
+        KEPT.with(|k| k.borrow_mut().push(Box::new(s)));
+    }
+    r
+}
+
 /// Whether `T` is f32 (the element type the wide kernels are written for).
 pub(super) fn is_f32<T: Elem>() -> bool {
     std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()

@@ -236,33 +236,12 @@ pub fn conv2d<T: Elem>(
     let reach =
         last_base + koff.iter().copied().max().unwrap_or(0) as usize + g.out_size[0] * l.wh + NR;
     let len = reach.max(g.n * g.c_in * l.channel());
-    with_input_buffer(|xs: &mut Vec<T>| {
+    super::with_thread_scratch(|xs: &mut Vec<T>| {
         scratch(xs, len, "conv2d", &|| conv_shapes(g))?;
         split_input(g, &l, input, xs);
         compute(g, &l, &koff, xs, &wp, bias, out, epilogue);
         Ok(())
     })
-}
-
-/// Runs `f` on this thread's reusable split-input buffer: a fresh one per
-/// call would page-fault its megabytes in on every conv.
-pub(super) fn with_input_buffer<T: Elem, R>(f: impl FnOnce(&mut Vec<T>) -> R) -> R {
-    /// Buffers above this are freed after the call rather than kept.
-    const KEEP_BYTES: usize = 32 << 20;
-    thread_local! {
-        static BUFFER: std::cell::RefCell<Option<Box<dyn std::any::Any>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    let mut buf: Vec<T> = BUFFER
-        .with(|b| b.borrow_mut().take())
-        .and_then(|b| b.downcast::<Vec<T>>().ok())
-        .map(|b| *b)
-        .unwrap_or_default();
-    let r = f(&mut buf);
-    if buf.capacity() * std::mem::size_of::<T>() <= KEEP_BYTES {
-        BUFFER.with(|b| *b.borrow_mut() = Some(Box::new(buf)));
-    }
-    r
 }
 
 /// Computes every work item of the conv from the split input `xs`.

@@ -81,6 +81,15 @@ struct Scratch<T> {
     st: Vec<T>,
 }
 
+impl<T: Elem> super::ScratchBytes for Scratch<T> {
+    fn bytes(&self) -> usize {
+        [&self.v, &self.m, &self.eo, &self.rt, &self.st]
+            .iter()
+            .map(|b| b.bytes())
+            .sum()
+    }
+}
+
 /// Geometry of the tiling. Tile rows are numbered across the batch: global
 /// row `gr` is tile row `gr % th` of sample `gr / th`.
 #[derive(Clone, Copy)]
@@ -180,15 +189,14 @@ pub fn conv2d<T: Elem>(
     if workers > 1 && items >= workers {
         (0..items)
             .into_par_iter()
-            .try_for_each_init(Scratch::default, |s, i| run(i, s, Parallelism::None))
+            .try_for_each(|i| super::with_thread_scratch(|s| run(i, s, Parallelism::None)))
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(g.c_out, g.c_in, rows_per_block * tl.tw)
         } else {
             Parallelism::None
         };
-        let mut s = Scratch::default();
-        (0..items).try_for_each(|i| run(i, &mut s, par))
+        super::with_thread_scratch(|s| (0..items).try_for_each(|i| run(i, s, par)))
     }
 }
 
