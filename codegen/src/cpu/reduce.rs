@@ -57,8 +57,9 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
     let lo = em.b.ins().iconst(types::I64, 0);
     let hi = fr.sizes[k.rank - 1];
     if let Some(exp) = super::softmax_row::stored_exp(k, em, plan) {
-        let (fin, scale) = super::softmax_row::exp_row(em, &row, plan, red.value, hi);
-        let stored = StoredExp { exp, scale };
+        let done = super::softmax_row::row_is_the_exp(k, exp);
+        let (fin, scale) = super::softmax_row::exp_row(em, &row, plan, red.value, hi, done);
+        let stored = StoredExp { exp, scale, done };
         return epilogue(k, em, fr, ptrs, fin, red.dtype, Some(stored));
     }
     if online::is_online(red.kind) {
@@ -115,7 +116,8 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
 
 /// The epilogue (Acc and its parts from `fin`, of dtype `dt`; loads read at
 /// reduce index 0), then the stores of `out` and `extra_out`, then the row
-/// pass (`stored`: a softmax row's exp is in operand 1 already).
+/// pass (`stored`: a softmax row's exp is in operand 1 already, or the
+/// whole row when `done`).
 fn epilogue(
     k: &Kernel,
     em: &mut Emitter,
@@ -147,7 +149,7 @@ fn epilogue(
         let v = eval_value(em, k, o, &mut vals, &mut leaf);
         store_out(k, em, v, k.dtype_of(o), ptrs[0], t as i32 * size);
     }
-    if k.rows.is_some() {
+    if k.rows.is_some() && !stored.is_some_and(|s| s.done) {
         for id in k.row_pass_reads() {
             eval_value(em, k, id, &mut vals, &mut leaf);
         }

@@ -14,7 +14,9 @@
 //!
 //! When `v` is a contiguous input's row the first loop goes: the helper
 //! reads that row and writes the exps to out1 (`kiln_wide_reduce(LSE_STORE,
-//! out1, n, state, in)`).
+//! out1, n, state, in)`). When the row pass is the exp itself (a plain
+//! softmax) the last loop goes too: the helper scales the row by `1 / s`
+//! while it is in cache ([`wide::SOFTMAX_ROW`], same bits).
 //!
 //! The pass then writes over a row it read: it applies only when nothing
 //! else in the row pass loads an operand (an input sharing the output's
@@ -37,11 +39,18 @@ use kiln_ir::scalar::ScalarOps;
 use kiln_ir::{BinaryOp, DType, ReduceKind, UnaryOp};
 
 /// The row pass's exp of the reduced value, once [`exp_row`] has stored it:
-/// `exp` is its id, `scale` the per-row `1 / s` (scalar).
+/// `exp` is its id, `scale` the per-row `1 / s` (scalar); `done`: the row
+/// pass was that exp alone and the helper has finished it.
 #[derive(Clone, Copy)]
 pub(crate) struct StoredExp {
     pub exp: ValueId,
     pub scale: Value,
+    pub done: bool,
+}
+
+/// Whether the row pass of `k` stores the exp `exp` itself (a plain softmax).
+pub(crate) fn row_is_the_exp(k: &Kernel, exp: ValueId) -> bool {
+    k.rows.as_ref().is_some_and(|r| r.out == exp)
 }
 
 /// The id of the row pass's `exp((v - shift) - logsum)` when `k` can run as
@@ -116,14 +125,15 @@ fn loads_besides(k: &Kernel, root: ValueId, skip: ValueId) -> bool {
 /// The reduction of the row at `row.ptrs` as a stored-exp softmax row: the
 /// helper reads the reduced value's row in place when it is a contiguous
 /// input ([`direct_operand`]), else from operand 1's row, where it is stored
-/// first; it writes the exps to operand 1's row. Returns the finished
-/// log-sum-exp and `1 / s`.
+/// first; it writes the exps to operand 1's row, times `1 / s` when `whole`.
+/// Returns the finished log-sum-exp and `1 / s`.
 pub(crate) fn exp_row(
     em: &mut Emitter,
     row: &Row,
     plan: &Plan,
     value: ValueId,
     hi: Value,
+    whole: bool,
 ) -> (Finished<Value>, Value) {
     let src = match direct_operand(row.k, value) {
         Some(op) => row.ptrs[op],
@@ -139,7 +149,12 @@ pub(crate) fn exp_row(
     em.b.ins().store(flags(), init.m, state, 0);
     em.b.ins().store(flags(), init.s, state, 4);
     let f = em.hosts.get(em.b.func, HostFn::WideReduce);
-    let kind = em.b.ins().iconst(types::I64, wide::LSE_STORE as i64);
+    let kind = if whole {
+        wide::SOFTMAX_ROW
+    } else {
+        wide::LSE_STORE
+    };
+    let kind = em.b.ins().iconst(types::I64, kind as i64);
     em.b.ins().call(f, &[kind, row.ptrs[1], hi, state, src]);
     let m = em.b.ins().load(types::F32, flags(), state, 0);
     let s = em.b.ins().load(types::F32, flags(), state, 4);

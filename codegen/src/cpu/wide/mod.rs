@@ -36,7 +36,7 @@ mod reduce;
 mod tests;
 mod tile;
 
-pub use reduce::{LSE, LSE_STORE, WELFORD};
+pub use reduce::{LSE, LSE_STORE, SOFTMAX_ROW, WELFORD};
 pub use tile::{op_code, SUPPORTED, TILE};
 
 use kiln_ir::{Error, UnaryOp};
@@ -122,9 +122,9 @@ pub fn fold_tile(
     count: u64,
 ) -> Result<(), Error> {
     let isa = available(isa, "fold_tile")?;
-    if kind == LSE_STORE {
+    if kind == LSE_STORE || kind == SOFTMAX_ROW {
         return Err(Error::Codegen(
-            "wide::fold_tile: LSE_STORE rewrites its row (use wide::lse_store_row)".into(),
+            "wide::fold_tile: LSE_STORE and SOFTMAX_ROW rewrite their row (use wide::lse_store_row or wide::softmax_from)".into(),
         ));
     }
     // SAFETY: the helpers only read a tile of another kind.
@@ -165,10 +165,35 @@ pub fn lse_store_from(
     src: &[f32],
     dst: &mut [f32],
 ) -> Result<[f32; 2], Error> {
-    let isa = available(isa, "lse_store_from")?;
+    row_from(isa, LSE_STORE, "lse_store_from", src, dst)
+}
+
+/// The whole softmax of the row `src` into `dst` ([`SOFTMAX_ROW`]), as the
+/// JIT code runs a softmax whose row pass is the exp itself; returns the
+/// log-sum-exp state `[shift, s]`.
+///
+/// ```
+/// use kiln_codegen::cpu::wide;
+/// let (src, mut dst) = ([0.0f32, 0.0], [9.0f32; 2]);
+/// let [_, s] = wide::softmax_from(wide::detect(), &src, &mut dst).unwrap();
+/// assert_eq!((s, dst), (2.0, [0.5, 0.5]));
+/// ```
+pub fn softmax_from(isa: Option<WideIsa>, src: &[f32], dst: &mut [f32]) -> Result<[f32; 2], Error> {
+    row_from(isa, SOFTMAX_ROW, "softmax_from", src, dst)
+}
+
+/// A whole-row helper `kind` reading `src`, writing `dst`.
+fn row_from(
+    isa: Option<WideIsa>,
+    kind: u64,
+    what: &str,
+    src: &[f32],
+    dst: &mut [f32],
+) -> Result<[f32; 2], Error> {
+    let isa = available(isa, what)?;
     if src.len() != dst.len() {
         return Err(Error::Codegen(format!(
-            "wide::lse_store_from: src has {} values, dst {}",
+            "wide::{what}: src has {} values, dst {}",
             src.len(),
             dst.len()
         )));
@@ -176,7 +201,7 @@ pub fn lse_store_from(
     let mut state = [f32::MIN, 0.0];
     let aux = src.as_ptr() as u64;
     // SAFETY: rows of dst.len() f32 each and a 2-f32 state.
-    unsafe { reduce_with(isa, LSE_STORE, dst.as_mut_ptr(), dst.len(), &mut state, aux) };
+    unsafe { reduce_with(isa, kind, dst.as_mut_ptr(), dst.len(), &mut state, aux) };
     Ok(state)
 }
 

@@ -26,6 +26,11 @@ pub const WELFORD: u64 = 1;
 /// (see [`lse_store_row`]): a softmax's one exp per element.
 pub const LSE_STORE: u64 = 2;
 
+/// [`LSE_STORE`], then the row times `1 / s`: a whole softmax row, for a row
+/// pass that is the exp itself (its `out1[i] * (1 / s)`, same bits, at the
+/// helper's width while the row is in cache).
+pub const SOFTMAX_ROW: u64 = 3;
+
 const ACCS: usize = 4;
 // `fold` joins the accumulators as two pairs.
 const _: () = assert!(ACCS == 4);
@@ -238,6 +243,21 @@ pub(crate) unsafe fn lse_store_row<L: Lanes>(
     *state.add(1) = s;
 }
 
+/// `x[i] *= scale` for `i < n`.
+#[inline(always)]
+unsafe fn scale_row<L: Lanes>(x: *mut f32, n: usize, scale: f32) {
+    let main = n - n % L::N;
+    let sv = L::splat(scale);
+    let mut i = 0;
+    while i < main {
+        L::store(x.add(i), L::mul(L::load(x.add(i)), sv));
+        i += L::N;
+    }
+    for j in main..n {
+        *x.add(j) *= scale;
+    }
+}
+
 /// Folds `x[..n]` into the Welford state `[mean, m2]` of `count` values.
 #[inline(always)]
 pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut f32, count: u64) {
@@ -276,9 +296,10 @@ pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut
 }
 
 /// Folds a tile into the state of reduction `kind` ([`LSE`], [`WELFORD`],
-/// or [`LSE_STORE`] over a whole row, which writes `exp` to `x`). `aux` is
-/// the count of values already in a Welford state, and for [`LSE_STORE`] the
-/// address of the row it reads (0: `x` itself).
+/// or [`LSE_STORE`] and [`SOFTMAX_ROW`] over a whole row, which write `exp`
+/// (or the softmax) to `x`). `aux` is the count of values already in a
+/// Welford state, and for the whole-row kinds the address of the row they
+/// read (0: `x` itself).
 #[inline(always)]
 pub(crate) unsafe fn reduce_tile<L: Lanes>(
     kind: u64,
@@ -299,6 +320,15 @@ pub(crate) unsafe fn reduce_tile<L: Lanes>(
                 aux as *const f32
             };
             lse_store_row::<L>(src, x, n, state)
+        }
+        SOFTMAX_ROW => {
+            let src = if aux == 0 {
+                x as *const f32
+            } else {
+                aux as *const f32
+            };
+            lse_store_row::<L>(src, x, n, state);
+            scale_row::<L>(x, n, 1.0 / *state.add(1))
         }
         _ => welford_tile::<L>(x, n, state, aux),
     }

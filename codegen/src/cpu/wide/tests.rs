@@ -206,6 +206,40 @@ fn softmax_row_from_a_source_matches_the_row_done_in_place() {
     assert!(e.to_string().contains("src has 3 values, dst 2"), "{e}");
 }
 
+/// `SOFTMAX_ROW` is `LSE_STORE` then each exp times `1 / s`: the JIT row
+/// pass's bits, on every ISA here (NaN, all -inf and partial tiles too).
+#[test]
+fn the_whole_softmax_row_is_the_stored_exps_times_the_reciprocal() {
+    let mut rows: Vec<Vec<f32>> = [0, 1, 15, 64, 300, 1024]
+        .into_iter()
+        .map(|n| inputs(n, 29 + n as u64))
+        .collect();
+    rows.push(vec![f32::NEG_INFINITY; 70]);
+    rows.push(
+        (0..70)
+            .map(|i| if i == 33 { f32::NAN } else { i as f32 })
+            .collect(),
+    );
+    for &isa in &isas_here() {
+        for src in &rows {
+            let mut exps = vec![7.0; src.len()];
+            let want = lse_store_from(Some(isa), src, &mut exps).unwrap();
+            let mut dst = vec![7.0; src.len()];
+            let got = softmax_from(Some(isa), src, &mut dst).unwrap();
+            let n = src.len();
+            assert!(
+                same(got[0], want[0]) && same(got[1], want[1]),
+                "{} n {n}",
+                isa.name()
+            );
+            let scale = 1.0 / want[1];
+            for i in 0..n {
+                assert!(same(dst[i], exps[i] * scale), "{} n {n} [{i}]", isa.name());
+            }
+        }
+    }
+}
+
 /// The default uses: rows everywhere, pointwise only on AVX-512 (where it
 /// was measured to pay), expression rows never; `KILN_WIDE` overrides.
 #[test]
