@@ -127,7 +127,7 @@ impl Tiling {
         };
         let even = |w: usize| {
             (1..=rows.min(2 * BLOCK_TILES / self.tw + 1))
-                .filter(move |p| rows % p == 0 && (rows / p) % w == 0)
+                .filter(move |&p| rows.is_multiple_of(p) && (rows / p).is_multiple_of(w))
                 .min_by(|&a, &b| off(a).total_cmp(&off(b)))
         };
         match even(workers).or_else(|| even(1)) {
