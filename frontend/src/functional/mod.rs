@@ -154,19 +154,8 @@ fn extern_try_out(
     extern_fill(name, ins, out, dtype, fill)
 }
 
-/// [`extern_try_out`] for a kernel that writes every output element (each
-/// conv algorithm; their tests start from NaN): the output is not zeroed first.
-fn extern_try_overwrite(
-    name: &'static str,
-    ins: &[&Tensor],
-    dims: &[usize],
-    dtype: DType,
-    fill: impl FnOnce(&Tensor) -> Result<()>,
-) -> Result<Tensor> {
-    let out = Tensor::empty_for(name, dims, dtype.compute(), kiln_runtime::Device::Cpu)?;
-    extern_fill(name, ins, out, dtype, fill)
-}
-
+/// [`extern_try_out`] on an output the caller allocated (in the compute
+/// dtype): a kernel that writes every element takes it unzeroed.
 fn extern_fill(
     name: &'static str,
     ins: &[&Tensor],
@@ -356,7 +345,9 @@ fn conv_eager(
         let y = conv_kernel::conv_kernel(&g, &xc, &wc, bc.as_ref(), dt.compute())?;
         return rules::conv(g, x, w, bias, y.to_dtype(dt)?);
     }
-    let y = extern_try_overwrite(op, &[&xc, &wc], &g.out_shape(), dt, |out| unsafe {
+    // every conv algorithm writes every output element (their tests start from NaN)
+    let out = Tensor::empty_for(op, &g.out_shape(), dt.compute(), kiln_runtime::Device::Cpu)?;
+    let y = extern_fill(op, &[&xc, &wc], out, dt, |out| unsafe {
         dispatch_float!(dt, T => externs::conv::conv2d_call::<T>(
             &g, data(&xc), data(&wc), bc.as_ref().map(|b| data::<T>(b)), out.storage.as_mut_slice::<T>(),
             externs::conv::ConvCall { epilogue: None, weight_key: weight_key(w, &wc) },
@@ -406,7 +397,8 @@ pub fn conv_with_epilogue(
     let (xc, wc) = (compute_input(x)?, compute_input(w)?);
     let bc = bias.map(compute_input).transpose()?;
     let failed = std::sync::Mutex::new(None);
-    let y = extern_try_overwrite(op, &[&xc, &wc], &g.out_shape(), dt, |out| {
+    let out = Tensor::empty_for(op, &g.out_shape(), dt.compute(), kiln_runtime::Device::Cpu)?;
+    let y = extern_fill(op, &[&xc, &wc], out, dt, |out| {
         let tile = |t: externs::conv::Tile| {
             if let Err(e) = epilogue(out, t) {
                 failed
