@@ -113,6 +113,64 @@ fn softmax_row_pass_is_exact_against_its_definition() {
 }
 
 #[test]
+fn normalised_rows_are_exact_against_their_moments() {
+    // the row pass is `((x - mean) * rstd) * w + b` in f32 with the mean and
+    // rstd the kernel stores: the wide affine helper (whole vectors, then one
+    // lane) and the f32x4 code both give exactly that, on rows with edge
+    // values (NaN rows stay NaN) and lengths around the vector widths
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b.chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let mut rng = Rng(11);
+    let mut checked = 0;
+    for wide in [false, true] {
+        let mut jit = kiln_codegen::cpu::CpuJit::new().unwrap();
+        jit.set_wide(wide);
+        for norm in Norm::MOMENTS {
+            let k = kernel(norm, F32, Inner::Contiguous);
+            let ck = jit.compile(&k).unwrap();
+            for n in [1, 15, 16, 17, 300, 1027] {
+                let rows = 5;
+                let mut v = views(&k, rows, n, (false, true), &mut rng);
+                let strides: Vec<isize> = v.iter().flat_map(|v| v.0.iter().copied()).collect();
+                let ptrs: Vec<*mut u8> = v.iter_mut().map(|v| v.1.as_mut_ptr()).collect();
+                // SAFETY: the views cover every index of a rows x n launch.
+                unsafe { ck.call(&ptrs, &strides, &[rows, n], &[], 0, rows) };
+                let (moments, out, x) = (f32s(&v[0].1), f32s(&v[1].1), f32s(&v[2].1));
+                let affine = (k.operands.len() > 3).then(|| (f32s(&v[3].1), f32s(&v[4].1)));
+                for r in 0..rows {
+                    let (mean, rstd) = (moments[3 * r], moments[3 * r + 2]);
+                    for i in 0..n {
+                        let mut want = (x[r * n + i] - mean) * rstd;
+                        if let Some((w, b)) = &affine {
+                            want = want * w[i] + b[i];
+                        }
+                        let got = out[r * n + i];
+                        assert!(
+                            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                            "{norm:?} wide={wide} n={n} row {r} [{i}]: {got:e} vs {want:e}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 40_000, "compared {checked} values");
+}
+
+#[test]
+fn layer_norm_row_pass_calls_the_affine_helper() {
+    // with the wide helpers the whole row pass is one call (the last import),
+    // no f32x4 loop; reviewed as a snapshot
+    let k = kernel(Norm::LayerNorm, F32, Inner::Contiguous);
+    let text = kiln_codegen::cpu::CpuJit::clif_text_wide(&k).unwrap();
+    insta::assert_snapshot!(text);
+}
+
+#[test]
 fn row_pass_text() {
     insta::assert_snapshot!(kernel(Norm::LayerNorm, F32, Inner::Contiguous).to_text());
 }
@@ -138,4 +196,30 @@ fn validate_rejects_bad_row_passes() {
     k.out = 0;
     k.extra_out.clear();
     assert!(kiln_codegen::interp::validate(&k).is_err());
+}
+
+/// `cargo test --release --test row_pass time_ -- --ignored --nocapture`:
+/// a transformer-sized layer_norm whose rows stay in cache (on Zen 5 with
+/// AVX-512, 9.9 us with the f32x4 row pass, 6.3 us with the affine helper).
+#[test]
+#[ignore]
+fn time_layer_norm_in_cache() {
+    let k = kernel(Norm::LayerNorm, F32, Inner::Contiguous);
+    let mut jit = kiln_codegen::cpu::CpuJit::new().unwrap();
+    jit.set_wide(true);
+    let ck = jit.compile(&k).unwrap();
+    let (rows, n) = (64, 768);
+    let mut v = views(&k, rows, n, (false, false), &mut Rng(3));
+    let strides: Vec<isize> = v.iter().flat_map(|v| v.0.iter().copied()).collect();
+    let ptrs: Vec<*mut u8> = v.iter_mut().map(|v| v.1.as_mut_ptr()).collect();
+    let mut ts = vec![];
+    for _ in 0..50 {
+        let t = std::time::Instant::now();
+        for _ in 0..100 {
+            unsafe { ck.call(&ptrs, &strides, &[rows, n], &[], 0, rows) };
+        }
+        ts.push(t.elapsed().as_secs_f64() / 100.0);
+    }
+    ts.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!("layer_norm 64x768 in cache: {:.2} us", ts[25] * 1e6);
 }

@@ -40,10 +40,13 @@ pub(crate) enum HostFn {
     /// `(kind, tile pointer, n, state pointer, count) -> ()`: folds a tile
     /// into a log-sum-exp or Welford state (`wide::WideIsa::reduce_entry`).
     WideReduce,
+    /// `(row pointer) -> ()`: a normalisation's row pass
+    /// (`wide::AffineRow`, `wide::WideIsa::affine_entry`).
+    WideAffine,
 }
 
 impl HostFn {
-    pub(crate) const ALL: [HostFn; 21] = [
+    pub(crate) const ALL: [HostFn; 22] = [
         HostFn::Sin,
         HostFn::Cos,
         HostFn::Exp,
@@ -65,6 +68,7 @@ impl HostFn {
         HostFn::Cosh,
         HostFn::Atan2,
         HostFn::Hypot,
+        HostFn::WideAffine,
     ];
 
     fn index(self) -> usize {
@@ -94,6 +98,7 @@ impl HostFn {
             HostFn::IPow => "kiln_host_ipow",
             HostFn::WideUnary => "kiln_wide_unary",
             HostFn::WideReduce => "kiln_wide_reduce",
+            HostFn::WideAffine => "kiln_wide_affine",
         }
     }
 
@@ -124,6 +129,9 @@ impl HostFn {
             HostFn::WideReduce => super::wide::detect()
                 .unwrap_or(super::wide::WideIsa::Portable)
                 .reduce_entry(),
+            HostFn::WideAffine => super::wide::detect()
+                .unwrap_or(super::wide::WideIsa::Portable)
+                .affine_entry(),
         }
     }
 
@@ -134,12 +142,16 @@ impl HostFn {
             HostFn::Pow | HostFn::Fmod | HostFn::IPow | HostFn::Atan2 | HostFn::Hypot => 2,
             HostFn::WideUnary => 3,
             HostFn::WideReduce => 5,
+            HostFn::WideAffine => 1,
             _ => 1,
         }
     }
 
     pub(crate) fn signature(self, cc: CallConv) -> Signature {
-        if matches!(self, HostFn::WideUnary | HostFn::WideReduce) {
+        if matches!(
+            self,
+            HostFn::WideUnary | HostFn::WideReduce | HostFn::WideAffine
+        ) {
             let mut sig = Signature::new(cc);
             for _ in 0..self.arity() {
                 sig.params.push(AbiParam::new(ir::types::I64));

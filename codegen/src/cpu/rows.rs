@@ -10,9 +10,13 @@
 //! and the helper then rewrites the output row in place (AVX2/AVX-512, the
 //! f32x4 code's bits), while the row is in L1.
 //!
+//! A normalisation's pass, `((x - mean) * rstd) [* w] [+ b]` over input
+//! rows, is one call of the affine helper instead (`wide/affine.rs`).
+//!
 //! ```text
-//! softmax row:   for i: out1[i] = (x[i] - shift) - logsum   (f32x4)
-//!                kiln_wide_unary(exp, out1, n)               (f32x8 / f32x16)
+//! softmax row:    for i: out1[i] = (x[i] - shift) - logsum   (f32x4)
+//!                 kiln_wide_unary(exp, out1, n)               (f32x8 / f32x16)
+//! layer_norm row: kiln_wide_affine(&{x, w, b, out1, n, mean, rstd})
 //! ```
 
 use super::emit::{flags, Emitter};
@@ -21,10 +25,10 @@ use super::loops::{for_loop, Row};
 use super::plan::{row_pass_plan, Plan};
 use super::softmax_row::StoredExp;
 use super::wide;
-use crate::kernel::{Instr, Kernel, ValueId};
-use cranelift_codegen::ir::{types, InstBuilder, Value};
+use crate::kernel::{Inner, Instr, Kernel, ValueId};
+use cranelift_codegen::ir::{types, InstBuilder, StackSlotData, StackSlotKind, Value};
 use kiln_ir::scalar::ScalarOps;
-use kiln_ir::{DType, UnaryOp};
+use kiln_ir::{BinaryOp, DType, UnaryOp};
 
 /// Emits the row pass of `k` for the row at `ptrs`; `epi[id]` holds the
 /// epilogue values (scalar) the pass uses. With `stored`, operand 1's row
@@ -53,8 +57,13 @@ pub(crate) fn row_pass(
         ptrs,
         loaded: loaded(k),
     };
-    let lo = em.b.ins().iconst(types::I64, 0);
     let hi = fr.sizes[k.rank - 1];
+    if stored.is_none() {
+        if let Some(a) = affine_pass(k, em, &plan, epi) {
+            return affine_call(em, ptrs, &a, hi);
+        }
+    }
+    let lo = em.b.ins().iconst(types::I64, 0);
     let mut tail_lo = lo;
     if plan.lanes > 1 {
         let lanes = plan.lanes as i64;
@@ -110,6 +119,103 @@ pub(crate) fn row_pass(
         let code = em.b.ins().iconst(types::I64, code);
         em.b.ins().call(f, &[code, ptrs[1], hi]);
     }
+}
+
+/// A row pass `((x - mean) * rstd) [* w] [+ b]`: a normalisation's, with
+/// `x`, `w` and `b` rows of contiguous f32 inputs and `mean`, `rstd`
+/// epilogue values (see `wide/affine.rs`).
+struct Affine {
+    x: usize,
+    w: Option<usize>,
+    b: Option<usize>,
+    mean: Value,
+    rstd: Value,
+}
+
+/// The row pass of `k` as an [`Affine`] one, when the emitter may use the
+/// row helpers and the pass has that form (either operand order of the
+/// multiplies and the add).
+fn affine_pass(k: &Kernel, em: &Emitter, plan: &Plan, epi: &[Option<Value>]) -> Option<Affine> {
+    let rows = k.rows.as_ref()?;
+    if !em.wide.rows || plan.lanes != 4 || plan.vdt != DType::F32 {
+        return None;
+    }
+    let load = |id: ValueId| match k.instr(id) {
+        (Instr::Load(op), DType::F32) => {
+            let o = k.operands[op];
+            let row = o.dtype == DType::F32 && o.inner == Inner::Contiguous;
+            (row && op >= k.outputs()).then_some(op)
+        }
+        _ => None,
+    };
+    let known = |id: ValueId| {
+        let epilogue = k.body.len()..k.body.len() + k.epilogue.len();
+        (epilogue.contains(&id) && k.dtype_of(id) == DType::F32).then(|| epi[id])?
+    };
+    // `l op r` as (the other operand, the loaded row), either way round
+    let with_row = |id: ValueId, want: BinaryOp| match k.instr(id) {
+        (Instr::Binary(op, l, r), DType::F32) if op == want => {
+            load(r).map(|o| (l, o)).or_else(|| load(l).map(|o| (r, o)))
+        }
+        _ => None,
+    };
+    let mut v = rows.out;
+    let b = with_row(v, BinaryOp::Add).map(|(rest, o)| {
+        v = rest;
+        o
+    });
+    let w = with_row(v, BinaryOp::Mul).map(|(rest, o)| {
+        v = rest;
+        o
+    });
+    let (Instr::Binary(BinaryOp::Mul, l, r), DType::F32) = k.instr(v) else {
+        return None;
+    };
+    let (centred, rstd) = match (known(r), known(l)) {
+        (Some(s), _) => (l, s),
+        (None, Some(s)) => (r, s),
+        _ => return None,
+    };
+    let (Instr::Binary(BinaryOp::Sub, x, mean), DType::F32) = k.instr(centred) else {
+        return None;
+    };
+    Some(Affine {
+        x: load(x)?,
+        w,
+        b,
+        mean: known(mean)?,
+        rstd,
+    })
+}
+
+/// Calls the affine row helper on the whole row `0..hi` (a
+/// [`wide::AffineRow`] on the stack).
+fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value) {
+    let slot = em.b.create_sized_stack_slot(StackSlotData::new(
+        StackSlotKind::ExplicitSlot,
+        std::mem::size_of::<wide::AffineRow>() as u32,
+        3,
+    ));
+    em.lanes = 1;
+    let base = em.b.ins().stack_addr(types::I64, slot, 0);
+    let null = em.b.ins().iconst(types::I64, 0);
+    let row = |op: Option<usize>| op.map_or(null, |op| ptrs[op]);
+    use std::mem::offset_of;
+    use wide::AffineRow as R;
+    let fields = [
+        (row(Some(a.x)), offset_of!(R, x)),
+        (row(a.w), offset_of!(R, w)),
+        (row(a.b), offset_of!(R, b)),
+        (ptrs[1], offset_of!(R, out)),
+        (hi, offset_of!(R, n)),
+        (a.mean, offset_of!(R, mean)),
+        (a.rstd, offset_of!(R, rstd)),
+    ];
+    for (v, at) in fields {
+        em.b.ins().store(flags(), v, base, at as i32);
+    }
+    let f = em.hosts.get(em.b.func, HostFn::WideAffine);
+    em.b.ins().call(f, &[base]);
 }
 
 /// `exp(v - shift)` read back from the output row, times `1 / s`.

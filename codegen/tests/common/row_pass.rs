@@ -11,6 +11,20 @@ pub enum Norm {
     LogSoftmax,
     /// `(x - mean) * rstd * w + b`, w and b of the row's length.
     LayerNorm,
+    /// `(x - mean) * rstd`, no weight or bias.
+    Normalize,
+    /// `b + w * (rstd * (x - mean))`: layer_norm with every commutative
+    /// operand the other way round.
+    LayerNormSwapped,
+}
+
+impl Norm {
+    /// The variants normalising by moments (a Welford reduction).
+    pub const MOMENTS: [Norm; 3] = [Norm::LayerNorm, Norm::Normalize, Norm::LayerNormSwapped];
+
+    fn affine(self) -> bool {
+        matches!(self, Norm::LayerNorm | Norm::LayerNormSwapped)
+    }
 }
 
 pub fn kernel(norm: Norm, dt: DType, x_inner: Inner) -> Kernel {
@@ -26,7 +40,7 @@ pub fn kernel(norm: Norm, dt: DType, x_inner: Inner) -> Kernel {
             ];
             (ReduceKind::LogSumExp, epi, nb + 1, vec![nb + 2])
         }
-        Norm::LayerNorm => {
+        _ => {
             let epi = vec![
                 (Instr::Acc, dt),
                 (Instr::AccPart(AccPart::Mean), dt),
@@ -59,13 +73,25 @@ pub fn kernel(norm: Norm, dt: DType, x_inner: Inner) -> Kernel {
             let m = push(Instr::Binary(BinaryOp::Mul, n, w));
             push(Instr::Binary(BinaryOp::Add, m, bi))
         }
+        Norm::Normalize => {
+            let d = push(Instr::Binary(BinaryOp::Sub, xr, nb + 1));
+            push(Instr::Binary(BinaryOp::Mul, d, nb + 4))
+        }
+        Norm::LayerNormSwapped => {
+            let d = push(Instr::Binary(BinaryOp::Sub, xr, nb + 1));
+            let n = push(Instr::Binary(BinaryOp::Mul, nb + 4, d));
+            let w = push(Instr::Load(3));
+            let bi = push(Instr::Load(4));
+            let m = push(Instr::Binary(BinaryOp::Mul, w, n));
+            push(Instr::Binary(BinaryOp::Add, bi, m))
+        }
     };
     let mut operands = vec![
         op(dt, Inner::Broadcast),
         op(dt, Inner::Contiguous),
         op(dt, x_inner),
     ];
-    if matches!(norm, Norm::LayerNorm) {
+    if norm.affine() {
         operands.push(op(dt, Inner::Contiguous));
         operands.push(op(dt, Inner::Contiguous));
     }

@@ -24,6 +24,7 @@
 //! assert!((xs[0] - 0.5f32.exp()).abs() < 1e-6);
 //! ```
 
+mod affine;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +37,7 @@ mod reduce;
 mod tests;
 mod tile;
 
+pub use affine::AffineRow;
 pub use reduce::{LSE, LSE_STORE, SOFTMAX_ROW, WELFORD};
 pub use tile::{op_code, SUPPORTED, TILE};
 
@@ -109,6 +111,89 @@ impl WideIsa {
             _ => wide_reduce_portable as *const u8,
         }
     }
+}
+
+impl WideIsa {
+    /// The `extern "C" fn(&AffineRow)` of a normalisation's row pass
+    /// (see `affine.rs`).
+    pub(crate) fn affine_entry(self) -> *const u8 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx2 => wide_affine_avx2 as *const u8,
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx512 => wide_affine_avx512 as *const u8,
+            _ => wide_affine_portable as *const u8,
+        }
+    }
+}
+
+/// `out[i] = ((x[i] - mean) * rstd) * w[i] + b[i]` with `isa` (`None`:
+/// portable), as the JIT code runs a normalisation's row pass; `w` and `b`
+/// may be absent.
+///
+/// ```
+/// use kiln_codegen::cpu::wide;
+/// let (x, w, mut out) = ([1.0f32, 3.0], [2.0f32, 2.0], [0.0f32; 2]);
+/// wide::affine_row(wide::detect(), &x, Some(&w), None, &mut out, 2.0, 0.5).unwrap();
+/// assert_eq!(out, [-1.0, 1.0]);
+/// ```
+pub fn affine_row(
+    isa: Option<WideIsa>,
+    x: &[f32],
+    w: Option<&[f32]>,
+    b: Option<&[f32]>,
+    out: &mut [f32],
+    mean: f32,
+    rstd: f32,
+) -> Result<(), Error> {
+    let isa = available(isa, "affine_row")?;
+    let n = out.len();
+    let lens = [Some(x), w, b].map(|r| r.map(|r| r.len()));
+    if lens.iter().flatten().any(|&l| l != n) {
+        return Err(Error::Codegen(format!(
+            "wide::affine_row: out has {n} values, (x, w, b) {lens:?}"
+        )));
+    }
+    let ptr = |r: Option<&[f32]>| r.map_or(std::ptr::null(), |r| r.as_ptr());
+    let row = AffineRow {
+        x: x.as_ptr(),
+        w: ptr(w),
+        b: ptr(b),
+        out: out.as_mut_ptr(),
+        n: n as u64,
+        mean,
+        rstd,
+    };
+    let f: extern "C" fn(*const AffineRow) =
+        // SAFETY: every affine entry has this signature.
+        unsafe { std::mem::transmute::<*const u8, _>(isa.affine_entry()) };
+    f(&row);
+    Ok(())
+}
+
+extern "C" fn wide_affine_portable(r: *const AffineRow) {
+    // SAFETY: the JIT passes a row whose pointers cover `n` f32.
+    unsafe { affine::affine_row::<lanes::Scalar>(&*r) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_affine_avx2(r: *const AffineRow) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn go(r: &AffineRow) {
+        affine::affine_row::<avx2::Avx2>(r)
+    }
+    // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
+    unsafe { go(&*r) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_affine_avx512(r: *const AffineRow) {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn go(r: &AffineRow) {
+        affine::affine_row::<avx512::Avx512>(r)
+    }
+    // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
+    unsafe { go(&*r) }
 }
 
 /// Folds `xs` into a reduction state with `isa` (`None`: portable), as the
@@ -273,8 +358,9 @@ extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, a
 pub struct Uses {
     /// Pointwise rows with a transcendental, on tiles.
     pub pointwise: bool,
-    /// Log-sum-exp rows (softmax, log_softmax, logsumexp, cross entropy)
-    /// and Welford rows of a contiguous input (layer_norm of a tensor).
+    /// Log-sum-exp rows (softmax, log_softmax, logsumexp, cross entropy),
+    /// Welford rows of a contiguous input (layer_norm of a tensor) and
+    /// normalising row passes (`affine.rs`).
     pub rows: bool,
     /// Welford rows of an expression, through a tile copy.
     pub expression_rows: bool,
