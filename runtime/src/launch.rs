@@ -90,6 +90,10 @@ impl SendPtrs {
 /// Work below this many elements runs on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
 
+/// Elements from which a launch (half a millisecond and more) goes to the
+/// pool whole ([`crate::par::pooled`]).
+const POOLED_ELEMS: usize = 1 << 20;
+
 /// Runs `template` (its operand dtypes and body; rank and inner patterns are
 /// filled in here) over `views`, which all have the loop dims (the leading
 /// [`Kernel::outputs`] are the outputs; a reduction's has stride 0 along the last dim).
@@ -167,12 +171,12 @@ pub unsafe fn run_launch(
         run(0, n0);
     } else {
         let chunks = n0.min(threads * 4);
-        rayon::scope(|s| {
-            for c in 0..chunks {
-                let (a, b) = (n0 * c / chunks, n0 * (c + 1) / chunks);
-                let run = &run;
-                s.spawn(move |_| run(a, b));
-            }
+        let each = |_: &mut (), c| {
+            let r = crate::par::range(n0, chunks, c);
+            run(r.start, r.end)
+        };
+        crate::par::pooled(total >= POOLED_ELEMS, || {
+            crate::par::for_each_chunk(chunks, || (), each)
         });
     }
 }

@@ -8,6 +8,7 @@ pub mod deterministic;
 pub mod externs;
 pub mod launch;
 pub mod memory;
+pub mod par;
 pub mod profiler;
 pub mod scratch;
 pub mod storage;

@@ -17,7 +17,6 @@ use kiln_ir::{Error, Result};
 
 pub use super::conv_transpose::conv_transpose2d;
 use packed::WeightKey;
-use rayon::prelude::*;
 use select::ConvAlgo;
 
 pub mod batched;
@@ -165,6 +164,10 @@ pub(super) fn conv_shapes(g: &ConvGeometry) -> String {
 /// there (im2col timed faster, the direct kernel 1.8x faster on the batch).
 const TIMING_POSITIONS: usize = 4096;
 
+/// Multiply-adds from which a conv's parallel regions go to the pool whole
+/// ([`crate::par::pooled`]).
+const POOLED_MACS: usize = 1 << 24;
+
 /// The leading samples of `g`'s batch its candidates are timed on: at
 /// least two and [`TIMING_POSITIONS`] output positions, at most the batch.
 fn timing_samples(g: &ConvGeometry) -> usize {
@@ -207,16 +210,21 @@ pub fn conv2d_call<T: Elem>(
     if let Some(e) = failed {
         return Err(e);
     }
-    run_algorithm(
-        chosen.algo(),
-        g,
-        input,
-        weight,
-        bias,
-        out,
-        call.epilogue,
-        key,
-    )?;
+    // a real model's layer (16M multiply-adds and up: a millisecond or
+    // more) hands its regions to the pool whole; see `par::pooled`
+    let macs = out.len() * (weight.len() / g.c_out.max(1));
+    crate::par::pooled(macs >= POOLED_MACS, || {
+        run_algorithm(
+            chosen.algo(),
+            g,
+            input,
+            weight,
+            bias,
+            out,
+            call.epilogue,
+            key,
+        )
+    })?;
     select::note_run(chosen.algo());
     Ok(chosen.algo())
 }
@@ -365,9 +373,8 @@ fn im2col_gemm<T: Elem>(
     };
 
     if threads() > 1 && work >= PAR_MIN_WORK && items >= 2 * threads() {
-        (0..items)
-            .into_par_iter()
-            .try_for_each_init(Vec::new, |buf, i| run(i, buf, Parallelism::None))
+        crate::par::try_for_each_chunk(items, Vec::new, |buf, i| run(i, buf, Parallelism::None))
+            .map(drop)
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(opg, kk, tile)

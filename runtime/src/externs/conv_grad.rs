@@ -13,7 +13,6 @@ use super::gemm::{gemm_raw, Parallelism};
 use super::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
-use rayon::prelude::*;
 
 /// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
 const CHUNK_ELEMS: usize = 64 * 1024;
@@ -101,46 +100,32 @@ pub fn conv2d_weight_grad<T: Elem>(
         // Fixed chunk ranges per worker, partials added in worker order:
         // the same sums in the same order on every run.
         let workers = threads().min(chunks);
-        let partials: Vec<Vec<T>> = (0..workers)
-            .into_par_iter()
-            .map(|w| {
-                let mut acc = crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?;
-                let (mut cols, mut dys) = (vec![], vec![]);
-                for c in chunks * w / workers..chunks * (w + 1) / workers {
-                    chunk(c, &mut acc, &mut cols, &mut dys)?;
-                }
-                Ok(acc)
-            })
-            .collect::<Result<_>>()?;
-        for p in &partials {
-            for (x, y) in out.iter_mut().zip(p) {
+        let partials = crate::par::map(workers, |w| -> Result<Vec<T>> {
+            let mut acc = crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?;
+            let (mut cols, mut dys) = (vec![], vec![]);
+            for c in crate::par::range(chunks, workers, w) {
+                chunk(c, &mut acc, &mut cols, &mut dys)?;
+            }
+            Ok(acc)
+        });
+        for p in partials {
+            for (x, y) in out.iter_mut().zip(&p?) {
                 *x += *y;
             }
         }
     } else if par {
-        let total = (0..chunks)
-            .into_par_iter()
-            .fold(
-                || {
-                    crate::scratch::try_zeroed("conv2d_weight_grad", out.len())
-                        .map(|acc| (acc, Vec::new(), Vec::new()))
-                },
-                |st: Result<(Vec<T>, Vec<T>, Vec<T>)>, c| {
-                    let (mut acc, mut cols, mut dys) = st?;
-                    chunk(c, &mut acc, &mut cols, &mut dys)?;
-                    Ok((acc, cols, dys))
-                },
-            )
-            .map(|st| st.map(|(acc, ..)| acc))
-            .reduce_with(|a, b| {
-                let (mut a, b) = (a?, b?);
-                for (x, y) in a.iter_mut().zip(&b) {
-                    *x += *y;
-                }
-                Ok(a)
-            });
-        if let Some(t) = total {
-            out.copy_from_slice(&t?);
+        // each thread sums its chunks into its own accumulator
+        let init = || (None, Vec::new(), Vec::new());
+        let states = crate::par::try_for_each_chunk(chunks, init, |(acc, cols, dys), c| {
+            if acc.is_none() {
+                *acc = Some(crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?);
+            }
+            chunk(c, acc.as_mut().expect("made above"), cols, dys)
+        })?;
+        for acc in states.into_iter().filter_map(|(acc, ..)| acc) {
+            for (x, y) in out.iter_mut().zip(&acc) {
+                *x += *y;
+            }
         }
     } else {
         let (mut cols, mut dys) = (Vec::new(), Vec::new());

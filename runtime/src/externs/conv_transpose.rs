@@ -9,7 +9,6 @@ use super::conv::{scratch, tile_cols, valid_range};
 use super::gemm::{auto_parallelism, gemm_raw, gemm_with, Parallelism};
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvTransposeGeometry;
-use rayon::prelude::*;
 
 /// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
 const CHUNK_ELEMS: usize = 64 * 1024;
@@ -103,9 +102,10 @@ pub fn conv_transpose2d<T: Elem>(
     let region_len = opg * oh * ow;
     let items = g.n * g.groups;
     if threads() > 1 && work >= PAR_MIN_WORK && items >= threads() {
-        out.par_chunks_mut(region_len)
-            .enumerate()
-            .try_for_each_init(Vec::new, |buf, (i, r)| run(i, r, buf, Parallelism::None))
+        crate::par::try_for_each_piece(out, region_len, Vec::new, |buf, i, r| {
+            run(i, r, buf, Parallelism::None)
+        })
+        .map(drop)
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(kk, cpg, tile)
@@ -275,10 +275,8 @@ fn batched<T: Elem>(
     };
     let items = chunks * g.groups;
     if par {
-        (0..items).into_par_iter().try_for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(xs, cols), i| run(i, xs, cols),
-        )
+        let scratch = || (Vec::new(), Vec::new());
+        crate::par::try_for_each_chunk(items, scratch, |(xs, cols), i| run(i, xs, cols)).map(drop)
     } else {
         let (mut xs, mut cols) = (Vec::new(), Vec::new());
         (0..items).try_for_each(|i| run(i, &mut xs, &mut cols))

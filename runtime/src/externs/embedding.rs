@@ -3,7 +3,6 @@
 
 use kiln_ir::shape::fmt_dims;
 use kiln_ir::{bail, Result};
-use rayon::prelude::*;
 
 /// `out[i, :] = weight[indices[i], :]` for `weight` `[num_embeddings, dim]`
 /// and `out` `[indices.len(), dim]`, all contiguous. Indices may be `i64` or
@@ -50,9 +49,7 @@ where
         row.copy_from_slice(&weight[i * dim..(i + 1) * dim]);
     };
     if out.len() >= 1 << 18 && rayon::current_num_threads() > 1 {
-        out.par_chunks_mut(dim)
-            .zip(indices.par_iter())
-            .for_each(copy_row);
+        crate::par::for_each_piece(out, dim, || (), |_, i, row| copy_row((row, &indices[i])));
     } else {
         out.chunks_mut(dim).zip(indices.iter()).for_each(copy_row);
     }

@@ -4,7 +4,6 @@
 
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 pub use gemm::Parallelism;
-use rayon::prelude::*;
 
 /// Multiply-adds above which a single GEMM is split across rayon's threads.
 pub const GEMM_PAR_THRESHOLD: usize = 64 * 64 * 64;
@@ -296,9 +295,7 @@ pub fn batched_matmul_offsets<T: Elem>(
         let par = auto_parallelism(m, k, n);
         (0..batch).for_each(|i| run(i, par));
     } else {
-        (0..batch)
-            .into_par_iter()
-            .for_each(|i| run(i, Parallelism::None));
+        crate::par::for_each_chunk(batch, || (), |_, i| run(i, Parallelism::None));
     }
 }
 

@@ -5,9 +5,8 @@
 //! NaN handling follows PyTorch: a NaN in a max window wins (the last NaN's
 //! index is reported); ties keep the first maximum.
 
-use super::{threads, Elem, PAR_MIN_WORK};
+use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::pool::{adaptive_range, Pool2dGeometry};
-use rayon::prelude::*;
 
 /// Runs `f(plane_index, out_plane, idx_plane)` over every output plane,
 /// in parallel when the work is worth it.
@@ -23,26 +22,31 @@ fn for_planes<T: Elem>(
         return;
     }
     let par = threads() > 1 && g.planes() > 1 && work_per_plane * g.planes() >= PAR_MIN_WORK;
-    match indices {
-        Some(idx) if par => out
-            .par_chunks_mut(plane)
-            .zip(idx.par_chunks_mut(plane))
-            .enumerate()
-            .for_each(|(p, (o, i))| f(p, o, Some(i))),
-        Some(idx) => {
-            for (p, (o, i)) in out.chunks_mut(plane).zip(idx.chunks_mut(plane)).enumerate() {
-                f(p, o, Some(i));
-            }
-        }
-        None if par => out
-            .par_chunks_mut(plane)
-            .enumerate()
-            .for_each(|(p, o)| f(p, o, None)),
-        None => out
-            .chunks_mut(plane)
-            .enumerate()
-            .for_each(|(p, o)| f(p, o, None)),
-    }
+    let planes = g.planes();
+    let chunks = if par { crate::par::chunks(planes) } else { 1 };
+    let (dst, idx) = (
+        SendPtr(out.as_mut_ptr()),
+        indices.map(|i| SendPtr(i.as_mut_ptr())),
+    );
+    let long = work_per_plane * planes >= 1 << 20;
+    crate::par::pooled(long, || {
+        crate::par::for_each_chunk(
+            chunks,
+            || (),
+            |_, c| {
+                for p in crate::par::range(planes, chunks, c) {
+                    // SAFETY: plane p of `out` (and of `indices`) is written by this chunk alone.
+                    let (o, i) = unsafe {
+                        let o = std::slice::from_raw_parts_mut(dst.get().add(p * plane), plane);
+                        let i = idx
+                            .map(|i| std::slice::from_raw_parts_mut(i.get().add(p * plane), plane));
+                        (o, i)
+                    };
+                    f(p, o, i);
+                }
+            },
+        )
+    });
 }
 
 fn check_lens<T>(op: &str, g: &Pool2dGeometry, input: &[T], out: &[T], indices: Option<&[i64]>) {

@@ -20,7 +20,6 @@
 use super::block::mask_row;
 use super::{dot, isa_dispatch, tile_gemm, AttnCall, AttnElem, MaskRef, Mat, BK, BQ};
 use crate::externs::cpu_isa::{self, Isa};
-use rayon::prelude::*;
 
 /// The tensors backward reads, all contiguous (see [`AttnCall`]).
 #[derive(Clone, Copy)]
@@ -135,7 +134,7 @@ pub fn attention_backward<T: AttnElem>(
         run_dkv(isa, call, &saved, t.kvh, t.j0, t.dk, t.dv, dq);
     };
     if par {
-        tasks.par_iter_mut().for_each(run);
+        crate::par::for_each_piece(&mut tasks, 1, || (), |_, _, t| run(&mut t[0]));
     } else {
         tasks.iter_mut().for_each(run);
     }
@@ -152,16 +151,16 @@ pub fn attention_backward<T: AttnElem>(
 
 /// Adds each task's own `dQ` buffer into its head group's rows of `dq`.
 fn sum_partials<T: AttnElem>(dq: &mut [T], group_len: usize, by_head: &[Vec<Vec<T>>], par: bool) {
-    let add = |(g, parts): (&mut [T], &Vec<Vec<T>>)| {
-        for p in parts {
+    let add = |(g, parts): &mut (&mut [T], &Vec<Vec<T>>)| {
+        for p in parts.iter() {
             g.iter_mut().zip(p).for_each(|(x, y)| *x += *y);
         }
     };
-    let groups: Vec<_> = dq.chunks_mut(group_len.max(1)).zip(by_head).collect();
+    let mut groups: Vec<_> = dq.chunks_mut(group_len.max(1)).zip(by_head).collect();
     if par {
-        groups.into_par_iter().for_each(add);
+        crate::par::for_each_piece(&mut groups, 1, || (), |_, _, g| add(&mut g[0]));
     } else {
-        groups.into_iter().for_each(add);
+        groups.iter_mut().for_each(add);
     }
 }
 

@@ -42,7 +42,6 @@ use super::cpu_isa::{self, Isa};
 use super::gemm::{gemm_with, Parallelism};
 use super::Elem;
 use kiln_ir::op::attention::AttentionDims;
-use rayon::prelude::*;
 
 /// Query rows one worker handles (its tile is `BQ x BK` scores): 64 rows
 /// give the GEMM microkernels several full register blocks per tile.
@@ -183,7 +182,8 @@ pub fn attention_forward<T: AttnElem>(
             tasks.push((head, qb * BQ, ob, lb));
         }
     }
-    let task = |(head, i0, o, ls): (usize, usize, &mut [T], &mut [T])| {
+    let task = |(head, i0, o, ls): &mut (usize, usize, &mut [T], &mut [T])| {
+        let (head, i0) = (*head, *i0);
         let blk = block::QueryBlock {
             call,
             n: head / d.h,
@@ -195,9 +195,9 @@ pub fn attention_forward<T: AttnElem>(
     };
     let work = nh * d.l * d.s * (d.e + d.ev);
     if work < super::PAR_MIN_WORK || super::threads() == 1 {
-        tasks.into_iter().for_each(task);
+        tasks.iter_mut().for_each(task);
     } else {
-        tasks.into_par_iter().for_each(task);
+        crate::par::for_each_piece(&mut tasks, 1, || (), |_, _, t| task(&mut t[0]));
     }
 }
 

@@ -10,7 +10,6 @@ use crate::externs::gemm::{gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
-use rayon::prelude::*;
 
 /// Elements of one chunk's column matrix (256 KiB of f32): it stays in L2.
 const CHUNK_ELEMS: usize = 64 * 1024;
@@ -92,9 +91,8 @@ pub fn conv2d<T: Elem>(
         Ok(())
     };
     if par {
-        (0..chunks)
-            .into_par_iter()
-            .try_for_each_init(|| (Vec::new(), Vec::new()), |(a, b), c| chunk(c, a, b))
+        let scratch = || (Vec::new(), Vec::new());
+        crate::par::try_for_each_chunk(chunks, scratch, |(a, b), c| chunk(c, a, b)).map(drop)
     } else {
         let (mut a, mut b) = (Vec::new(), Vec::new());
         (0..chunks).try_for_each(|c| chunk(c, &mut a, &mut b))

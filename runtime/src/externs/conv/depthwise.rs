@@ -21,7 +21,6 @@ use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::{threads, Elem, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
-use rayon::prelude::*;
 
 /// Output columns one accumulator block covers: four 16-lane vectors.
 const BLOCK: usize = 64;
@@ -77,8 +76,7 @@ pub fn conv2d<T: Elem>(
     let init = || (Vec::new(), Vec::new());
     let work = out.len() * taps;
     if threads() > 1 && work >= PAR_MIN_WORK {
-        let planes = out.par_chunks_mut(oh * ow).enumerate();
-        planes.try_for_each_init(init, |s, p| plane(p, s))
+        crate::par::try_for_each_piece(out, oh * ow, init, |s, i, d| plane((i, d), s)).map(drop)
     } else {
         let mut s = init();
         out.chunks_mut(oh * ow)

@@ -23,7 +23,6 @@ use super::{conv_shapes, kk, scratch, Epilogue, Tile};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
-use rayon::prelude::*;
 
 /// Columns one work item sweeps per output-row block (6 register tiles).
 const TARGET_COLS: usize = 6 * NR;
@@ -133,7 +132,7 @@ fn split_input<T: Elem>(g: &ConvGeometry, l: &Layout, input: &[T], xs: &mut [T])
     let channels = g.n * g.c_in;
     let xs = &mut xs[..channels * l.channel()];
     if threads() > 1 && xs.len() >= PAR_MIN_WORK {
-        xs.par_chunks_mut(l.channel()).enumerate().for_each(channel);
+        crate::par::for_each_piece(xs, l.channel(), || (), |_, i, d| channel((i, d)));
     } else {
         xs.chunks_mut(l.channel()).enumerate().for_each(channel);
     }
@@ -303,7 +302,7 @@ fn compute<T: Elem>(
     };
     let work = g.n * g.c_out * oh * ow * kk(g);
     if threads() > 1 && work >= PAR_MIN_WORK && items > 1 {
-        (0..items).into_par_iter().for_each(run);
+        crate::par::for_each_chunk(items, || (), |_, i| run(i));
     } else {
         (0..items).for_each(run);
     }

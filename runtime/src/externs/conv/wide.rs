@@ -14,7 +14,6 @@ use crate::externs::gemm::{auto_parallelism, gemm_raw};
 use crate::externs::{threads, Elem, SendPtr};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
-use rayon::prelude::*;
 
 /// Columns a chunk's GEMM gets at least (whole samples): enough that packing
 /// the weights once is a small part of the product.
@@ -90,7 +89,7 @@ pub fn conv2d<T: Elem>(
                     });
                 }
             };
-            (n0..n1).into_par_iter().for_each(scatter);
+            crate::par::for_each_chunk(n1 - n0, || (), |_, i| scatter(n0 + i));
         }
     }
     Ok(())
@@ -112,9 +111,11 @@ fn im2col_chunk<'a, T: Elem>(
     let p = positions(g);
     let block = cpg.div_ceil(4 * threads()).max(1);
     let map = PatchMap::for_conv(g);
-    cols.par_chunks_mut(block * taps * ld)
-        .enumerate()
-        .for_each(|(b, rows)| {
+    crate::par::for_each_piece(
+        cols,
+        block * taps * ld,
+        || (),
+        |_, b, rows| {
             let c0 = b * block;
             let cb = block.min(cpg - c0);
             // the geometry of this block's channels alone (one group of cb)
@@ -128,5 +129,6 @@ fn im2col_chunk<'a, T: Elem>(
                 let xs = &x(n)[c0 * plane..][..cb * plane];
                 im2col_plane(&sub, map.as_ref(), xs, &mut rows[s * p..], ld);
             }
-        });
+        },
+    );
 }

@@ -21,7 +21,6 @@ use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::gemm::{auto_parallelism, gemm_raw, Parallelism};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
-use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -187,9 +186,12 @@ pub fn conv2d<T: Elem>(
         Ok(())
     };
     if workers > 1 && items >= workers {
-        (0..items)
-            .into_par_iter()
-            .try_for_each(|i| super::with_thread_scratch(|s| run(i, s, Parallelism::None)))
+        crate::par::try_for_each_chunk(
+            items,
+            || (),
+            |_, i| super::with_thread_scratch(|s| run(i, s, Parallelism::None)),
+        )
+        .map(drop)
     } else {
         let par = if work >= PAR_MIN_WORK {
             auto_parallelism(g.c_out, g.c_in, rows_per_block * tl.tw)

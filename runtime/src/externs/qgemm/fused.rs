@@ -33,7 +33,6 @@ use super::{
 };
 use crate::externs::conv::packed::{packed_or_insert, WeightKey};
 use crate::externs::{threads, SendPtr, PAR_MIN_WORK};
-use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -125,7 +124,7 @@ pub fn qlinear_into(
         }
     };
     if by_tile {
-        (0..tiles).into_par_iter().for_each(run);
+        crate::par::for_each_chunk(tiles, || (), |_, i| run(i));
     } else {
         (0..tiles).for_each(run);
     }

@@ -33,7 +33,6 @@ pub use params::{
 };
 
 use super::{threads, SendPtr, PAR_MIN_WORK};
-use rayon::prelude::*;
 
 /// Which int8 kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,7 +253,7 @@ pub(crate) fn gemm_rows(
     };
     let panels = packed.panels();
     if parallel && panels > 1 {
-        (0..panels).into_par_iter().for_each(run);
+        crate::par::for_each_chunk(panels, || (), |_, i| run(i));
     } else {
         (0..panels).for_each(run);
     }
