@@ -7,11 +7,12 @@
 //! futex round trips per region, each several microseconds on a VM. A small
 //! CNN's training step runs about a hundred such regions of tens of
 //! microseconds each (W5: 20% of its time went to the wake-ups). Here the
-//! caller starts on the chunks at once while `threads - 1` helpers, queued on
-//! the rayon pool, claim the rest from a shared counter; a helper that wakes
-//! after the caller took every chunk finds none and returns. The chunk
-//! boundaries are the caller's, so which thread runs a chunk never changes a
-//! result.
+//! caller starts on its contiguous share of the chunks at once while
+//! `threads - 1` helpers, queued on the rayon pool, take theirs, and each
+//! then takes what is left of the others'; a helper that wakes after the
+//! caller took every chunk finds none and returns. The chunk boundaries are
+//! the caller's, so which thread runs a chunk never changes a result. Long
+//! regions still go to the pool whole ([`pooled`]).
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
