@@ -10,7 +10,7 @@
 //! | GEMM, batched GEMM (CPU) | yes: threads split rows/columns of the output, never `k` | same |
 //! | conv forward, conv_transpose, pooling, embedding (CPU) | yes: each output element is written by one thread | same |
 //! | embedding / gather backward (CPU, CUDA) | yes: a gather over the indices, no scatter-add | same |
-//! | conv weight gradient (CPU, parallel) | **no**: rayon's work stealing decides which sample chunks each partial sum gets | fixed chunk ranges per thread, partials added in thread order |
+//! | conv weight gradient (CPU, parallel) | yes: fixed sample ranges per partial sum (whichever thread runs it), partials added in range order | same |
 //! | every CUDA kernel | yes: no kernel uses atomics; a value is reduced by one thread or one block in a fixed tree | same |
 //! | DataLoader with workers | yes: batches do not depend on the worker count | same |
 //!

@@ -96,9 +96,10 @@ pub fn conv2d_weight_grad<T: Elem>(
         }
         Ok(())
     };
-    if par && crate::deterministic::are_deterministic_algorithms_enabled() {
-        // Fixed chunk ranges per worker, partials added in worker order:
-        // the same sums in the same order on every run.
+    if par {
+        // Fixed chunk ranges per slot, partials added in slot order: the same
+        // sums in the same order on every run, whichever thread takes a slot
+        // (PyTorch's CPU conv backward repeats bit for bit too).
         let workers = threads().min(chunks);
         let partials = crate::par::map(workers, |w| -> Result<Vec<T>> {
             let mut acc = crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?;
@@ -110,20 +111,6 @@ pub fn conv2d_weight_grad<T: Elem>(
         });
         for p in partials {
             for (x, y) in out.iter_mut().zip(&p?) {
-                *x += *y;
-            }
-        }
-    } else if par {
-        // each thread sums its chunks into its own accumulator
-        let init = || (None, Vec::new(), Vec::new());
-        let states = crate::par::try_for_each_chunk(chunks, init, |(acc, cols, dys), c| {
-            if acc.is_none() {
-                *acc = Some(crate::scratch::try_zeroed("conv2d_weight_grad", out.len())?);
-            }
-            chunk(c, acc.as_mut().expect("made above"), cols, dys)
-        })?;
-        for acc in states.into_iter().filter_map(|(acc, ..)| acc) {
-            for (x, y) in out.iter_mut().zip(&acc) {
                 *x += *y;
             }
         }
