@@ -66,7 +66,7 @@ pub fn conv2d_weight_grad<T: Elem>(
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * h * w..][..cpg * h * w];
-                im2col_plane(g, map.as_ref(), x, &mut cols[s * p..], ld);
+                im2col_plane(g, map.as_deref(), x, &mut cols[s * p..], ld);
                 for o in 0..opg {
                     let src = &grad[(n * g.c_out + gi * opg + o) * p..][..p];
                     dys[o * ld + s * p..][..p].copy_from_slice(src);

@@ -50,7 +50,7 @@ pub fn conv2d<T: Elem>(
         for gi in 0..g.groups {
             for (s, n) in (n0..n1).enumerate() {
                 let x = &input[(n * g.c_in + gi * cpg) * plane..][..cpg * plane];
-                im2col_plane(g, map.as_ref(), x, &mut cols[s * p..], ld);
+                im2col_plane(g, map.as_deref(), x, &mut cols[s * p..], ld);
             }
             let wg = &weight[gi * opg * kk..][..opg * kk];
             // SAFETY: wg is [opg, kk], cols [kk, ld], tmp [opg, ld]: in bounds.

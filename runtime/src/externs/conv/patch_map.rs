@@ -4,11 +4,14 @@
 //! two fills and a `memcpy` call per output row of each kernel tap: on an
 //! 8x8 or 4x4 plane (the small CNN) that is a call per 4-8 elements and
 //! those two loops took 31% of a W5 training step. A patch map resolves
-//! every (tap, position) pair to a plane offset once per conv call, so each
-//! channel of each sample is one gather (or scatter-add) over the table.
+//! every (tap, position) pair to a plane offset once per geometry (the maps
+//! are kept, [`KEPT_MAPS`]), so each channel of each sample is one gather
+//! (or scatter-add) over the table.
 
 use super::super::Elem;
 use kiln_ir::op::conv::{ConvGeometry, ConvTransposeGeometry};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Marks a (tap, position) pair that falls in the padding.
 const PAD: u32 = u32::MAX;
@@ -19,6 +22,11 @@ const SHORT_ROW: usize = 16;
 
 /// The largest table built (entries of `u32`: 256 KiB).
 const MAX_ENTRIES: usize = 64 * 1024;
+
+/// Geometries whose maps are kept: building a map on every call was 1.7%
+/// of a MobileNetV3 forward (a few thousand entries per conv, 52 convs).
+/// Past this many the kept maps are dropped and built again as used.
+pub const KEPT_MAPS: usize = 256;
 
 /// For each kernel tap `(i, j)` and each position of a grid, the offset of
 /// the plane element the pair touches, or [`PAD`].
@@ -37,8 +45,8 @@ type Axes = [[usize; 2]; 6];
 impl PatchMap {
     /// The map of `g`'s im2col (grid: output positions, plane: the input),
     /// when its output rows are short enough for the table to pay.
-    pub fn for_conv(g: &ConvGeometry) -> Option<PatchMap> {
-        Self::build([
+    pub fn for_conv(g: &ConvGeometry) -> Option<Arc<PatchMap>> {
+        Self::kept([
             g.out_size,
             g.in_size,
             g.kernel,
@@ -49,10 +57,29 @@ impl PatchMap {
     }
 
     /// The map of `g`'s col2im (grid: input positions, plane: the output).
-    pub fn for_transpose(g: &ConvTransposeGeometry) -> Option<PatchMap> {
-        Self::build([
+    pub fn for_transpose(g: &ConvTransposeGeometry) -> Option<Arc<PatchMap>> {
+        Self::kept([
             g.in_size, g.out_size, g.kernel, g.stride, g.dilation, g.padding,
         ])
+    }
+
+    /// The kept map of `axes`, built on first use (`None`, also kept: no table pays).
+    fn kept(axes: Axes) -> Option<Arc<PatchMap>> {
+        static MAPS: Mutex<Option<HashMap<Axes, Option<Arc<PatchMap>>>>> = Mutex::new(None);
+        let lookup =
+            |maps: &mut Option<HashMap<_, _>>| maps.get_or_insert_default().get(&axes).cloned();
+        if let Some(m) = lookup(&mut MAPS.lock().unwrap_or_else(|e| e.into_inner())) {
+            return m;
+        }
+        // built outside the lock: two threads may both build one, keeping either
+        let m = Self::build(axes).map(Arc::new);
+        let mut maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
+        let maps = maps.get_or_insert_default();
+        if maps.len() >= KEPT_MAPS {
+            maps.clear();
+        }
+        maps.insert(axes, m.clone());
+        m
     }
 
     fn build([grid, size, kernel, stride, dilation, pad]: Axes) -> Option<PatchMap> {
@@ -203,5 +230,15 @@ mod tests {
         let p = ConvParams::default();
         let g = conv_geometry("conv2d", &[1, 1, 4, 40], &[1, 1, 3, 3], None, &p).unwrap();
         assert!(PatchMap::for_conv(&g).is_none());
+    }
+
+    #[test]
+    fn a_geometry_builds_its_map_once() {
+        let p = ConvParams::default();
+        let g = conv_geometry("conv2d", &[2, 3, 6, 6], &[4, 3, 3, 3], None, &p).unwrap();
+        let (a, b) = (PatchMap::for_conv(&g).unwrap(), PatchMap::for_conv(&g).unwrap());
+        assert!(Arc::ptr_eq(&a, &b));
+        let other = conv_geometry("conv2d", &[2, 3, 7, 6], &[4, 3, 3, 3], None, &p).unwrap();
+        assert_eq!(PatchMap::for_conv(&other).unwrap().positions, 5 * 4);
     }
 }

@@ -127,7 +127,7 @@ fn im2col_chunk<'a, T: Elem>(
             };
             for (s, n) in ns.clone().enumerate() {
                 let xs = &x(n)[c0 * plane..][..cb * plane];
-                im2col_plane(&sub, map.as_ref(), xs, &mut rows[s * p..], ld);
+                im2col_plane(&sub, map.as_deref(), xs, &mut rows[s * p..], ld);
             }
         },
     );
