@@ -236,7 +236,10 @@ mod tests {
     fn a_geometry_builds_its_map_once() {
         let p = ConvParams::default();
         let g = conv_geometry("conv2d", &[2, 3, 6, 6], &[4, 3, 3, 3], None, &p).unwrap();
-        let (a, b) = (PatchMap::for_conv(&g).unwrap(), PatchMap::for_conv(&g).unwrap());
+        let (a, b) = (
+            PatchMap::for_conv(&g).unwrap(),
+            PatchMap::for_conv(&g).unwrap(),
+        );
         assert!(Arc::ptr_eq(&a, &b));
         let other = conv_geometry("conv2d", &[2, 3, 7, 6], &[4, 3, 3, 3], None, &p).unwrap();
         assert_eq!(PatchMap::for_conv(&other).unwrap().positions, 5 * 4);
