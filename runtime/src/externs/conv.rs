@@ -201,19 +201,21 @@ pub fn conv2d_call<T: Elem>(
         ..g.clone()
     };
     let (in_len, out_len) = (input.len() / g.n * sub.n, out.len() / g.n * sub.n);
+    // a real model's layer (16M multiply-adds and up: a millisecond or
+    // more) hands its regions to the pool whole (see `par::pooled`); its
+    // candidates are timed that way too, as the whole batch will run
+    let pooled = out.len() * (weight.len() / g.c_out.max(1)) >= POOLED_MACS;
     let chosen = select::choose(g, dtype, &mut |a| {
         let (x, y) = (&input[..in_len], &mut out[..out_len]);
-        if let Err(e) = run_algorithm(a, &sub, x, weight, bias, y, None, key) {
+        let run = || run_algorithm(a, &sub, x, weight, bias, y, None, key);
+        if let Err(e) = crate::par::pooled(pooled, run) {
             failed.get_or_insert(e);
         }
     });
     if let Some(e) = failed {
         return Err(e);
     }
-    // a real model's layer (16M multiply-adds and up: a millisecond or
-    // more) hands its regions to the pool whole; see `par::pooled`
-    let macs = out.len() * (weight.len() / g.c_out.max(1));
-    crate::par::pooled(macs >= POOLED_MACS, || {
+    crate::par::pooled(pooled, || {
         run_algorithm(
             chosen.algo(),
             g,
