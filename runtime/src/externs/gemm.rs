@@ -3,6 +3,8 @@
 //! transposed operand costs nothing); outputs are written row-major.
 
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
+
+mod skinny;
 pub use gemm::Parallelism;
 
 /// Multiply-adds above which a single GEMM is split across rayon's threads.
@@ -74,6 +76,24 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
             }
         }
         return;
+    }
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && a_cs == 1 && b_rs == 1 {
+        let p = skinny::Skinny {
+            m,
+            k,
+            n,
+            a: a as *const f32,
+            a_rs,
+            b: b as *const f32,
+            b_cs,
+            dst: dst as *mut f32,
+            dst_rs,
+            dst_cs,
+            accumulate,
+        };
+        if skinny::try_gemm(p, !matches!(par, Parallelism::None)) {
+            return;
+        }
     }
     // gemm computes dst := alpha*dst + beta*lhs*rhs (alpha read only if read_dst).
     gemm::gemm(
