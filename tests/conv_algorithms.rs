@@ -134,8 +134,8 @@ fn a_compiled_conv_runs_its_remembered_algorithm_on_every_call() {
         ..Default::default()
     };
     // a shape no other test uses, so its remembered choice is this test's;
-    // 9 x 64 x 60 outputs per sample (over MIN_TILED_SAMPLE): a tiled epilogue
-    let (xs, ws) = ([2, 5, 64, 60], [9, 5, 3, 3]);
+    // 9 x 64 x 120 outputs per sample (over MIN_TILED_SAMPLE): a tiled epilogue
+    let (xs, ws) = ([2, 5, 64, 120], [9, 5, 3, 3]);
     let g = conv_geometry("conv2d", &xs, &ws, None, &p).unwrap();
     let pinned = ConvAlgo::WinogradF2x2;
     assert_ne!(
