@@ -77,7 +77,7 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
         }
         return;
     }
-    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() && a_cs == 1 && b_rs == 1 {
+    if super::conv::is_f32::<T>() && a_cs == 1 && b_rs == 1 {
         let p = skinny::Skinny {
             m,
             k,

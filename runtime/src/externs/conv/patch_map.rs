@@ -11,7 +11,7 @@
 use super::super::Elem;
 use kiln_ir::op::conv::{ConvGeometry, ConvTransposeGeometry};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// Marks a (tap, position) pair that falls in the padding.
 const PAD: u32 = u32::MAX;
@@ -65,20 +65,19 @@ impl PatchMap {
 
     /// The kept map of `axes`, built on first use (`None`, also kept: no table pays).
     fn kept(axes: Axes) -> Option<Arc<PatchMap>> {
-        static MAPS: Mutex<Option<HashMap<Axes, Option<Arc<PatchMap>>>>> = Mutex::new(None);
-        let lookup =
-            |maps: &mut Option<HashMap<_, _>>| maps.get_or_insert_default().get(&axes).cloned();
-        if let Some(m) = lookup(&mut MAPS.lock().unwrap_or_else(|e| e.into_inner())) {
-            return m;
+        type Maps = Mutex<HashMap<Axes, Option<Arc<PatchMap>>>>;
+        static MAPS: LazyLock<Maps> = LazyLock::new(Default::default);
+        let maps = || MAPS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = maps().get(&axes) {
+            return m.clone();
         }
         // built outside the lock: two threads may both build one, keeping either
         let m = Self::build(axes).map(Arc::new);
-        let mut maps = MAPS.lock().unwrap_or_else(|e| e.into_inner());
-        let maps = maps.get_or_insert_default();
-        if maps.len() >= KEPT_MAPS {
-            maps.clear();
+        let mut kept = maps();
+        if kept.len() >= KEPT_MAPS {
+            kept.clear();
         }
-        maps.insert(axes, m.clone());
+        kept.insert(axes, m.clone());
         m
     }
 

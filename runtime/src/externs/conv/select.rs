@@ -293,12 +293,8 @@ pub fn choose(g: &ConvGeometry, dtype: &str, time_one: &mut dyn FnMut(ConvAlgo))
                 *t = t.min(t0.elapsed().as_secs_f64());
             }
         }
-        let (i, _) =
-            fastest.iter().enumerate().fold(
-                (0, f64::INFINITY),
-                |b, (i, &t)| if t < b.1 { (i, t) } else { b },
-            );
-        cands[i]
+        let fastest_at = (0..cands.len()).min_by(|&i, &j| fastest[i].total_cmp(&fastest[j]));
+        cands[fastest_at.unwrap_or(0)]
     };
     remember(&k, best);
     Chosen::Timed(best)
