@@ -5,6 +5,7 @@
 use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 
 mod skinny;
+mod transposed;
 pub use gemm::Parallelism;
 
 /// Multiply-adds above which a single GEMM is split across rayon's threads.
@@ -96,27 +97,37 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
         }
     }
     // gemm computes dst := alpha*dst + beta*lhs*rhs (alpha read only if read_dst).
-    gemm::gemm(
-        m,
-        n,
-        k,
-        dst,
-        dst_cs,
-        dst_rs,
-        accumulate,
-        a,
-        a_cs,
-        a_rs,
-        b,
-        b_cs,
-        b_rs,
-        T::ONE,
-        T::ONE,
-        false,
-        false,
-        false,
-        par,
-    );
+    let run = |b: *const T, b_rs: isize, b_cs: isize| {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs,
+            dst_rs,
+            accumulate,
+            a,
+            a_cs,
+            a_rs,
+            b,
+            b_cs,
+            b_rs,
+            T::ONE,
+            T::ONE,
+            false,
+            false,
+            false,
+            par,
+        )
+    };
+    if super::conv::is_f32::<T>() && transposed::wants_copy(k, n, b_rs, b_cs) {
+        let parallel = !matches!(par, Parallelism::None);
+        transposed::with_row_major(b as *const f32, k, n, b_cs, parallel, |copy| {
+            run(copy.as_ptr() as *const T, n as isize, 1)
+        })
+    } else {
+        run(b, b_rs, b_cs)
+    }
 }
 
 /// General strided GEMM: `out (+)= A @ B` with `A` an `m x k` view of `a`,

@@ -200,3 +200,57 @@ fn bench_matmul_1024() {
         f / times[0] / 1e9
     );
 }
+
+/// `x @ w^T` with a weight big enough to be copied row-major first
+/// (`transposed::MIN_ELEMS`), a padded row stride, ragged edges, both
+/// overwriting and accumulating, serial and threaded.
+#[test]
+fn transposed_weight_copied_row_major_matches_naive() {
+    let mut r = Lcg(5);
+    let (m, k, n, pad) = (37, 301, 229, 3);
+    assert!(transposed::wants_copy(k, n, 1, (k + pad) as isize));
+    let a: Vec<f64> = r.vec(m * k);
+    let w: Vec<f64> = r.vec(n * (k + pad));
+    let want = naive(m, k, n, &a, k, 1, &w, 1, k + pad);
+    let af: Vec<f32> = a.iter().map(|&x| x as f32).collect();
+    let wf: Vec<f32> = w.iter().map(|&x| x as f32).collect();
+    for par in [Parallelism::None, Parallelism::Rayon(0)] {
+        let mut got = vec![1f32; m * n];
+        gemm_with(
+            m,
+            k,
+            n,
+            &af,
+            k as isize,
+            1,
+            &wf,
+            1,
+            (k + pad) as isize,
+            &mut got,
+            n as isize,
+            1,
+            true,
+            par,
+        );
+        let plus_one: Vec<f32> = want.iter().map(|&x| x as f32 + 1.0).collect();
+        assert_close(&got, &plus_one, 1e-4, "accumulated");
+        gemm_with(
+            m,
+            k,
+            n,
+            &af,
+            k as isize,
+            1,
+            &wf,
+            1,
+            (k + pad) as isize,
+            &mut got,
+            n as isize,
+            1,
+            false,
+            par,
+        );
+        let wf32: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+        assert_close(&got, &wf32, 1e-4, "overwritten");
+    }
+}
