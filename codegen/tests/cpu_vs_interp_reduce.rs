@@ -39,8 +39,18 @@ fn reduction(
     let mut rng = Rng(seed | 1);
     let shapes: Vec<Vec<usize>> = match rank {
         1 => vec![vec![0], vec![1], vec![7], vec![37], vec![1000]],
-        2 => vec![vec![3, 13], vec![5, 8], vec![2, 0], vec![4, 1], vec![2, 67]],
-        _ => vec![vec![2, 3, 17], vec![3, 2, 9]],
+        // 37 and 19 outer: whole column blocks and a tail (`columns.rs`)
+        2 => vec![
+            vec![3, 13],
+            vec![5, 8],
+            vec![2, 0],
+            vec![4, 1],
+            vec![2, 67],
+            vec![37, 13],
+            vec![19, 67],
+            vec![40, 0],
+        ],
+        _ => vec![vec![2, 3, 17], vec![3, 2, 9], vec![2, 35, 6]],
     };
     for sizes in shapes {
         let outer = &sizes[..rank - 1];

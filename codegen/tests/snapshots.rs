@@ -91,6 +91,41 @@ fn softmax_sum() -> Kernel {
     }
 }
 
+/// A Linear bias gradient: out[j] = sum_i dy[i, j] of a row-major `dy`, the
+/// kernel's dims `[j, i]`: the reduced dim strided, `j` reduced 16 at a time
+/// (`columns.rs`) when contiguous, else a row at a time.
+fn column_sum() -> Kernel {
+    let mut b = KernelBuilder::default();
+    let x = b.load(1, DType::F32);
+    let n = b.instrs.len();
+    Kernel {
+        name: "sum".into(),
+        rank: 2,
+        operands: vec![
+            op(DType::F32, Inner::Broadcast),
+            op(DType::F32, Inner::Strided),
+        ],
+        scalars: vec![],
+        body: b.instrs,
+        reduce: Some(Reduction {
+            kind: ReduceKind::Sum,
+            value: x,
+            dtype: DType::F32,
+        }),
+        epilogue: vec![(Instr::Acc, DType::F32)],
+        out: n,
+        extra_out: vec![],
+        rows: None,
+    }
+}
+
+#[test]
+fn column_sum_kernel() {
+    let k = column_sum();
+    insta::assert_snapshot!("column_sum_kernel", k.to_text());
+    insta::assert_snapshot!("column_sum_clif", CpuJit::clif_text(&k).unwrap());
+}
+
 #[test]
 fn broadcast_add_kernel() {
     let k = broadcast_add();

@@ -156,6 +156,16 @@ fn outer(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, d: usize, ptrs: 
     } else {
         (em.b.ins().iconst(types::I64, 0), fr.sizes[d])
     };
+    if d + 1 == inner {
+        if let Some(cplan) = super::columns::plan(k) {
+            let row_at = |em: &mut Emitter, j: Value| {
+                let next = step_ptrs(em, fr, d, j, ptrs);
+                super::reduce::reduce_row(k, em, fr, plan, &next);
+            };
+            super::columns::outer_loop(k, em, fr, cplan, lo, hi, ptrs, &row_at);
+            return;
+        }
+    }
     if d == inner {
         if k.reduce.is_some() {
             super::reduce::reduce_row(k, em, fr, plan, ptrs);
@@ -171,15 +181,26 @@ fn outer(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, d: usize, ptrs: 
         1,
         |_| (),
         |em, i, _| {
-            let next: Vec<Value> = (0..ptrs.len())
-                .map(|op| {
-                    let off = em.b.ins().imul(i, fr.bstr[op][d]);
-                    em.b.ins().iadd(ptrs[op], off)
-                })
-                .collect();
+            let next = step_ptrs(em, fr, d, i, ptrs);
             outer(k, em, fr, plan, d + 1, &next);
         },
     );
+}
+
+/// Every operand's pointer at index `i` of dim `d`.
+pub(crate) fn step_ptrs(
+    em: &mut Emitter,
+    fr: &Frame,
+    d: usize,
+    i: Value,
+    ptrs: &[Value],
+) -> Vec<Value> {
+    (0..ptrs.len())
+        .map(|op| {
+            let off = em.b.ins().imul(i, fr.bstr[op][d]);
+            em.b.ins().iadd(ptrs[op], off)
+        })
+        .collect()
 }
 
 /// Loads along the innermost dim of one row (pointwise or reduced).

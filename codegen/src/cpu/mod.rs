@@ -14,6 +14,7 @@
 //! f32 transcendentals, `jit` the module and host functions, `tiles` the
 //! pointwise rows that call [`wide`]'s AVX2/AVX-512 block helpers.
 
+mod columns;
 mod emit;
 mod jit;
 mod loops;

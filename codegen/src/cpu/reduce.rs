@@ -33,7 +33,7 @@ use cranelift_frontend::Variable;
 use kiln_ir::scalar::{Prim2, ScalarOps};
 use kiln_ir::{DType, ReduceKind};
 
-fn combine_prim(kind: ReduceKind) -> Prim2 {
+pub(crate) fn combine_prim(kind: ReduceKind) -> Prim2 {
     match kind {
         ReduceKind::Sum => Prim2::Add,
         ReduceKind::Prod => Prim2::Mul,
@@ -118,7 +118,7 @@ pub(crate) fn reduce_row(k: &Kernel, em: &mut Emitter, fr: &Frame, plan: &Plan, 
 /// reduce index 0), then the stores of `out` and `extra_out`, then the row
 /// pass (`stored`: a softmax row's exp is in operand 1 already, or the
 /// whole row when `done`).
-fn epilogue(
+pub(crate) fn epilogue(
     k: &Kernel,
     em: &mut Emitter,
     fr: &Frame,

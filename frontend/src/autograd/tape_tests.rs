@@ -168,3 +168,32 @@ fn tensors_are_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<crate::Tensor>();
 }
+
+#[test]
+fn a_leaf_gradient_nothing_else_holds_becomes_its_grad_uncopied() {
+    let x = leaf(&[1.0, 2.0], &[2]);
+    let made = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = made.clone();
+    let y = record("probe", x.detach(), &[&x], move |g| {
+        let gi = g.mul_scalar(3.0)?;
+        *seen.lock().unwrap() = Some(gi.storage.id());
+        Ok(vec![Some(gi)])
+    })
+    .unwrap();
+    y.sum(None, false).unwrap().backward().unwrap();
+    assert_eq!(grad(&x), vec![3.0, 3.0]);
+    assert_eq!(Some(x.grad().unwrap().storage.id()), *made.lock().unwrap());
+    // one gradient reaching two leaves (AddBackward passes it to both) is
+    // copied for the first: the two `.grad`s must not alias
+    let (a, b) = (leaf(&[1.0], &[1]), leaf(&[2.0], &[1]));
+    a.add(&b)
+        .unwrap()
+        .sum(None, false)
+        .unwrap()
+        .backward()
+        .unwrap();
+    let (ga, gb) = (a.grad().unwrap(), b.grad().unwrap());
+    assert_ne!(ga.storage.id(), gb.storage.id());
+    ga.copy_(&t(&[5.0], &[1])).unwrap();
+    assert_eq!(grad(&b), vec![1.0]);
+}
