@@ -403,6 +403,79 @@ mod tests {
         lower_binary(&mut Interp, op, x, y, dt).as_f64()
     }
 
+    /// IEEE 754-2019 maximum / minimum: NaN-propagating, -0 below +0.
+    fn ieee_max(a: f64, b: f64) -> f64 {
+        match (a.is_nan() || b.is_nan(), a == b) {
+            (true, _) => f64::NAN,
+            (false, true) => {
+                if a.is_sign_positive() {
+                    a
+                } else {
+                    b
+                }
+            }
+            _ => a.max(b),
+        }
+    }
+    fn ieee_min(a: f64, b: f64) -> f64 {
+        -ieee_max(-a, -b)
+    }
+
+    /// The clamps, written as compares and selects, keep the NaN-propagating
+    /// maximum's and minimum's bits: NaN in, NaN out; signed zeros at zero
+    /// bounds; a NaN bound; and hardswish/hardsigmoid built on them.
+    #[test]
+    fn clamps_keep_nan_and_signed_zeros() {
+        let xs = [
+            -0.0,
+            0.0,
+            f64::NAN,
+            f64::NEG_INFINITY,
+            f64::INFINITY,
+            -3.0,
+            3.0,
+            7.0,
+            -1.5,
+            6.0,
+        ];
+        let bounds = [
+            (0.0, 6.0),
+            (-0.0, 0.0),
+            (-1.0, -0.0),
+            (0.0, -0.0),
+            (f64::NEG_INFINITY, 0.0),
+            (f64::NAN, 1.0),
+            (2.0, f64::NAN),
+        ];
+        let same = |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for dt in [F32, F64] {
+            for &(lo, hi) in &bounds {
+                for &x in &xs {
+                    let got = un(
+                        UnaryOp::Clamp {
+                            min: Float(lo),
+                            max: Float(hi),
+                        },
+                        x,
+                        dt,
+                    );
+                    let want = ieee_min(ieee_max(x, lo), hi);
+                    assert!(
+                        same(got, want),
+                        "clamp({x}, {lo}, {hi}) {dt}: {got} vs {want}"
+                    );
+                }
+            }
+            for &x in &xs {
+                let r = ieee_min(ieee_max(x + 3.0, 0.0), 6.0);
+                let got = un(UnaryOp::Hardswish, x, dt);
+                assert!(same(got, x * r / 6.0), "hardswish({x}) {dt}: {got}");
+                let got = un(UnaryOp::Hardsigmoid, x, dt);
+                assert!(same(got, r / 6.0), "hardsigmoid({x}) {dt}: {got}");
+            }
+        }
+    }
+
     #[test]
     fn erf_values() {
         // Reference values (Abramowitz & Stegun / mpmath).

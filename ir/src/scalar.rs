@@ -145,13 +145,36 @@ pub fn lower_unary<S: ScalarOps>(s: &mut S, op: UnaryOp, x: S::V, dt: DType) -> 
 /// also clamps integers, which have no infinity).
 pub(crate) fn clamp<S: ScalarOps>(s: &mut S, x: S::V, lo: f64, hi: f64, dt: DType) -> S::V {
     let mut x = x;
+    if lo.is_nan() || hi.is_nan() {
+        // a NaN bound makes every element NaN, as the maximum with it does
+        let l = s.constant(lo, dt);
+        let h = s.constant(hi, dt);
+        x = s.binary(Prim2::Max, x, l, dt);
+        return s.binary(Prim2::Min, x, h, dt);
+    }
+    // A compare and a select against the bound give the NaN-propagating
+    // maximum's bits (a NaN `x` fails the compare and is kept; at a +0 bound
+    // `<=` turns -0 into +0, as max(-0, +0) = +0), and on the CPU they are two
+    // vector instructions where a vector fmax is about seven: hardswish ran
+    // at 0.27 ns an element.
     if lo != f64::NEG_INFINITY {
         let l = s.constant(lo, dt);
-        x = s.binary(Prim2::Max, x, l, dt);
+        let below = match lo == 0.0 && lo.is_sign_positive() {
+            true => Cmp::Le,
+            false => Cmp::Lt,
+        };
+        let c = s.compare(below, x, l, dt);
+        x = s.select(c, l, x, dt);
     }
     if hi != f64::INFINITY {
         let h = s.constant(hi, dt);
-        x = s.binary(Prim2::Min, x, h, dt);
+        // at a -0 bound `>=` turns +0 into -0, as min(+0, -0) = -0
+        let above = match hi == 0.0 && hi.is_sign_negative() {
+            true => Cmp::Ge,
+            false => Cmp::Gt,
+        };
+        let c = s.compare(above, x, h, dt);
+        x = s.select(c, h, x, dt);
     }
     x
 }
