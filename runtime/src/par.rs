@@ -114,13 +114,15 @@ pub fn for_each_chunk<S: Send>(
         // inside the pool already (rayon's own work stealing is cheap
         // there), or a long region (see `pooled`)
         use rayon::prelude::*;
-        return (0..n)
+        let out = (0..n)
             .into_par_iter()
             .fold(&init, |mut s, i| {
                 f(&mut s, i);
                 s
             })
             .collect();
+        keep_awake(threads);
+        return out;
     }
     let team = threads.min(n);
     // participant p alone touches states[p], so its lock is never contended
@@ -130,10 +132,64 @@ pub fn for_each_chunk<S: Send>(
         f(s.get_or_insert_with(&init), i);
     };
     run(n, team, &task);
+    keep_awake(threads);
     states
         .into_iter()
         .filter_map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()))
         .collect()
+}
+
+/// Pool workers spinning after a region (see [`keep_awake`]).
+static KEEPERS: AtomicUsize = AtomicUsize::new(0);
+
+/// How long a pool worker spins for new work after a region, in
+/// microseconds: `$KILN_SPIN_US`, default 300 (0: not at all). OpenMP's
+/// `KMP_BLOCKTIME`/`GOMP_SPINCOUNT` are the same knob.
+pub fn spin_us() -> u64 {
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *US.get_or_init(|| {
+        std::env::var("KILN_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300)
+    })
+}
+
+/// After a region entered from outside the pool, keeps up to `threads - 1`
+/// pool workers awake for [`spin_us`], running whatever rayon work appears
+/// (the next region's helpers, a pooled region, the `gemm` crate's jobs).
+///
+/// A worker that went to sleep between two regions is woken by a futex, and
+/// on a VM an idle vCPU's wake-up took long enough that a region of a few
+/// hundred microseconds ran on one thread: MobileNetV3's `[8, 96, 7, 7] *
+/// [576, 96, 1, 1]` conv took 0.62 ms in the model with 2 threads, 0.58 with
+/// 1, and 0.32 with a worker kept awake (Zen 5, 2 vCPUs). Between its polls
+/// a keeper pauses (64 spin-loop hints), so it does not contend for the
+/// pool's queues while the others work.
+fn keep_awake(threads: usize) {
+    let us = spin_us();
+    if us == 0 || rayon::current_thread_index().is_some() {
+        return;
+    }
+    let want = threads - 1;
+    let claim = |k: usize| (k < want).then_some(k + 1);
+    if KEEPERS
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, claim)
+        .is_err()
+    {
+        return;
+    }
+    rayon::spawn(move || {
+        let limit = std::time::Duration::from_micros(us);
+        let mut since = std::time::Instant::now();
+        while since.elapsed() < limit {
+            match rayon::yield_now() {
+                Some(rayon::Yield::Executed) => since = std::time::Instant::now(),
+                _ => (0..64).for_each(|_| std::hint::spin_loop()),
+            }
+        }
+        KEEPERS.fetch_sub(1, Ordering::AcqRel);
+    });
 }
 
 thread_local! {
@@ -315,6 +371,20 @@ fn run(n: usize, team: usize, task: &(dyn Fn(usize, usize) + Sync)) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;
+
+    /// Keepers are at most `threads - 1` and retire once no work comes.
+    #[test]
+    fn keepers_are_bounded_and_retire() {
+        for _ in 0..20 {
+            for_each_chunk(8, || (), |_, _| {});
+            assert!(KEEPERS.load(Ordering::Acquire) < rayon::current_num_threads().max(2));
+        }
+        let t = std::time::Instant::now();
+        while KEEPERS.load(Ordering::Acquire) > 0 {
+            assert!(t.elapsed().as_secs() < 30, "keepers never retired");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 
     #[test]
     fn every_chunk_runs_once() {

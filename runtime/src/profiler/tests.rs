@@ -95,12 +95,22 @@ fn sessions_collect_other_threads() {
 
 #[test]
 fn table_is_sorted_by_total_and_trace_is_escaped() {
-    let ((), p) = profile(|| {
-        for (name, us) in [("short", 50), ("long", 400), ("mid \"q\"", 150)] {
+    let ((), recorded) = profile(|| {
+        for name in ["short", "long", "mid \"q\""] {
             let _s = scope_with(Category::Op, || name.to_string());
-            spin(us);
         }
     });
+    // the durations are set, not measured: a test thread preempted inside
+    // one scope (other tests, the pool's spinning workers) would reorder them
+    let mut events = recorded.events().to_vec();
+    for e in &mut events {
+        e.dur_ns = match e.name.as_ref() {
+            "short" => 50_000,
+            "long" => 400_000,
+            _ => 150_000,
+        };
+    }
+    let p = super::report::Profile::new(events, recorded.threads().to_vec(), recorded.wall_ns());
     let rows: Vec<_> = p
         .key_averages(false)
         .into_iter()
