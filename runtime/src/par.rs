@@ -145,7 +145,7 @@ static KEEPERS: AtomicUsize = AtomicUsize::new(0);
 /// How long a pool worker spins for new work after a region, in
 /// microseconds: `$KILN_SPIN_US`, default 300 (0: not at all). OpenMP's
 /// `KMP_BLOCKTIME`/`GOMP_SPINCOUNT` are the same knob.
-pub fn spin_us() -> u64 {
+fn spin_us() -> u64 {
     static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *US.get_or_init(|| {
         std::env::var("KILN_SPIN_US")
