@@ -158,25 +158,28 @@ pub(crate) fn clamp<S: ScalarOps>(s: &mut S, x: S::V, lo: f64, hi: f64, dt: DTyp
     // vector instructions where a vector fmax is about seven: hardswish ran
     // at 0.27 ns an element.
     if lo != f64::NEG_INFINITY {
-        let l = s.constant(lo, dt);
         let below = match lo == 0.0 && lo.is_sign_positive() {
             true => Cmp::Le,
             false => Cmp::Lt,
         };
-        let c = s.compare(below, x, l, dt);
-        x = s.select(c, l, x, dt);
+        x = replace_where(s, below, x, lo, dt);
     }
     if hi != f64::INFINITY {
-        let h = s.constant(hi, dt);
         // at a -0 bound `>=` turns +0 into -0, as min(+0, -0) = -0
         let above = match hi == 0.0 && hi.is_sign_negative() {
             true => Cmp::Ge,
             false => Cmp::Gt,
         };
-        let c = s.compare(above, x, h, dt);
-        x = s.select(c, h, x, dt);
+        x = replace_where(s, above, x, hi, dt);
     }
     x
+}
+
+/// `bound` where `x cmp bound`, else `x`.
+fn replace_where<S: ScalarOps>(s: &mut S, cmp: Cmp, x: S::V, bound: f64, dt: DType) -> S::V {
+    let b = s.constant(bound, dt);
+    let c = s.compare(cmp, x, b, dt);
+    s.select(c, b, x, dt)
 }
 
 /// Lowers one binary pointwise op. `dt` is the compute dtype of both operands;

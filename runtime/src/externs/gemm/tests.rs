@@ -214,43 +214,19 @@ fn transposed_weight_copied_row_major_matches_naive() {
     let want = naive(m, k, n, &a, k, 1, &w, 1, k + pad);
     let af: Vec<f32> = a.iter().map(|&x| x as f32).collect();
     let wf: Vec<f32> = w.iter().map(|&x| x as f32).collect();
+    let ws = (k + pad) as isize;
+    let plus_one: Vec<f32> = want.iter().map(|&x| x as f32 + 1.0).collect();
+    let plain: Vec<f32> = want.iter().map(|&x| x as f32).collect();
     for par in [Parallelism::None, Parallelism::Rayon(0)] {
         let mut got = vec![1f32; m * n];
-        gemm_with(
-            m,
-            k,
-            n,
-            &af,
-            k as isize,
-            1,
-            &wf,
-            1,
-            (k + pad) as isize,
-            &mut got,
-            n as isize,
-            1,
-            true,
-            par,
-        );
-        let plus_one: Vec<f32> = want.iter().map(|&x| x as f32 + 1.0).collect();
+        let run = |got: &mut [f32], accumulate| {
+            gemm_with(
+                m, k, n, &af, k as isize, 1, &wf, 1, ws, got, n as isize, 1, accumulate, par,
+            )
+        };
+        run(&mut got, true);
         assert_close(&got, &plus_one, 1e-4, "accumulated");
-        gemm_with(
-            m,
-            k,
-            n,
-            &af,
-            k as isize,
-            1,
-            &wf,
-            1,
-            (k + pad) as isize,
-            &mut got,
-            n as isize,
-            1,
-            false,
-            par,
-        );
-        let wf32: Vec<f32> = want.iter().map(|&x| x as f32).collect();
-        assert_close(&got, &wf32, 1e-4, "overwritten");
+        run(&mut got, false);
+        assert_close(&got, &plain, 1e-4, "overwritten");
     }
 }
