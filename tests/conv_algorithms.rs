@@ -165,7 +165,7 @@ fn a_compiled_conv_runs_its_remembered_algorithm_on_every_call() {
 /// output follows the new weight.
 #[test]
 fn a_hoisted_conv_weight_is_packed_once_per_parameter_version() {
-    use kiln::runtime::externs::conv::packed::packs_on_this_thread;
+    use kiln::runtime::externs::packed::packs_on_this_thread;
     let p = kiln::ir::op::conv::ConvParams {
         padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
         ..Default::default()

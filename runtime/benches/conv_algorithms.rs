@@ -8,9 +8,9 @@
 //! wall time measures the scheduler, CPU time still measures the kernel).
 
 use kiln_ir::op::conv::{conv_geometry, ConvGeometry, ConvParams, Padding};
-use kiln_runtime::externs::conv::packed::WeightKey;
 use kiln_runtime::externs::conv::select::{self, ConvAlgo};
 use kiln_runtime::externs::conv::{conv2d_call, ConvCall};
+use kiln_runtime::externs::packed::WeightKey;
 use kiln_runtime::Storage;
 use std::sync::Arc;
 use std::time::Instant;

@@ -316,7 +316,7 @@ impl Executable {
                 Some(Val::One(l)) if self.frontier[i] && !valid => {
                     let t = l.materialize()?;
                     // nothing writes a cached value: convs may keep its packed forms
-                    kiln_runtime::externs::conv::packed::mark_stable(&t.storage);
+                    kiln_runtime::externs::packed::mark_stable(&t.storage);
                     cache.values.insert(i, t.clone());
                     Some(Val::One(Lazy::tensor(&t)))
                 }

@@ -192,110 +192,6 @@ fn op_scope(name: &'static str, ins: &[&Tensor]) -> profiler::Scope {
     profiler::scope(name, Category::Op).shapes(|| shapes(ins))
 }
 
-/// `torch.matmul` for every rank combination; strided operands (transposes,
-/// broadcast batches) are read in place through their strides.
-pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if let Some((a, b)) = amp::cast_for(Policy::Lower, (a, b))? {
-        return matmul(&a, &b);
-    }
-    trace::record(|| Op::Matmul, &[a, b], || matmul_eager(a, b))
-}
-
-fn matmul_eager(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let _p = op_scope("matmul", &[a, b]);
-    trace::check_launch("matmul", &[a, b])?;
-    let dt = float_dtype("matmul", &[a, b])?;
-    let plan = mm::matmul_plan(a.dims(), b.dims())?;
-    let (a0, b0) = (a, b);
-    let (a, b) = (
-        a.detach().to_dtype(dt.compute())?,
-        b.detach().to_dtype(dt.compute())?,
-    );
-    let a2 = if plan.a_vec { a.unsqueeze(0)? } else { a };
-    let b2 = if plan.b_vec { b.unsqueeze(-1)? } else { b };
-    let bl = plan.batch.len();
-    let expand = |t: &Tensor, r: usize, c: usize| -> Result<Tensor> {
-        let mut d: Vec<usize> = plan.batch.to_vec();
-        d.extend([r, c]);
-        t.expand_to(&d)
-    };
-    let (ae, be) = (expand(&a2, plan.m, plan.k)?, expand(&b2, plan.k, plan.n)?);
-    let offsets = |t: &Tensor| -> Vec<usize> {
-        let s: Vec<usize> = t.strides()[..bl].iter().map(|&x| x as usize).collect();
-        externs::gemm::batch_offsets(&plan.batch, &s)
-            .into_iter()
-            .map(|o| o + t.offset())
-            .collect()
-    };
-    let (ao, bo) = (offsets(&ae), offsets(&be));
-    let (ars, acs) = (ae.strides()[bl], ae.strides()[bl + 1]);
-    let (brs, bcs) = (be.strides()[bl], be.strides()[bl + 1]);
-    let mut full: Vec<usize> = plan.batch.to_vec();
-    full.extend([plan.m, plan.n]);
-    if ae.device().is_cuda() || be.device().is_cuda() {
-        let out = matmul_kernel::matmul_kernel(&ae, &be, dt)?;
-        return rules::matmul(a0, b0, out.reshape_dims(&plan.out)?);
-    }
-    let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
-        dispatch_float!(dt, T => externs::gemm::batched_matmul_offsets::<T>(
-            plan.m, plan.k, plan.n,
-            ae.storage.as_slice::<T>(), &ao, ars, acs,
-            be.storage.as_slice::<T>(), &bo, brs, bcs,
-            out.storage.as_mut_slice::<T>(),
-        ))
-    })?;
-    rules::matmul(a0, b0, out.reshape_dims(&plan.out)?)
-}
-
-/// `torch.bmm`: (B, M, K) @ (B, K, N), no broadcasting; traced as `matmul`.
-pub fn bmm(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    mm::bmm_shape(a.dims(), b.dims())?;
-    matmul(a, b)
-}
-
-/// `F.linear(x, weight, bias)`: x @ weight^T + bias, any leading dims.
-pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    if let Some((x, w, b)) = amp::cast_for(Policy::Lower, (x, weight, bias))? {
-        return linear(&x, &w, b.as_ref());
-    }
-    trace::record(
-        || Op::Linear,
-        &ins(&[Some(x), Some(weight), bias]),
-        || {
-            let _p = op_scope("linear", &[x, weight]);
-            // with a gradient to record, the primitives (transpose, matmul,
-            // add) record graph nodes while tracing: their backward rules save
-            // `weight.t()`, which must be a graph value of a joint trace
-            let inline = crate::autograd::needs_grad(&ins(&[Some(x), Some(weight), bias]))
-                .then(trace::inline_decomposition);
-            let shape = mm::linear_shape(x.dims(), weight.dims(), bias.map(|b| b.dims()))?;
-            if let (Some(b), None) = (bias, inline.as_ref()) {
-                if x.device().is_cuda() && !trace::is_tracing() {
-                    // inference on a device: the bias is added by the GEMM's one launch
-                    let add_bias = |v: &Tensor, view: &dyn Fn(&Tensor) -> Result<Tensor>| {
-                        use kiln_passes::decompose::Builder;
-                        crate::ops::fuse::Fuser.binary(
-                            kiln_ir::BinaryOp::Add,
-                            &Lazy::tensor(v),
-                            &Lazy::tensor(&view(b)?),
-                        )
-                    };
-                    let w = weight.detach().t()?;
-                    if let Some(y) = matmul_with_epilogue_on_device(&x.detach(), &w, &add_bias)? {
-                        return y.reshape_dims(&shape);
-                    }
-                }
-            }
-            let y = matmul(x, &weight.t()?)?;
-            let y = match bias {
-                Some(b) => y.add(b)?,
-                None => y,
-            };
-            y.reshape_dims(&shape)
-        },
-    )
-}
-
 /// `F.conv2d` (stride, padding incl. 'same', dilation, groups).
 pub fn conv2d(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, p: &ConvParams) -> Result<Tensor> {
     conv_nd("conv2d", x, w, bias, p)
@@ -363,9 +259,9 @@ fn conv_eager(
 /// storages marked stable (a compiled graph's cached hoisted values) get a
 /// key: any other computed weight may be rewritten in its buffer without a
 /// version bump, so it is packed afresh each call.
-fn weight_key<'a>(w: &Tensor, wc: &'a Tensor) -> Option<externs::conv::packed::WeightKey<'a>> {
-    let keyed = w.requires_grad() || externs::conv::packed::is_stable(&wc.storage);
-    keyed.then(|| externs::conv::packed::WeightKey {
+fn weight_key<'a>(w: &Tensor, wc: &'a Tensor) -> Option<externs::packed::WeightKey<'a>> {
+    let keyed = w.requires_grad() || externs::packed::is_stable(&wc.storage);
+    keyed.then(|| externs::packed::WeightKey {
         storage: &wc.storage,
         offset: wc.offset(),
         dims: wc.dims(),
@@ -570,7 +466,6 @@ fn embedding_eager(indices: &Tensor, weight: &Tensor, padding_idx: Option<i64>) 
     crate::autograd::rules::index::embedding(indices, weight, padding_idx, out)
 }
 
-use crate::ops::fuse::Lazy;
 // after the macros above, which it uses
 pub(crate) mod attention_fused;
 mod conv_grad;
@@ -581,5 +476,7 @@ mod pooling;
 pub(crate) use conv_kernel::as_nkhw;
 pub use conv_kernel::conv_with_epilogue_on_device;
 pub use matmul_kernel::matmul_with_epilogue_on_device;
+mod matmul;
 mod matmul_kernel;
+pub use matmul::{bmm, linear, matmul};
 pub(crate) mod pool_kernel;

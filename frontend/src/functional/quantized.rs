@@ -7,7 +7,7 @@ use crate::compile::trace;
 use crate::Tensor;
 use kiln_ir::op::Op;
 use kiln_ir::{bail, Result};
-use kiln_runtime::externs::conv::packed::WeightKey;
+use kiln_runtime::externs::packed::WeightKey;
 use kiln_runtime::externs::qgemm::{self, Isa, QLinearCall};
 
 /// A tile epilogue: called with the output and a row range `(row0, rows)`

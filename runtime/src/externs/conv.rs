@@ -3,7 +3,7 @@
 //! F(2x2, 3x3) (`winograd.rs`), by register tiles read straight off a
 //! padded copy of the input (`direct.rs`), or for depthwise convolutions by
 //! register accumulators over the same copy (`depthwise.rs`); `select.rs`
-//! picks one per shape (timing them when benchmarking is on) and `packed.rs`
+//! picks one per shape (timing them when benchmarking is on) and `externs/packed.rs`
 //! keeps transformed weights per parameter version (`conv_transpose2d` is in
 //! `conv_transpose.rs`).
 //!
@@ -16,14 +16,13 @@ use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::{Error, Result};
 
 pub use super::conv_transpose::conv_transpose2d;
-use packed::WeightKey;
+use super::packed::{self, WeightKey};
 use select::ConvAlgo;
 
 pub mod batched;
 pub mod depthwise;
 pub mod direct;
 pub mod microkernel;
-pub mod packed;
 pub mod patch_map;
 pub mod select;
 pub mod wide;

@@ -7,6 +7,7 @@ use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 mod skinny;
 mod transposed;
 pub use gemm::Parallelism;
+pub use transposed::{row_major_copy, wants_row_major_copy};
 
 /// Multiply-adds above which a single GEMM is split across rayon's threads.
 pub const GEMM_PAR_THRESHOLD: usize = 64 * 64 * 64;
@@ -120,7 +121,7 @@ pub(crate) unsafe fn gemm_raw<T: Elem>(
             par,
         )
     };
-    if super::conv::is_f32::<T>() && transposed::wants_copy(k, n, b_rs, b_cs) {
+    if super::conv::is_f32::<T>() && wants_row_major_copy(k, n, b_rs, b_cs) {
         let parallel = !matches!(par, Parallelism::None);
         transposed::with_row_major(b as *const f32, k, n, b_cs, parallel, |copy| {
             run(copy.as_ptr() as *const T, n as isize, 1)

@@ -14,6 +14,7 @@ pub mod conv_transpose;
 pub mod cpu_isa;
 pub mod embedding;
 pub mod gemm;
+pub mod packed;
 pub mod pool;
 pub mod pool_backward;
 pub mod qgemm;

@@ -3,9 +3,9 @@
 //! packed weights following the weight's version.
 
 use super::super::testutil::{assert_close, Lcg};
-use super::packed::{packed_or_insert, WeightKey};
 use super::select::{self, disk, ConvAlgo};
 use super::*;
+use crate::externs::packed::{packed_or_insert, WeightKey};
 use kiln_ir::op::conv::{conv_geometry, ConvParams, Padding};
 use std::sync::Arc;
 

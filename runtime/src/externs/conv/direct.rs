@@ -18,8 +18,8 @@
 //! tile gets the bias and the compiled epilogue while it is in cache.
 
 use super::microkernel::{self, MR, NR};
-use super::packed::{self, WeightKey};
 use super::{conv_shapes, kk, scratch, Epilogue, Tile};
+use crate::externs::packed::{self, WeightKey};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;

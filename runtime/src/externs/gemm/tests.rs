@@ -208,7 +208,7 @@ fn bench_matmul_1024() {
 fn transposed_weight_copied_row_major_matches_naive() {
     let mut r = Lcg(5);
     let (m, k, n, pad) = (37, 301, 229, 3);
-    assert!(transposed::wants_copy(k, n, 1, (k + pad) as isize));
+    assert!(wants_row_major_copy(k, n, 1, (k + pad) as isize));
     let a: Vec<f64> = r.vec(m * k);
     let w: Vec<f64> = r.vec(n * (k + pad));
     let want = naive(m, k, n, &a, k, 1, &w, 1, k + pad);

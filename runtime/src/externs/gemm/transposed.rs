@@ -21,8 +21,14 @@ pub const MIN_ELEMS: usize = 64 * 1024;
 const KEPT_ELEMS: usize = 4 << 20;
 
 /// Whether `b` (`k x n`, strides `b_rs, b_cs`) is stored transposed and big
-/// enough for [`with_row_major`] to pay.
-pub(crate) fn wants_copy(k: usize, n: usize, b_rs: isize, b_cs: isize) -> bool {
+/// enough for a row-major copy to pay.
+///
+/// ```
+/// use kiln_runtime::externs::gemm::wants_row_major_copy;
+/// assert!(wants_row_major_copy(1024, 1024, 1, 1024)); // w^T of a [1024, 1024] weight
+/// assert!(!wants_row_major_copy(1024, 1024, 1024, 1)); // already row-major
+/// ```
+pub fn wants_row_major_copy(k: usize, n: usize, b_rs: isize, b_cs: isize) -> bool {
     b_rs == 1 && b_cs >= k as isize && n > 1 && k.saturating_mul(n) >= MIN_ELEMS
 }
 
@@ -69,6 +75,35 @@ pub(crate) unsafe fn with_row_major<R>(
     let copy = fill(&mut buf);
     let out = f(&buf[copy]);
     KEPT.with(|kept| *kept.borrow_mut() = buf);
+    out
+}
+
+/// A row-major (`k x n`) copy of `b`, where `b[p + j*b_cs]` is element
+/// `(p, j)`: the form a Linear's weight `w^T` is kept in between calls
+/// (`externs::packed::packed_on_reuse`). Rows are split across threads.
+///
+/// ```
+/// use kiln_runtime::externs::gemm::row_major_copy;
+/// // w = [[1, 2, 3], [4, 5, 6]] row-major; w^T is 3 x 2 with b_cs = 3
+/// assert_eq!(row_major_copy(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], 3, 2, 3), [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+/// ```
+pub fn row_major_copy(b: &[f32], k: usize, n: usize, b_cs: usize) -> Vec<f32> {
+    if k == 0 || n == 0 {
+        return Vec::new();
+    }
+    assert!(
+        b_cs >= k && b.len() > (n - 1) * b_cs + (k - 1),
+        "row_major_copy: {} elements cannot hold a {k}x{n} view with column stride {b_cs}",
+        b.len()
+    );
+    let mut out = Vec::with_capacity(k * n);
+    let parallel = k * n >= MIN_ELEMS && super::threads() > 1;
+    // SAFETY: the view was checked to lie in `b`; `transpose` writes all
+    // `k * n` elements of `out` before the length covers them.
+    unsafe {
+        transpose(b.as_ptr(), b_cs as isize, k, n, out.as_mut_ptr(), parallel);
+        out.set_len(k * n);
+    }
     out
 }
 

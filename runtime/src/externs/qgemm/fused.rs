@@ -31,7 +31,7 @@ use super::{
     choose_activation_qparams, find_min_max, gemm_rows, quantize_activations, Epilogue, Isa,
     PackedWeights,
 };
-use crate::externs::conv::packed::{packed_or_insert, WeightKey};
+use crate::externs::packed::{packed_or_insert, WeightKey};
 use crate::externs::{threads, SendPtr, PAR_MIN_WORK};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -176,7 +176,7 @@ fn tiles_cover_every_row_once_and_change_no_bit() {
 /// when the version moves.
 #[test]
 fn packed_weights_follow_the_version() {
-    use crate::externs::conv::packed::WeightKey;
+    use crate::externs::packed::WeightKey;
     let st = std::sync::Arc::new(crate::Storage::zeros(kiln_ir::DType::I8, 6));
     let key = |version| WeightKey {
         storage: &st,

@@ -1,7 +1,11 @@
-//! Weights packed (transformed) once per parameter version: a conv called
+//! Weights packed (transformed) once per parameter version: a kernel called
 //! with a [`WeightKey`] reuses the packed form while the weight's storage is
 //! the same and its version counter has not moved; an in-place change of
 //! the parameter (an optimizer step) bumps the version and so repacks.
+//! Convolutions pack on first use ([`packed_or_insert`]); a Linear's
+//! row-major weight copy only on the second use of one version
+//! ([`packed_on_reuse`]), so training, which uses each version once, holds
+//! no copies.
 //!
 //! The cache holds a `Weak` to each storage it keys by, so a freed
 //! storage's address cannot be reused by a new one while its entry lives:
@@ -13,7 +17,7 @@
 //! which nothing writes again while the cache holds them.
 //!
 //! ```
-//! use kiln_runtime::externs::conv::packed::{packed_or_insert, WeightKey};
+//! use kiln_runtime::externs::packed::{packed_or_insert, WeightKey};
 //! use kiln_runtime::Storage;
 //! use std::sync::Arc;
 //! let st = Arc::new(Storage::zeros(kiln_ir::DType::F32, 4));
@@ -43,7 +47,8 @@ struct Entry {
     dims: Vec<usize>,
     version: u64,
     kind: &'static str,
-    packed: Arc<dyn Any + Send + Sync>,
+    /// None: this version was seen once, by [`packed_on_reuse`], not packed.
+    packed: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 /// Entries kept; beyond that the oldest go (a model has a few dozen convs).
@@ -69,7 +74,7 @@ static STABLE: Mutex<Vec<Weak<Storage>>> = Mutex::new(Vec::new());
 /// version ([`is_stable`]) as a parameter's is.
 ///
 /// ```
-/// use kiln_runtime::externs::conv::packed::{is_stable, mark_stable};
+/// use kiln_runtime::externs::packed::{is_stable, mark_stable};
 /// use kiln_runtime::Storage;
 /// use std::sync::Arc;
 /// let st = Arc::new(Storage::zeros(kiln_ir::DType::F32, 4));
@@ -103,32 +108,100 @@ pub fn packed_or_insert<T: Send + Sync + 'static>(
     kind: &'static str,
     pack: impl FnOnce() -> Vec<T>,
 ) -> Arc<Vec<T>> {
-    let pack = || {
-        PACKS.with(|n| n.set(n.get() + 1));
-        pack()
-    };
     let Some(key) = key else {
-        return Arc::new(pack());
+        return Arc::new(counted(pack));
     };
-    let ptr = Arc::as_ptr(key.storage);
-    let same = |e: &Entry| {
-        e.kind == kind
-            && e.offset == key.offset
-            && e.dims == key.dims
-            && std::ptr::eq(e.storage.as_ptr(), ptr)
-    };
-    {
-        let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(e) = cache.iter().find(|e| same(e) && e.version == key.version) {
-            if let Ok(p) = e.packed.clone().downcast::<Vec<T>>() {
-                return p;
-            }
-        }
-        // a stale version of this weight, or a dead storage: drop them now
-        cache.retain(|e| !same(e) && e.storage.strong_count() > 0);
+    match lookup(key, kind) {
+        Lookup::Packed(p) => p,
+        Lookup::Seen | Lookup::Absent => insert_packed(key, kind, pack),
     }
-    let packed = Arc::new(pack());
+}
+
+/// The packed form `kind` of the weight `key` if this version of it was
+/// asked for before: None on the first use of a version (the caller
+/// transforms the weight for this call only), packed by `pack` and kept on
+/// the second, reused after. A weight whose every version is used once — a
+/// parameter in training — is never packed or held.
+///
+/// ```
+/// use kiln_runtime::externs::packed::{packed_on_reuse, WeightKey};
+/// use kiln_runtime::Storage;
+/// use std::sync::Arc;
+/// let st = Arc::new(Storage::zeros(kiln_ir::DType::F32, 4));
+/// let key = |version| WeightKey { storage: &st, offset: 0, dims: &[4], version };
+/// assert!(packed_on_reuse::<f32>(key(0), "demo", || unreachable!()).is_none());
+/// let a = packed_on_reuse::<f32>(key(0), "demo", || vec![1.0]).unwrap();
+/// let b = packed_on_reuse::<f32>(key(0), "demo", || unreachable!()).unwrap();
+/// assert!(Arc::ptr_eq(&a, &b));
+/// assert!(packed_on_reuse::<f32>(key(1), "demo", || unreachable!()).is_none());
+/// ```
+pub fn packed_on_reuse<T: Send + Sync + 'static>(
+    key: WeightKey,
+    kind: &'static str,
+    pack: impl FnOnce() -> Vec<T>,
+) -> Option<Arc<Vec<T>>> {
+    match lookup(key, kind) {
+        Lookup::Packed(p) => Some(p),
+        Lookup::Seen => Some(insert_packed(key, kind, pack)),
+        Lookup::Absent => {
+            insert(key, kind, None);
+            None
+        }
+    }
+}
+
+fn counted<T>(pack: impl FnOnce() -> Vec<T>) -> Vec<T> {
+    PACKS.with(|n| n.set(n.get() + 1));
+    pack()
+}
+
+enum Lookup<T> {
+    Packed(Arc<Vec<T>>),
+    /// This version was seen once and not packed.
+    Seen,
+    Absent,
+}
+
+fn same(e: &Entry, key: &WeightKey, kind: &str) -> bool {
+    e.kind == kind
+        && e.offset == key.offset
+        && e.dims == key.dims
+        && std::ptr::eq(e.storage.as_ptr(), Arc::as_ptr(key.storage))
+}
+
+/// The entry of this version of `key`; stale versions of it and entries of
+/// dead storages are dropped on the way.
+fn lookup<T: Send + Sync + 'static>(key: WeightKey, kind: &'static str) -> Lookup<T> {
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(e) = cache
+        .iter()
+        .find(|e| same(e, &key, kind) && e.version == key.version)
+    {
+        match e.packed.clone().map(|p| p.downcast::<Vec<T>>()) {
+            Some(Ok(p)) => return Lookup::Packed(p),
+            None => return Lookup::Seen,
+            Some(Err(_)) => {}
+        }
+    }
+    cache.retain(|e| !same(e, &key, kind) && e.storage.strong_count() > 0);
+    Lookup::Absent
+}
+
+fn insert_packed<T: Send + Sync + 'static>(
+    key: WeightKey,
+    kind: &'static str,
+    pack: impl FnOnce() -> Vec<T>,
+) -> Arc<Vec<T>> {
+    let packed = Arc::new(counted(pack));
+    insert(key, kind, Some(packed.clone()));
+    packed
+}
+
+/// Records `packed` (None: seen, not packed) as this version of `key`,
+/// replacing what it had.
+fn insert(key: WeightKey, kind: &'static str, packed: Option<Arc<dyn Any + Send + Sync>>) {
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache.retain(|e| !same(e, &key, kind));
     if cache.len() >= CAPACITY {
         cache.remove(0);
     }
@@ -138,12 +211,12 @@ pub fn packed_or_insert<T: Send + Sync + 'static>(
         dims: key.dims.to_vec(),
         version: key.version,
         kind,
-        packed: packed.clone(),
+        packed,
     });
-    packed
 }
 
 /// How many packed weights are cached (for tests and `explain`).
 pub fn cached_count() -> usize {
-    CACHE.lock().unwrap_or_else(|e| e.into_inner()).len()
+    let cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache.iter().filter(|e| e.packed.is_some()).count()
 }
