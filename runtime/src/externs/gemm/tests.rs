@@ -230,3 +230,53 @@ fn transposed_weight_copied_row_major_matches_naive() {
         assert_close(&got, &plain, 1e-4, "overwritten");
     }
 }
+
+/// A threaded product of few rows split into column blocks: ragged last
+/// block, row-major and transposed right operands, a padded output row
+/// stride whose padding stays untouched, overwriting and accumulating.
+#[test]
+fn column_blocks_match_naive_and_stay_in_their_columns() {
+    let mut r = Lcg(6);
+    let (m, k, n, pad) = (40, 70, 333, 5);
+    assert!(column_split(m, n, Parallelism::Rayon(0)));
+    assert!(!column_split(m, n, Parallelism::None));
+    let a: Vec<f64> = r.vec(m * k);
+    let b: Vec<f64> = r.vec(k * n);
+    let af: Vec<f32> = a.iter().map(|&x| x as f32).collect();
+    let bf: Vec<f32> = b.iter().map(|&x| x as f32).collect();
+    // b as stored (k x n row-major) and read transposed (b^T's n x k storage)
+    let bt: Vec<f32> = (0..n * k).map(|i| bf[(i % k) * n + i / k]).collect();
+    let want = naive(m, k, n, &a, k, 1, &b, n, 1);
+    let ld = n + pad;
+    for (rhs, brs, bcs) in [(&bf, n as isize, 1), (&bt, 1, k as isize)] {
+        for accumulate in [false, true] {
+            let mut got = vec![1f32; m * ld];
+            gemm_with(
+                m,
+                k,
+                n,
+                &af,
+                k as isize,
+                1,
+                rhs,
+                brs,
+                bcs,
+                &mut got,
+                ld as isize,
+                1,
+                accumulate,
+                Parallelism::Rayon(0),
+            );
+            let base = if accumulate { 1.0 } else { 0.0 };
+            for i in 0..m {
+                let row: Vec<f32> = (0..n).map(|j| got[i * ld + j]).collect();
+                let exp: Vec<f32> = (0..n).map(|j| want[i * n + j] as f32 + base).collect();
+                assert_close(&row, &exp, 1e-4, "column blocks");
+                assert!(
+                    got[i * ld + n..(i + 1) * ld].iter().all(|&v| v == 1.0),
+                    "row {i} padding"
+                );
+            }
+        }
+    }
+}
