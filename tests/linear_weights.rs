@@ -150,3 +150,21 @@ fn batched_inputs_sharing_a_weight_match_item_by_item() {
         );
     }
 }
+
+#[test]
+fn a_small_batch_keeps_no_copy_and_gives_the_same_bits_every_call() {
+    // up to 8 rows the dot products read `w` as stored; a copy would change
+    // the summation order between the first call and later ones
+    let mut r = Generator::new(9);
+    let w = randn(&[1000, 576], Some(&mut r)).requires_grad_(true);
+    let b = randn(&[1000], Some(&mut r)).requires_grad_(true);
+    for rows in [1, 3, 8] {
+        let x = randn(&[rows, 576], Some(&mut r));
+        let (first, _) = infer(&x, &w, &b);
+        for call in 1..3 {
+            let (y, packs) = infer(&x, &w, &b);
+            assert_eq!(packs, 0, "{rows} rows: call {call} kept a copy");
+            assert_eq!(y, first, "{rows} rows: call {call}");
+        }
+    }
+}

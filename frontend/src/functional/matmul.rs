@@ -63,7 +63,7 @@ fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor) -> Result<Tensor> {
         Some(rows) => (rows, vec![ae.offset()], vec![be.offset()]),
         None => (plan.m, offsets(&ae), offsets(&be)),
     };
-    let copy = kept_row_major(&be, owner, dt, (plan.k, plan.n), (brs, bcs), bo.len());
+    let copy = kept_row_major(&be, owner, dt, (m, plan.k, plan.n), (acs, brs, bcs), bo.len());
     let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
         match &copy {
             Some(c) => externs::gemm::batched_matmul_offsets::<f32>(
@@ -120,13 +120,16 @@ fn folded_rows(a: &Tensor, b: &Tensor, batch: &[usize], m: usize) -> Option<usiz
 /// compiled graph's stable hoisted value), when `b` is f32 in `owner`'s
 /// storage and big enough for the copy to pay; None on the first use of a
 /// version (the GEMM transposes into scratch for that call). Only `b`s
-/// shared by the whole batch (`batch` offsets all one) are kept.
+/// shared by the whole batch (`batch` offsets all one) are kept, and none
+/// for an `m`-row product the skinny dot products take (`a`'s column stride
+/// `a_cs`): they read `b` as stored, and a copy would change the summation
+/// order, so a small batch would differ from the same batch without it.
 fn kept_row_major(
     b: &Tensor,
     owner: &Tensor,
     dt: DType,
-    (k, n): (usize, usize),
-    (rs, cs): (isize, isize),
+    (m, k, n): (usize, usize, usize),
+    (a_cs, rs, cs): (isize, isize, isize),
     batch: usize,
 ) -> Option<Arc<Vec<f32>>> {
     let shared = batch == 1 || b.strides()[..b.dims().len() - 2].iter().all(|&s| s == 0);
@@ -136,6 +139,7 @@ fn kept_row_major(
         || !keyed
         || !Arc::ptr_eq(&b.storage, &owner.storage)
         || !externs::gemm::wants_row_major_copy(k, n, rs, cs)
+        || externs::gemm::skinny_takes(m, a_cs)
     {
         return None;
     }

@@ -7,6 +7,7 @@ use super::{threads, Elem, SendPtr, PAR_MIN_WORK};
 mod skinny;
 mod transposed;
 pub use gemm::Parallelism;
+pub use skinny::takes as skinny_takes;
 pub use transposed::{row_major_copy, wants_row_major_copy};
 
 /// Multiply-adds above which a single GEMM is split across rayon's threads.

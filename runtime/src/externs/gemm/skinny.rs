@@ -37,8 +37,20 @@ pub(crate) struct Skinny {
 unsafe impl Send for Skinny {}
 unsafe impl Sync for Skinny {}
 
-/// Runs `p` by dot products when it qualifies (`m <= MAX_ROWS`, a wide ISA
-/// here); false, nothing written, otherwise. Columns are split across
+/// Whether [`try_gemm`] runs a product of `m` rows whose `a` has column
+/// stride `a_cs` (and `b` contiguous columns): then `b` is read as stored,
+/// and a row-major copy of it would only change the summation order.
+///
+/// ```
+/// use kiln_runtime::externs::gemm::skinny_takes;
+/// assert!(!skinny_takes(9, 1)); // more rows than the dot products take
+/// ```
+pub fn takes(m: usize, a_cs: isize) -> bool {
+    m > 0 && m <= MAX_ROWS && a_cs == 1 && cpu_isa::detect() != Isa::Scalar
+}
+
+/// Runs `p` by dot products when it qualifies ([`takes`], `a`'s rows
+/// contiguous); false, nothing written, otherwise. Columns are split across
 /// threads when `parallel`; every output is one thread's, so results do
 /// not depend on the split.
 ///
@@ -46,10 +58,10 @@ unsafe impl Sync for Skinny {}
 /// The pointers are valid for the strided views `p` describes and `dst`
 /// overlaps neither input nor maps two outputs to one element.
 pub(crate) unsafe fn try_gemm(p: Skinny, parallel: bool) -> bool {
-    let isa = cpu_isa::detect();
-    if p.m == 0 || p.m > MAX_ROWS || isa == Isa::Scalar {
+    if !takes(p.m, 1) {
         return false;
     }
+    let isa = cpu_isa::detect();
     let run = |cols: std::ops::Range<usize>| {
         // SAFETY: the caller's contract; the ISA was detected.
         unsafe {
