@@ -6,6 +6,7 @@
 
 #![allow(clippy::excessive_precision)]
 
+use super::super::math::{ERF_CENTRE, ERF_POLY};
 use super::lanes::Lanes;
 use kiln_ir::scalar::Cmp;
 
@@ -213,23 +214,9 @@ pub(crate) fn tanh<L: Lanes>(x: L::F) -> L::F {
 
 #[inline(always)]
 pub(crate) fn erf<L: Lanes>(x: L::F) -> L::F {
-    let r = odd_rational::<L>(
-        x,
-        &[
-            0.00014785807586800684,
-            0.007842341626691512,
-            0.06427165438654558,
-            0.3260006507027404,
-            1.1283791431045045,
-        ],
-        &[
-            0.0016698214771579461,
-            0.023313515718925423,
-            0.164379416364802,
-            0.6222430139331981,
-            1.0,
-        ],
-    );
+    // the Cranelift code's polynomial (cpu/math.rs), op for op
+    let u = L::sub(L::mul(x, x), L::splat(ERF_CENTRE));
+    let r = L::mul(horner::<L>(u, &ERF_POLY), x);
     let ax = abs::<L>(x);
     let big = L::cmp(Cmp::Gt, ax, L::splat(2.5));
     if !L::any(big) {
