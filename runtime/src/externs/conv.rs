@@ -21,6 +21,7 @@ use select::ConvAlgo;
 
 pub mod batched;
 pub mod depthwise;
+pub mod depthwise_channels;
 pub mod direct;
 pub mod microkernel;
 pub mod patch_map;
@@ -244,6 +245,9 @@ fn run_algorithm<T: Elem>(
 ) -> Result<()> {
     match algo {
         ConvAlgo::Depthwise => depthwise::conv2d(g, input, weight, bias, out, epilogue),
+        ConvAlgo::DepthwiseChannels => {
+            depthwise_channels::conv2d(g, input, weight, bias, out, epilogue)
+        }
         ConvAlgo::WinogradF2x2 => {
             let u = packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
                 winograd::pack_weights(g.c_out, g.c_in, weight)

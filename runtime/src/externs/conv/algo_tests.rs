@@ -62,7 +62,32 @@ fn shapes() -> Vec<ConvGeometry> {
         geometry(&[3, 3, 29, 31], &[8, 3, 7, 7], (2, vec![3], 1, 1)),
         geometry(&[2, 12, 9, 9], &[40, 12, 1, 1], (2, vec![0], 1, 1)),
         geometry(&[1, 9, 17, 12], &[7, 9, 3, 3], (3, vec![2, 1], 2, 1)),
+        // depthwise: channels past a vector's sixteen, 5x5 on a 7x7 plane,
+        // stride 2 with uneven padding, dilation
+        geometry(&[2, 20, 7, 7], &[20, 1, 5, 5], (1, vec![2], 1, 20)),
+        geometry(&[1, 33, 14, 13], &[33, 1, 5, 5], (2, vec![2, 1], 1, 33)),
+        geometry(&[3, 17, 9, 10], &[17, 1, 3, 3], (1, vec![2], 2, 17)),
     ]
+}
+
+#[test]
+fn depthwise_channels_gives_the_plane_kernels_bits() {
+    // the same bias-then-taps fused multiply-adds in the same order
+    for (i, g) in shapes().iter().enumerate() {
+        if !ConvAlgo::DepthwiseChannels.applies(g) {
+            continue;
+        }
+        let want = run::<f32>(ConvAlgo::Depthwise, g, i as u64);
+        let got = run::<f32>(ConvAlgo::DepthwiseChannels, g, i as u64);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{g:?}: depthwise-channels differs from depthwise-direct"
+        );
+    }
 }
 
 #[test]
@@ -93,6 +118,7 @@ fn every_algorithm_matches_im2col_on_random_shapes() {
         );
     }
     assert!(ran[&ConvAlgo::WinogradF2x2] >= 5);
+    assert!(ran[&ConvAlgo::DepthwiseChannels] >= 4);
     assert!(ran[&ConvAlgo::Direct] >= 12);
 }
 

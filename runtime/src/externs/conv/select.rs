@@ -37,6 +37,9 @@ pub enum ConvAlgo {
     /// One input channel per group (depthwise, or a single-channel input):
     /// a direct loop, no GEMM.
     Depthwise,
+    /// Depthwise with sixteen channels in the vector lanes (small planes;
+    /// `depthwise_channels.rs`).
+    DepthwiseChannels,
     /// Winograd F(2x2, 3x3) on transformed weights (3x3 stride 1 only).
     WinogradF2x2,
     /// Register tiles straight off a padded, phase-split copy of the input,
@@ -45,12 +48,13 @@ pub enum ConvAlgo {
 }
 
 impl ConvAlgo {
-    pub const ALL: [ConvAlgo; 7] = [
+    pub const ALL: [ConvAlgo; 8] = [
         ConvAlgo::Im2colGemm,
         ConvAlgo::Im2colBatched,
         ConvAlgo::Im2colWide,
         ConvAlgo::Gemm1x1,
         ConvAlgo::Depthwise,
+        ConvAlgo::DepthwiseChannels,
         ConvAlgo::WinogradF2x2,
         ConvAlgo::Direct,
     ];
@@ -63,6 +67,7 @@ impl ConvAlgo {
             ConvAlgo::Im2colWide => "im2col-gemm-wide",
             ConvAlgo::Gemm1x1 => "gemm-1x1",
             ConvAlgo::Depthwise => "depthwise-direct",
+            ConvAlgo::DepthwiseChannels => "depthwise-channels",
             ConvAlgo::WinogradF2x2 => "winograd-f2x2-3x3",
             ConvAlgo::Direct => "direct-packed",
         }
@@ -81,6 +86,7 @@ impl ConvAlgo {
             ConvAlgo::Im2colWide => !is_1x1(g),
             ConvAlgo::Gemm1x1 => is_1x1(g),
             ConvAlgo::Depthwise => g.c_in_per_group() == 1,
+            ConvAlgo::DepthwiseChannels => super::depthwise_channels::applies(g),
             ConvAlgo::WinogradF2x2 => super::winograd::applies(g),
             ConvAlgo::Direct => super::direct::applies(g),
         }
@@ -101,6 +107,7 @@ pub fn candidates(g: &ConvGeometry) -> Vec<ConvAlgo> {
         ConvAlgo::Im2colBatched,
         ConvAlgo::Im2colWide,
         ConvAlgo::Depthwise,
+        ConvAlgo::DepthwiseChannels,
         ConvAlgo::Im2colGemm,
     ] {
         // a 1x1 conv's input is its column matrix: only the direct kernel
