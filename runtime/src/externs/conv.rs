@@ -23,6 +23,7 @@ pub mod batched;
 pub mod depthwise;
 pub mod depthwise_channels;
 pub mod direct;
+pub mod direct_channels;
 pub mod microkernel;
 pub mod patch_map;
 pub mod select;
@@ -257,6 +258,7 @@ fn run_algorithm<T: Elem>(
         ConvAlgo::Im2colBatched => batched::conv2d(g, input, weight, bias, out, epilogue),
         ConvAlgo::Im2colWide => wide::conv2d(g, input, weight, bias, out, epilogue),
         ConvAlgo::Direct => direct::conv2d(g, input, weight, bias, out, epilogue, key),
+        ConvAlgo::DirectChannels => direct_channels::conv2d(g, input, weight, bias, out, epilogue),
         ConvAlgo::Im2colGemm | ConvAlgo::Gemm1x1 => {
             im2col_gemm(g, input, weight, bias, out, epilogue)
         }

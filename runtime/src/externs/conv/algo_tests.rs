@@ -67,6 +67,9 @@ fn shapes() -> Vec<ConvGeometry> {
         geometry(&[2, 20, 7, 7], &[20, 1, 5, 5], (1, vec![2], 1, 20)),
         geometry(&[1, 33, 14, 13], &[33, 1, 5, 5], (2, vec![2, 1], 1, 33)),
         geometry(&[3, 17, 9, 10], &[17, 1, 3, 3], (1, vec![2], 2, 17)),
+        // stems: sixteen output channels and more, rows of 16 and more
+        geometry(&[2, 3, 30, 37], &[20, 3, 3, 3], (2, vec![1], 1, 1)),
+        geometry(&[1, 3, 40, 40], &[16, 3, 3, 3], (2, vec![1], 1, 1)),
     ]
 }
 
@@ -119,6 +122,7 @@ fn every_algorithm_matches_im2col_on_random_shapes() {
     }
     assert!(ran[&ConvAlgo::WinogradF2x2] >= 5);
     assert!(ran[&ConvAlgo::DepthwiseChannels] >= 4);
+    assert!(ran[&ConvAlgo::DirectChannels] >= 8);
     assert!(ran[&ConvAlgo::Direct] >= 12);
 }
 

@@ -68,19 +68,32 @@ struct Shape {
 /// block's weights `[tap][16]` and bias `[16]`.
 type Scratch = (Vec<f32>, Vec<f32>, Vec<f32>);
 
-/// The output pointer, shared by the chunks: each writes its own channels.
-struct Out(*mut f32);
-// SAFETY: chunks write disjoint (sample, channel block) planes.
+/// An output buffer shared by parallel chunks that each write their own
+/// elements.
+pub(super) struct Out(*mut f32);
+// SAFETY: every user writes disjoint elements from each chunk.
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 impl Out {
+    pub(super) fn new(out: &mut [f32]) -> Out {
+        Out(out.as_mut_ptr())
+    }
+
+    /// The address of element `at`.
+    ///
+    /// # Safety
+    /// In bounds, and writes through it overlap no other live reference.
+    pub(super) unsafe fn at(&self, at: usize) -> *mut f32 {
+        self.0.add(at)
+    }
+
     /// `len` outputs from `at`.
     ///
     /// # Safety
-    /// In bounds, and no other live reference overlaps them.
+    /// As [`Out::at`].
     #[allow(clippy::mut_from_ref)]
-    unsafe fn piece(&self, at: usize, len: usize) -> &mut [f32] {
+    pub(super) unsafe fn piece(&self, at: usize, len: usize) -> &mut [f32] {
         std::slice::from_raw_parts_mut(self.0.add(at), len)
     }
 }
@@ -112,7 +125,7 @@ fn conv2d_f32(
     let blocks = c.div_ceil(LANES);
     let plane = oh * ow;
     let shapes = || conv_shapes(g);
-    let dst = Out(out.as_mut_ptr());
+    let dst = Out::new(out);
     let block = |(xs, ys, wv): &mut Scratch, i: usize| -> Result<()> {
         let (ni, c0) = (i / blocks, i % blocks * LANES);
         let lanes = (c - c0).min(LANES);
@@ -141,7 +154,7 @@ fn conv2d_f32(
         let o = unsafe { dst.piece((ni * c + c0) * plane, lanes * plane) };
         if lanes == LANES {
             // SAFETY: ys holds plane x 16 values, o 16 planes; AVX-512.
-            unsafe { unpack_avx512(ys, o, plane) };
+            unsafe { unpack_avx512(ys.as_ptr(), o.as_mut_ptr(), plane, plane) };
         } else {
             for (l, o) in o.chunks_exact_mut(plane).enumerate() {
                 for (p, o) in o.iter_mut().enumerate() {
@@ -233,30 +246,32 @@ unsafe fn pack_avx512(
     }
 }
 
-/// The output block `ys` (`[p][16]`) into sixteen planes `o` of `plane`
-/// positions each, sixteen positions at a time through a register transpose.
+/// The output block `ys` (`[p][16]`, `count` positions) into sixteen
+/// output rows `o + l * stride`, sixteen positions at a time through a
+/// register transpose.
 ///
 /// # Safety
-/// `ys` holds `plane x 16` values, `o` `16 x plane`; AVX-512F.
+/// `ys` holds `count x 16` values; each of the sixteen rows `count`
+/// writable values; AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn unpack_avx512(ys: &[f32], o: &mut [f32], plane: usize) {
+pub(super) unsafe fn unpack_avx512(ys: *const f32, o: *mut f32, count: usize, stride: usize) {
     use std::arch::x86_64::*;
     let mut r = [_mm512_setzero_ps(); LANES];
     let mut p = 0;
-    while p + LANES <= plane {
+    while p + LANES <= count {
         for (j, r) in r.iter_mut().enumerate() {
-            *r = _mm512_loadu_ps(ys.as_ptr().add((p + j) * LANES));
+            *r = _mm512_loadu_ps(ys.add((p + j) * LANES));
         }
         transpose16(&mut r);
         for (l, r) in r.iter().enumerate() {
-            _mm512_storeu_ps(o.as_mut_ptr().add(l * plane + p), *r);
+            _mm512_storeu_ps(o.add(l * stride + p), *r);
         }
         p += LANES;
     }
-    for q in p..plane {
+    for q in p..count {
         for l in 0..LANES {
-            o[l * plane + q] = ys[q * LANES + l];
+            *o.add(l * stride + q) = *ys.add(q * LANES + l);
         }
     }
 }
@@ -352,6 +367,6 @@ unsafe fn pack_avx512(_: &[f32], _: [usize; 2], _: [usize; 2], _: &Shape, _: &mu
     unreachable!("AVX-512 is only detected on x86-64")
 }
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn unpack_avx512(_: &[f32], _: &mut [f32], _: usize) {
+pub(super) unsafe fn unpack_avx512(_: *const f32, _: *mut f32, _: usize, _: usize) {
     unreachable!("AVX-512 is only detected on x86-64")
 }

@@ -45,10 +45,13 @@ pub enum ConvAlgo {
     /// Register tiles straight off a padded, phase-split copy of the input,
     /// on weights packed once (`direct.rs`): no column matrix.
     Direct,
+    /// Sixteen output channels in the vector lanes, for a short reduction
+    /// (a stem: `direct_channels.rs`).
+    DirectChannels,
 }
 
 impl ConvAlgo {
-    pub const ALL: [ConvAlgo; 8] = [
+    pub const ALL: [ConvAlgo; 9] = [
         ConvAlgo::Im2colGemm,
         ConvAlgo::Im2colBatched,
         ConvAlgo::Im2colWide,
@@ -57,6 +60,7 @@ impl ConvAlgo {
         ConvAlgo::DepthwiseChannels,
         ConvAlgo::WinogradF2x2,
         ConvAlgo::Direct,
+        ConvAlgo::DirectChannels,
     ];
 
     /// The name `explain()` prints and the disk cache stores.
@@ -70,6 +74,7 @@ impl ConvAlgo {
             ConvAlgo::DepthwiseChannels => "depthwise-channels",
             ConvAlgo::WinogradF2x2 => "winograd-f2x2-3x3",
             ConvAlgo::Direct => "direct-packed",
+            ConvAlgo::DirectChannels => "direct-channels",
         }
     }
 
@@ -89,6 +94,7 @@ impl ConvAlgo {
             ConvAlgo::DepthwiseChannels => super::depthwise_channels::applies(g),
             ConvAlgo::WinogradF2x2 => super::winograd::applies(g),
             ConvAlgo::Direct => super::direct::applies(g),
+            ConvAlgo::DirectChannels => super::direct_channels::applies(g),
         }
     }
 }
@@ -103,6 +109,7 @@ pub fn candidates(g: &ConvGeometry) -> Vec<ConvAlgo> {
     let mut c = vec![first];
     for a in [
         ConvAlgo::Direct,
+        ConvAlgo::DirectChannels,
         ConvAlgo::WinogradF2x2,
         ConvAlgo::Im2colBatched,
         ConvAlgo::Im2colWide,

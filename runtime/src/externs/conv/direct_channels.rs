@@ -1,0 +1,223 @@
+//! A conv with a short reduction (a network's stem: 3 input channels, 3x3)
+//! with sixteen output channels in the vector lanes.
+//!
+//! With 27 products per output, an im2col GEMM's reduction is too short to
+//! keep its register tile busy, and the direct kernel's 6-channel panels
+//! leave lanes idle for 16 output channels. Here each output position is
+//! one vector of sixteen output channels: `bias`, then for every input
+//! channel and tap the weight vector of those sixteen channels times the
+//! input value broadcast. Four positions of a row share each weight load;
+//! the row is staged `[position][16]` and transposed into the sixteen
+//! output planes in registers. Positions whose taps reach the padding read
+//! zeros through a bounds-checked loop (a tap times zero, as im2col's zero
+//! patches give). f32 on AVX-512 only; elsewhere the im2col GEMM runs.
+
+use super::depthwise_channels::{unpack_avx512, Out};
+use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue, Tile};
+use crate::externs::cpu_isa::{self, Isa};
+use crate::externs::Elem;
+use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::Result;
+
+/// Output channels per vector.
+const LANES: usize = 16;
+/// Output positions accumulated together.
+const COLS: usize = 4;
+/// The longest reduction (input channels x taps) this algorithm takes: its
+/// weight vectors stay in L1 and its per-position work short.
+const MAX_REDUCTION: usize = 64;
+
+/// Whether this algorithm computes `g`: one group, a reduction of at most
+/// [`MAX_REDUCTION`] products per output.
+pub fn applies(g: &ConvGeometry) -> bool {
+    g.groups == 1 && g.c_in * g.kernel[0] * g.kernel[1] <= MAX_REDUCTION
+}
+
+/// `conv2d` by output-channel vectors (see the module doc).
+pub fn conv2d<T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
+) -> Result<()> {
+    if is_f32::<T>() && cpu_isa::detect() == Isa::Avx512 && applies(g) {
+        // SAFETY: T is f32 (checked above).
+        let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
+        return conv2d_f32(g, x, w, b, unsafe { as_f32_mut(out) }, epilogue);
+    }
+    super::im2col_gemm(g, input, weight, bias, out, epilogue)
+}
+
+/// What the kernel reads per output row.
+struct Row<'a> {
+    g: &'a ConvGeometry,
+    /// The sample's input planes.
+    x: &'a [f32],
+    /// `[k][16]` weight vectors, then the bias vector.
+    w: &'a [f32],
+    /// Offsets of the taps from a position's first input (`[k]`).
+    off: &'a [isize],
+    oy: usize,
+}
+
+fn conv2d_f32(
+    g: &ConvGeometry,
+    input: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    epilogue: Option<Epilogue>,
+) -> Result<()> {
+    let [h, w] = g.in_size;
+    let [oh, ow] = g.out_size;
+    let [kh, kw] = g.kernel;
+    let k = g.c_in * kh * kw;
+    let blocks = g.c_out.div_ceil(LANES);
+    let shapes = || conv_shapes(g);
+    // the weights as [block][k][16] then the block's bias
+    let mut packed = vec![];
+    scratch(&mut packed, blocks * (k + 1) * LANES, "conv2d", &shapes)?;
+    for co in 0..g.c_out {
+        let (b, l) = (co / LANES, co % LANES);
+        let at = b * (k + 1) * LANES;
+        for i in 0..k {
+            packed[at + i * LANES + l] = weight[co * k + i];
+        }
+        packed[at + k * LANES + l] = bias.map_or(0.0, |b| b[co]);
+    }
+    let mut off = Vec::with_capacity(k);
+    for c in 0..g.c_in {
+        for ky in 0..kh {
+            for kx in 0..kw {
+                off.push((c * h * w + ky * g.dilation[0] * w + kx * g.dilation[1]) as isize);
+            }
+        }
+    }
+    let dst = Out::new(out);
+    let plane = oh * ow;
+    let row = |ys: &mut Vec<f32>, i: usize| -> Result<()> {
+        let (ni, b, oy) = (i / (blocks * oh), i / oh % blocks, i % oh);
+        scratch(ys, ow * LANES, "conv2d", &shapes)?;
+        let r = Row {
+            g,
+            x: &input[ni * g.c_in * h * w..][..g.c_in * h * w],
+            w: &packed[b * (k + 1) * LANES..][..(k + 1) * LANES],
+            off: &off,
+            oy,
+        };
+        // SAFETY: ys holds ow x 16; the CPU has AVX-512 (checked by the caller).
+        unsafe { row_avx512(&r, ys) };
+        let (c0, lanes) = (b * LANES, (g.c_out - b * LANES).min(LANES));
+        // SAFETY: row oy of planes (ni, c0..c0 + lanes), `plane` apart, is
+        // this chunk's alone.
+        let o = unsafe { dst.at((ni * g.c_out + c0) * plane + oy * ow) };
+        if lanes == LANES {
+            // SAFETY: as above; ys holds ow x 16; AVX-512.
+            unsafe { unpack_avx512(ys.as_ptr(), o, ow, plane) };
+        } else {
+            for l in 0..lanes {
+                for (x, v) in ys.chunks_exact(LANES).take(ow).enumerate() {
+                    // SAFETY: as above.
+                    unsafe { *o.add(l * plane + x) = v[l] };
+                }
+            }
+        }
+        if let Some(e) = epilogue {
+            e(Tile {
+                n: ni,
+                c0,
+                channels: lanes,
+                p0: oy * ow,
+                cols: ow,
+            });
+        }
+        Ok(())
+    };
+    crate::par::try_for_each_chunk(g.n * blocks * oh, Vec::new, row).map(drop)
+}
+
+/// The first and one-past-last output columns whose taps all fall inside
+/// the input (none when the range is empty).
+fn interior(g: &ConvGeometry) -> (usize, usize) {
+    let (s, p, reach) = (
+        g.stride[1],
+        g.pad_begin[1],
+        (g.kernel[1] - 1) * g.dilation[1],
+    );
+    let lo = p.div_ceil(s);
+    // ox * s - p + reach <= w - 1
+    let hi = (g.in_size[1] + p)
+        .checked_sub(reach + 1)
+        .map_or(0, |m| m / s + 1);
+    (
+        lo.min(g.out_size[1]),
+        hi.min(g.out_size[1]).max(lo.min(g.out_size[1])),
+    )
+}
+
+/// One output row of sixteen channels into `ys` (`[ox][16]`).
+///
+/// # Safety
+/// `ys` holds `ow x 16`; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn row_avx512(r: &Row, ys: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let g = r.g;
+    let [h, w] = g.in_size;
+    let k = r.off.len();
+    let bias = _mm512_loadu_ps(r.w.as_ptr().add(k * LANES));
+    let iy0 = (r.oy * g.stride[0]) as isize - g.pad_begin[0] as isize;
+    let rows_inside = iy0 >= 0 && iy0 as usize + (g.kernel[0] - 1) * g.dilation[0] < h;
+    let (lo, hi) = if rows_inside { interior(g) } else { (0, 0) };
+    let ix0 = |ox: usize| (ox * g.stride[1]) as isize - g.pad_begin[1] as isize;
+    // the positions whose taps all fall inside, COLS at a time
+    let mut ox = lo;
+    while ox + COLS <= hi {
+        let mut a = [bias; COLS];
+        let base = r.x.as_ptr().offset(iy0 * w as isize + ix0(ox));
+        for (i, &o) in r.off.iter().enumerate() {
+            let wv = _mm512_loadu_ps(r.w.as_ptr().add(i * LANES));
+            let p = base.offset(o);
+            for (u, a) in a.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*p.add(u * g.stride[1]));
+                *a = _mm512_fmadd_ps(wv, x, *a);
+            }
+        }
+        for (u, a) in a.iter().enumerate() {
+            _mm512_storeu_ps(ys.as_mut_ptr().add((ox + u) * LANES), *a);
+        }
+        ox += COLS;
+    }
+    // the rest, each tap's input checked (zero outside)
+    let [kh, kw] = g.kernel;
+    for ox in (0..lo).chain(ox..g.out_size[1]) {
+        let mut a = bias;
+        let mut i = 0;
+        for c in 0..g.c_in {
+            for ky in 0..kh {
+                let iy = iy0 + (ky * g.dilation[0]) as isize;
+                for kx in 0..kw {
+                    let ix = ix0(ox) + (kx * g.dilation[1]) as isize;
+                    let inside = (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix);
+                    let v = if inside {
+                        r.x[(c * h + iy as usize) * w + ix as usize]
+                    } else {
+                        0.0
+                    };
+                    let wv = _mm512_loadu_ps(r.w.as_ptr().add(i * LANES));
+                    a = _mm512_fmadd_ps(wv, _mm512_set1_ps(v), a);
+                    i += 1;
+                }
+            }
+        }
+        _mm512_storeu_ps(ys.as_mut_ptr().add(ox * LANES), a);
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn row_avx512(_: &Row, _: &mut [f32]) {
+    unreachable!("AVX-512 is only detected on x86-64")
+}
