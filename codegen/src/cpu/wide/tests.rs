@@ -257,7 +257,10 @@ fn default_uses_follow_the_measurements() {
 #[ignore]
 fn time_tile_ops() {
     let Some(isa) = detect() else { return };
-    for (name, op, x) in [("gelu, |x| < 2.5", UnaryOp::Gelu, 1.5f32), ("erf, |x| < 2.5", UnaryOp::Erf, 1.2)] {
+    for (name, op, x) in [
+        ("gelu, |x| < 2.5", UnaryOp::Gelu, 1.5f32),
+        ("erf, |x| < 2.5", UnaryOp::Erf, 1.2),
+    ] {
         let mut buf = vec![x; TILE];
         let reps = 200_000;
         for round in 0..3 {
@@ -267,7 +270,11 @@ fn time_tile_ops() {
                 apply(Some(isa), op, &mut buf).unwrap();
             }
             let ns = t.elapsed().as_nanos() as f64 / reps as f64;
-            eprintln!("{name} ({}) round {round}: {:.2} ns per vector", isa.name(), ns / (TILE / isa.lanes()) as f64);
+            eprintln!(
+                "{name} ({}) round {round}: {:.2} ns per vector",
+                isa.name(),
+                ns / (TILE / isa.lanes()) as f64
+            );
         }
     }
 }

@@ -357,13 +357,16 @@ pub mod disk {
     /// samples of a 7x7 plane had ranked im2col first), so v4's go too.
     /// v6: Winograd shares blocks across samples (7x7 planes went from
     /// slower than im2col to faster), so v5's choices go as well.
-    pub const HEADER: &str = "kiln conv algorithms v6";
-    const OLDER: [&str; 5] = [
+    /// v7: depthwise-channels and direct-channels are candidates (v6 never
+    /// timed them: MobileNetV3's small depthwise planes and its stem).
+    pub const HEADER: &str = "kiln conv algorithms v7";
+    const OLDER: [&str; 6] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
         "kiln conv algorithms v4",
         "kiln conv algorithms v5",
+        "kiln conv algorithms v6",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
