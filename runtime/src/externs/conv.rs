@@ -20,6 +20,7 @@ use super::packed::{self, WeightKey};
 use select::ConvAlgo;
 
 pub mod batched;
+mod channel_vec;
 pub mod depthwise;
 pub mod depthwise_channels;
 pub mod direct;

@@ -4,26 +4,26 @@
 //! outputs share a vector, so a small plane fills few lanes — a 7x7 output
 //! with 5x5 taps padded to rows of 11 computes 128 columns for 49 outputs,
 //! besides copying the plane into its padded form and back for 1225
-//! multiply-adds. Here sixteen channels of one sample share a vector: their
-//! planes are copied once into a zero-padded `[y][x][16]` block, every
-//! output position is one vector of sixteen channels, and [`COLS`]
-//! neighbouring positions accumulate together, sharing each tap's weight
-//! vector. Every lane is useful whatever the plane's size, at the price of
-//! transposing the planes in and out, so it pays on small planes
-//! (MobileNetV3's 14x14 and 7x7 layers); the conv algorithm timing chooses.
+//! multiply-adds. Here the channels of one sample share a vector (sixteen
+//! with AVX-512, eight with AVX2, `channel_vec.rs`): their planes are
+//! copied once into a zero-padded `[y][x][lane]` block, every output
+//! position is one vector of channels, and [`COLS`] neighbouring positions
+//! accumulate together, sharing each tap's weight vector. Every lane is
+//! useful whatever the plane's size, at the price of transposing the planes
+//! in and out (in registers), so it pays on small planes (MobileNetV3's
+//! 14x14 and 7x7 layers); the conv algorithm timing chooses.
 //!
 //! Each output is `bias`, then every tap in row-major order through a fused
-//! multiply-add, as `depthwise.rs` adds them: the same bits. f32 on
-//! AVX-512 only; elsewhere this algorithm runs `depthwise.rs`.
+//! multiply-add, as `depthwise.rs` adds them: the same bits. f32 with
+//! AVX-512 or AVX2 + FMA; elsewhere this algorithm runs `depthwise.rs`.
 
+use super::channel_vec::{unpack, ChannelVec};
 use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue, Tile};
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::Elem;
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
 
-/// Channels per vector (AVX-512 f32).
-const LANES: usize = 16;
 /// Output positions along a row accumulated together.
 const COLS: usize = 4;
 
@@ -42,17 +42,26 @@ pub fn conv2d<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
 ) -> Result<()> {
-    if is_f32::<T>() && cpu_isa::detect() == Isa::Avx512 && applies(g) {
+    if is_f32::<T>() && applies(g) {
         // SAFETY: T is f32 (checked above).
         let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
-        return conv2d_f32(g, x, w, b, unsafe { as_f32_mut(out) }, epilogue);
+        let o = unsafe { as_f32_mut(out) };
+        match cpu_isa::detect() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                return conv2d_f32::<super::channel_vec::Avx512>(g, x, w, b, o, epilogue)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => return conv2d_f32::<super::channel_vec::Avx2>(g, x, w, b, o, epilogue),
+            _ => {}
+        }
     }
     super::depthwise::conv2d(g, input, weight, bias, out, epilogue)
 }
 
-/// The sizes one block of sixteen channels works with.
+/// The sizes a block of channels works with.
 #[derive(Clone, Copy)]
-struct Shape {
+pub(super) struct Shape {
     /// Padded input rows and columns the taps reach.
     hp: usize,
     wp: usize,
@@ -64,8 +73,20 @@ struct Shape {
     dilation: [usize; 2],
 }
 
+/// One block: `lanes` channels of one sample.
+pub(super) struct Block<'a> {
+    s: Shape,
+    /// The channels' input planes.
+    x: &'a [f32],
+    lanes: usize,
+    in_size: [usize; 2],
+    pad: [usize; 2],
+    /// `[tap][lane]` weights, then the bias `[lane]`.
+    w: &'a [f32],
+}
+
 /// Per-thread scratch: the padded input block, the output block, the
-/// block's weights `[tap][16]` and bias `[16]`.
+/// block's weights and bias.
 type Scratch = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 /// An output buffer shared by parallel chunks that each write their own
@@ -87,18 +108,9 @@ impl Out {
     pub(super) unsafe fn at(&self, at: usize) -> *mut f32 {
         self.0.add(at)
     }
-
-    /// `len` outputs from `at`.
-    ///
-    /// # Safety
-    /// As [`Out::at`].
-    #[allow(clippy::mut_from_ref)]
-    pub(super) unsafe fn piece(&self, at: usize, len: usize) -> &mut [f32] {
-        std::slice::from_raw_parts_mut(self.0.add(at), len)
-    }
 }
 
-fn conv2d_f32(
+fn conv2d_f32<C: ChannelVec>(
     g: &ConvGeometry,
     input: &[f32],
     weight: &[f32],
@@ -120,48 +132,37 @@ fn conv2d_f32(
         stride,
         dilation,
     };
-    let [pt, pl] = g.pad_begin;
+    let n = C::N;
     let c = g.c_out;
-    let blocks = c.div_ceil(LANES);
+    let blocks = c.div_ceil(n);
     let plane = oh * ow;
     let shapes = || conv_shapes(g);
     let dst = Out::new(out);
     let block = |(xs, ys, wv): &mut Scratch, i: usize| -> Result<()> {
-        let (ni, c0) = (i / blocks, i % blocks * LANES);
-        let lanes = (c - c0).min(LANES);
+        let (ni, c0) = (i / blocks, i % blocks * n);
+        let lanes = (c - c0).min(n);
         // zeroed when allocated: the padding stays zero, only the data moves
         // (lanes past the last channel keep stale values, and are dropped)
-        scratch(xs, s.hp * s.wp * LANES, "conv2d", &shapes)?;
-        scratch(ys, plane * LANES, "conv2d", &shapes)?;
-        scratch(wv, (kh * kw + 1) * LANES, "conv2d", &shapes)?;
-        let x = &input[(ni * c + c0) * h * w..][..lanes * h * w];
-        if lanes == LANES {
-            // SAFETY: x holds 16 planes; xs the padded block; AVX-512 (above).
-            unsafe { pack_avx512(x, [h, w], [pt, pl], &s, xs) };
-        } else {
-            pack_portable(x, lanes, [h, w], [pt, pl], &s, xs);
-        }
+        scratch(xs, s.hp * s.wp * n, "conv2d", &shapes)?;
+        scratch(ys, plane * n, "conv2d", &shapes)?;
+        scratch(wv, (kh * kw + 1) * n, "conv2d", &shapes)?;
         for l in 0..lanes {
             for k in 0..kh * kw {
-                wv[k * LANES + l] = weight[(c0 + l) * kh * kw + k];
+                wv[k * n + l] = weight[(c0 + l) * kh * kw + k];
             }
-            wv[kh * kw * LANES + l] = bias.map_or(0.0, |b| b[c0 + l]);
+            wv[kh * kw * n + l] = bias.map_or(0.0, |b| b[c0 + l]);
         }
-        // SAFETY: xs holds hp x wp x 16 values, the farthest tap's row and
-        // column inside; ys holds every output; the CPU has AVX-512.
-        unsafe { accumulate_avx512(&s, xs.as_ptr(), wv.as_ptr(), ys.as_mut_ptr()) };
-        // SAFETY: the (ni, c0..c0 + lanes) planes are this chunk's alone.
-        let o = unsafe { dst.piece((ni * c + c0) * plane, lanes * plane) };
-        if lanes == LANES {
-            // SAFETY: ys holds plane x 16 values, o 16 planes; AVX-512.
-            unsafe { unpack_avx512(ys.as_ptr(), o.as_mut_ptr(), plane, plane) };
-        } else {
-            for (l, o) in o.chunks_exact_mut(plane).enumerate() {
-                for (p, o) in o.iter_mut().enumerate() {
-                    *o = ys[p * LANES + l];
-                }
-            }
-        }
+        let b = Block {
+            s,
+            x: &input[(ni * c + c0) * h * w..][..lanes * h * w],
+            lanes,
+            in_size: [h, w],
+            pad: g.pad_begin,
+            w: wv,
+        };
+        // SAFETY: the (ni, c0..c0 + lanes) planes are this chunk's alone;
+        // the caller checked the ISA.
+        unsafe { C::depthwise_block(&b, xs, ys, dst.at((ni * c + c0) * plane)) };
         if let Some(e) = epilogue {
             e(Tile {
                 n: ni,
@@ -177,140 +178,83 @@ fn conv2d_f32(
     crate::par::try_for_each_chunk(g.n * blocks, init, block).map(drop)
 }
 
-/// Copies `lanes` planes of `x` (`h x w` each) into the padded block `xs`
-/// (`[y + pt][x + pl][lane]`), one value at a time.
-fn pack_portable(
-    x: &[f32],
-    lanes: usize,
-    [h, w]: [usize; 2],
-    [pt, pl]: [usize; 2],
-    s: &Shape,
-    xs: &mut [f32],
-) {
-    for (l, plane) in x.chunks_exact(h * w).take(lanes).enumerate() {
-        for (y, row) in plane
-            .chunks_exact(w)
-            .enumerate()
-            .take(s.hp.saturating_sub(pt))
-        {
-            let to = &mut xs[(y + pt) * s.wp * LANES..][..s.wp * LANES];
-            for (xi, &v) in row.iter().enumerate().take(s.wp.saturating_sub(pl)) {
-                to[(xi + pl) * LANES + l] = v;
+/// One block: its planes into the padded block `xs` (`[y][x][N]`), the
+/// taps accumulated into `ys` (`[p][N]`), `ys` into the output planes at
+/// `o` (`oh x ow` apart).
+///
+/// # Safety
+/// `xs` and `ys` hold the block's `hp x wp x N` and `oh x ow x N`; `o` the
+/// block's output planes; inside an entry point of `C`.
+#[inline(always)]
+pub(super) unsafe fn block<C: ChannelVec>(b: &Block, xs: &mut [f32], ys: &mut [f32], o: *mut f32) {
+    let (s, n) = (&b.s, C::N);
+    let plane = s.oh * s.ow;
+    if b.lanes == n {
+        pack::<C>(b, xs);
+    } else {
+        pack_lanes(b, n, xs);
+    }
+    accumulate::<C>(s, xs.as_ptr(), b.w.as_ptr(), ys.as_mut_ptr());
+    if b.lanes == n {
+        unpack::<C>(ys.as_ptr(), o, plane, plane);
+    } else {
+        for l in 0..b.lanes {
+            for p in 0..plane {
+                *o.add(l * plane + p) = ys[p * n + l];
             }
         }
     }
 }
 
-/// [`pack_portable`] of sixteen planes: sixteen positions of the flattened
-/// planes at a time, transposed in registers into sixteen channel vectors.
-///
-/// # Safety
-/// `x` holds 16 planes of `h x w`; `xs` the padded block; AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn pack_avx512(
-    x: &[f32],
-    [h, w]: [usize; 2],
-    [pt, pl]: [usize; 2],
-    s: &Shape,
-    xs: &mut [f32],
-) {
-    use std::arch::x86_64::*;
-    let hw = h * w;
-    let mut r = [_mm512_setzero_ps(); LANES];
-    let (mut p, mut y, mut xi) = (0, 0, 0);
-    while p + LANES <= hw {
-        for (l, r) in r.iter_mut().enumerate() {
-            *r = _mm512_loadu_ps(x.as_ptr().add(l * hw + p));
+/// The block's planes into `xs` one value at a time (a last, partial block).
+fn pack_lanes(b: &Block, n: usize, xs: &mut [f32]) {
+    let ([h, w], [pt, pl], s) = (b.in_size, b.pad, &b.s);
+    for (l, plane) in b.x.chunks_exact(h * w).take(b.lanes).enumerate() {
+        for (y, row) in plane
+            .chunks_exact(w)
+            .enumerate()
+            .take(s.hp.saturating_sub(pt))
+        {
+            let to = &mut xs[(y + pt) * s.wp * n..][..s.wp * n];
+            for (xi, &v) in row.iter().enumerate().take(s.wp.saturating_sub(pl)) {
+                to[(xi + pl) * n + l] = v;
+            }
         }
-        transpose16(&mut r);
-        for r in &r {
+    }
+}
+
+/// The block's `N` planes into `xs`, `N` positions of the flattened planes
+/// at a time, transposed in registers into channel vectors.
+#[inline(always)]
+unsafe fn pack<C: ChannelVec>(b: &Block, xs: &mut [f32]) {
+    let ([h, w], [pt, pl], s, n) = (b.in_size, b.pad, &b.s, C::N);
+    let (hw, x) = (h * w, b.x.as_ptr());
+    let mut r = [C::splat(0.0); 16];
+    let (mut p, mut y, mut xi) = (0, 0, 0);
+    while p + n <= hw {
+        for (l, r) in r.iter_mut().enumerate().take(n) {
+            *r = C::load(x.add(l * hw + p));
+        }
+        C::transpose(&mut r);
+        for r in r.iter().take(n) {
             let (py, px) = (y + pt, xi + pl);
             if py < s.hp && px < s.wp {
-                _mm512_storeu_ps(xs.as_mut_ptr().add((py * s.wp + px) * LANES), *r);
+                C::store(xs.as_mut_ptr().add((py * s.wp + px) * n), *r);
             }
             xi += 1;
             if xi == w {
                 (xi, y) = (0, y + 1);
             }
         }
-        p += LANES;
+        p += n;
     }
     for q in p..hw {
         let (py, px) = (q / w + pt, q % w + pl);
         if py < s.hp && px < s.wp {
-            for l in 0..LANES {
-                xs[(py * s.wp + px) * LANES + l] = x[l * hw + q];
+            for l in 0..n {
+                xs[(py * s.wp + px) * n + l] = *x.add(l * hw + q);
             }
         }
-    }
-}
-
-/// The output block `ys` (`[p][16]`, `count` positions) into sixteen
-/// output rows `o + l * stride`, sixteen positions at a time through a
-/// register transpose.
-///
-/// # Safety
-/// `ys` holds `count x 16` values; each of the sixteen rows `count`
-/// writable values; AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn unpack_avx512(ys: *const f32, o: *mut f32, count: usize, stride: usize) {
-    use std::arch::x86_64::*;
-    let mut r = [_mm512_setzero_ps(); LANES];
-    let mut p = 0;
-    while p + LANES <= count {
-        for (j, r) in r.iter_mut().enumerate() {
-            *r = _mm512_loadu_ps(ys.add((p + j) * LANES));
-        }
-        transpose16(&mut r);
-        for (l, r) in r.iter().enumerate() {
-            _mm512_storeu_ps(o.add(l * stride + p), *r);
-        }
-        p += LANES;
-    }
-    for q in p..count {
-        for l in 0..LANES {
-            *o.add(l * stride + q) = *ys.add(q * LANES + l);
-        }
-    }
-}
-
-/// Transposes the 16 x 16 matrix whose rows are `r`, in four rounds of
-/// interleaves (32-bit, 64-bit, then 128-bit lanes twice).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; LANES]) {
-    use std::arch::x86_64::*;
-    let mut t = *r;
-    for i in 0..8 {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    let (pd, ps) = (_mm512_castps_pd, _mm512_castpd_ps);
-    let mut u = t;
-    for i in 0..4 {
-        let (a, b, c, d) = (
-            pd(t[4 * i]),
-            pd(t[4 * i + 1]),
-            pd(t[4 * i + 2]),
-            pd(t[4 * i + 3]),
-        );
-        u[4 * i] = ps(_mm512_unpacklo_pd(a, c));
-        u[4 * i + 1] = ps(_mm512_unpackhi_pd(a, c));
-        u[4 * i + 2] = ps(_mm512_unpacklo_pd(b, d));
-        u[4 * i + 3] = ps(_mm512_unpackhi_pd(b, d));
-    }
-    let mut v = u;
-    for i in 0..2 {
-        for j in 0..4 {
-            v[8 * i + j] = _mm512_shuffle_f32x4::<0x88>(u[8 * i + j], u[8 * i + j + 4]);
-            v[8 * i + j + 4] = _mm512_shuffle_f32x4::<0xdd>(u[8 * i + j], u[8 * i + j + 4]);
-        }
-    }
-    for j in 0..8 {
-        r[j] = _mm512_shuffle_f32x4::<0x88>(v[j], v[j + 8]);
-        r[j + 8] = _mm512_shuffle_f32x4::<0xdd>(v[j], v[j + 8]);
     }
 }
 
@@ -318,55 +262,101 @@ unsafe fn transpose16(r: &mut [std::arch::x86_64::__m512; LANES]) {
 /// for every output position `p`, [`COLS`] positions of a row at a time.
 ///
 /// # Safety
-/// As the caller says: `xs` covers `hp x wp x 16`, `w` the taps and the
-/// bias, `ys` `oh x ow x 16`; the CPU has AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn accumulate_avx512(s: &Shape, xs: *const f32, w: *const f32, ys: *mut f32) {
-    use std::arch::x86_64::*;
+/// `xs` covers `hp x wp x N`, `w` the taps and the bias, `ys` `oh x ow x
+/// N`; inside an entry point of `C`.
+#[inline(always)]
+unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys: *mut f32) {
+    let n = C::N;
     let [sh, sw] = s.stride;
     let [dh, dw] = s.dilation;
-    let bias = _mm512_loadu_ps(w.add(s.kh * s.kw * LANES));
+    let bias = C::load(w.add(s.kh * s.kw * n));
     for oy in 0..s.oh {
         let mut ox = 0;
         while ox < s.ow {
-            let n = (s.ow - ox).min(COLS);
+            let m = (s.ow - ox).min(COLS);
             let mut a = [bias; COLS];
             for ky in 0..s.kh {
-                let row = xs.add((oy * sh + ky * dh) * s.wp * LANES);
+                let row = xs.add((oy * sh + ky * dh) * s.wp * n);
                 for kx in 0..s.kw {
-                    let wv = _mm512_loadu_ps(w.add((ky * s.kw + kx) * LANES));
-                    let p = row.add((ox * sw + kx * dw) * LANES);
-                    if n == COLS {
+                    let wv = C::load(w.add((ky * s.kw + kx) * n));
+                    let p = row.add((ox * sw + kx * dw) * n);
+                    if m == COLS {
                         for (u, a) in a.iter_mut().enumerate() {
-                            let x = _mm512_loadu_ps(p.add(u * sw * LANES));
-                            *a = _mm512_fmadd_ps(wv, x, *a);
+                            *a = C::fmadd(wv, C::load(p.add(u * sw * n)), *a);
                         }
                     } else {
-                        for (u, a) in a.iter_mut().enumerate().take(n) {
-                            let x = _mm512_loadu_ps(p.add(u * sw * LANES));
-                            *a = _mm512_fmadd_ps(wv, x, *a);
+                        for (u, a) in a.iter_mut().enumerate().take(m) {
+                            *a = C::fmadd(wv, C::load(p.add(u * sw * n)), *a);
                         }
                     }
                 }
             }
-            for (u, a) in a.iter().enumerate().take(n) {
-                _mm512_storeu_ps(ys.add((oy * s.ow + ox + u) * LANES), *a);
+            for (u, a) in a.iter().enumerate().take(m) {
+                C::store(ys.add((oy * s.ow + ox + u) * n), *a);
             }
-            ox += n;
+            ox += m;
         }
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn accumulate_avx512(_: &Shape, _: *const f32, _: *const f32, _: *mut f32) {
-    unreachable!("AVX-512 is only detected on x86-64")
-}
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn pack_avx512(_: &[f32], _: [usize; 2], _: [usize; 2], _: &Shape, _: &mut [f32]) {
-    unreachable!("AVX-512 is only detected on x86-64")
-}
-#[cfg(not(target_arch = "x86_64"))]
-pub(super) unsafe fn unpack_avx512(_: *const f32, _: *mut f32, _: usize, _: usize) {
-    unreachable!("AVX-512 is only detected on x86-64")
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::super::channel_vec::{Avx2, Avx512};
+    use super::*;
+    use crate::externs::testutil::Lcg;
+    use kiln_ir::op::conv::{conv_geometry, ConvParams, Padding};
+
+    /// Each ISA's body gives the plane kernel's bits, whichever ISA the
+    /// process detected (`KILN_CPU_ISA` picks one for the algorithm tests).
+    #[test]
+    fn every_isa_gives_the_plane_kernels_bits() {
+        let p = |stride, pad: Vec<usize>, dilation, groups| ConvParams {
+            stride: vec![stride],
+            padding: Padding::Explicit(pad),
+            dilation: vec![dilation],
+            groups,
+        };
+        let cases = [
+            ([2, 20, 7, 7], [20, 1, 5, 5], p(1, vec![2], 1, 20)),
+            ([1, 33, 14, 13], [33, 1, 5, 5], p(2, vec![2, 1], 1, 33)),
+            ([3, 17, 9, 10], [17, 1, 3, 3], p(1, vec![2], 2, 17)),
+        ];
+        for (x, w, params) in cases {
+            let g = conv_geometry("conv2d", &x, &w, Some(&[w[0]]), &params).unwrap();
+            let mut r = Lcg(7);
+            let input: Vec<f32> = r.vec(x.iter().product());
+            let weight: Vec<f32> = r.vec(w.iter().product());
+            let bias: Vec<f32> = r.vec(w[0]);
+            let len = g.n * g.c_out * g.out_size[0] * g.out_size[1];
+            let mut want = vec![f32::NAN; len];
+            super::super::depthwise::conv2d(&g, &input, &weight, Some(&bias), &mut want, None)
+                .unwrap();
+            let mut bodies: Vec<(
+                &str,
+                fn(
+                    &ConvGeometry,
+                    &[f32],
+                    &[f32],
+                    Option<&[f32]>,
+                    &mut [f32],
+                    Option<Epilogue>,
+                ) -> Result<()>,
+            )> = vec![];
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                bodies.push(("avx2", conv2d_f32::<Avx2>));
+            }
+            if cpu_isa::detect() == Isa::Avx512 {
+                bodies.push(("avx512", conv2d_f32::<Avx512>));
+            }
+            for (name, body) in bodies {
+                let mut got = vec![f32::NAN; len];
+                body(&g, &input, &weight, Some(&bias), &mut got, None).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name} {g:?}: differs from depthwise-direct");
+            }
+        }
+    }
 }

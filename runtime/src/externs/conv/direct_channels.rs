@@ -1,5 +1,6 @@
 //! A conv with a short reduction (a network's stem: 3 input channels, 3x3)
-//! with sixteen output channels in the vector lanes.
+//! with output channels in the vector lanes (sixteen with AVX-512, eight
+//! with AVX2; `channel_vec.rs`).
 //!
 //! With 27 products per output, an im2col GEMM's reduction is too short to
 //! keep its register tile busy, and the direct kernel's 6-channel panels
@@ -10,17 +11,17 @@
 //! the row is staged `[position][16]` and transposed into the sixteen
 //! output planes in registers. Positions whose taps reach the padding read
 //! zeros through a bounds-checked loop (a tap times zero, as im2col's zero
-//! patches give). f32 on AVX-512 only; elsewhere the im2col GEMM runs.
+//! patches give). f32 with AVX-512 or AVX2 + FMA; elsewhere the im2col
+//! GEMM runs.
 
-use super::depthwise_channels::{unpack_avx512, Out};
+use super::channel_vec::{unpack, ChannelVec};
+use super::depthwise_channels::Out;
 use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue, Tile};
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::Elem;
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
 
-/// Output channels per vector.
-const LANES: usize = 16;
 /// Output positions accumulated together.
 const COLS: usize = 4;
 /// The longest reduction (input channels x taps) this algorithm takes: a
@@ -43,27 +44,38 @@ pub fn conv2d<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
 ) -> Result<()> {
-    if is_f32::<T>() && cpu_isa::detect() == Isa::Avx512 && applies(g) {
+    if is_f32::<T>() && applies(g) {
         // SAFETY: T is f32 (checked above).
         let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
-        return conv2d_f32(g, x, w, b, unsafe { as_f32_mut(out) }, epilogue);
+        let o = unsafe { as_f32_mut(out) };
+        match cpu_isa::detect() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                return conv2d_f32::<super::channel_vec::Avx512>(g, x, w, b, o, epilogue)
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => return conv2d_f32::<super::channel_vec::Avx2>(g, x, w, b, o, epilogue),
+            _ => {}
+        }
     }
     super::im2col_gemm(g, input, weight, bias, out, epilogue)
 }
 
-/// What the kernel reads per output row.
-struct Row<'a> {
+/// What the kernel reads and writes for one output row of a channel block.
+pub(super) struct Row<'a> {
     g: &'a ConvGeometry,
     /// The sample's input planes.
     x: &'a [f32],
-    /// `[k][16]` weight vectors, then the bias vector.
+    /// `[k][lane]` weight vectors, then the bias vector.
     w: &'a [f32],
     /// Offsets of the taps from a position's first input (`[k]`).
     off: &'a [isize],
     oy: usize,
+    /// Output channels in the block (all `N` but in a last block).
+    lanes: usize,
 }
 
-fn conv2d_f32(
+fn conv2d_f32<C: ChannelVec>(
     g: &ConvGeometry,
     input: &[f32],
     weight: &[f32],
@@ -74,19 +86,18 @@ fn conv2d_f32(
     let [h, w] = g.in_size;
     let [oh, ow] = g.out_size;
     let [kh, kw] = g.kernel;
-    let k = g.c_in * kh * kw;
-    let blocks = g.c_out.div_ceil(LANES);
+    let (k, n) = (g.c_in * kh * kw, C::N);
+    let blocks = g.c_out.div_ceil(n);
     let shapes = || conv_shapes(g);
-    // the weights as [block][k][16] then the block's bias
+    // the weights as [block][k][lane] then the block's bias
     let mut packed = vec![];
-    scratch(&mut packed, blocks * (k + 1) * LANES, "conv2d", &shapes)?;
+    scratch(&mut packed, blocks * (k + 1) * n, "conv2d", &shapes)?;
     for co in 0..g.c_out {
-        let (b, l) = (co / LANES, co % LANES);
-        let at = b * (k + 1) * LANES;
+        let at = co / n * (k + 1) * n + co % n;
         for i in 0..k {
-            packed[at + i * LANES + l] = weight[co * k + i];
+            packed[at + i * n] = weight[co * k + i];
         }
-        packed[at + k * LANES + l] = bias.map_or(0.0, |b| b[co]);
+        packed[at + k * n] = bias.map_or(0.0, |b| b[co]);
     }
     let mut off = Vec::with_capacity(k);
     for c in 0..g.c_in {
@@ -100,36 +111,24 @@ fn conv2d_f32(
     let plane = oh * ow;
     let row = |ys: &mut Vec<f32>, i: usize| -> Result<()> {
         let (ni, b, oy) = (i / (blocks * oh), i / oh % blocks, i % oh);
-        scratch(ys, ow * LANES, "conv2d", &shapes)?;
+        scratch(ys, ow * n, "conv2d", &shapes)?;
+        let c0 = b * n;
         let r = Row {
             g,
             x: &input[ni * g.c_in * h * w..][..g.c_in * h * w],
-            w: &packed[b * (k + 1) * LANES..][..(k + 1) * LANES],
+            w: &packed[b * (k + 1) * n..][..(k + 1) * n],
             off: &off,
             oy,
+            lanes: (g.c_out - c0).min(n),
         };
-        // SAFETY: ys holds ow x 16; the CPU has AVX-512 (checked by the caller).
-        unsafe { row_avx512(&r, ys) };
-        let (c0, lanes) = (b * LANES, (g.c_out - b * LANES).min(LANES));
         // SAFETY: row oy of planes (ni, c0..c0 + lanes), `plane` apart, is
-        // this chunk's alone.
-        let o = unsafe { dst.at((ni * g.c_out + c0) * plane + oy * ow) };
-        if lanes == LANES {
-            // SAFETY: as above; ys holds ow x 16; AVX-512.
-            unsafe { unpack_avx512(ys.as_ptr(), o, ow, plane) };
-        } else {
-            for l in 0..lanes {
-                for (x, v) in ys.chunks_exact(LANES).take(ow).enumerate() {
-                    // SAFETY: as above.
-                    unsafe { *o.add(l * plane + x) = v[l] };
-                }
-            }
-        }
+        // this chunk's alone; the caller checked the ISA.
+        unsafe { C::stem_row(&r, ys, dst.at((ni * g.c_out + c0) * plane + oy * ow)) };
         if let Some(e) = epilogue {
             e(Tile {
                 n: ni,
                 c0,
-                channels: lanes,
+                channels: r.lanes,
                 p0: oy * ow,
                 cols: ow,
             });
@@ -140,36 +139,35 @@ fn conv2d_f32(
 }
 
 /// The first and one-past-last output columns whose taps all fall inside
-/// the input (none when the range is empty).
+/// the input (an empty range when none do).
 fn interior(g: &ConvGeometry) -> (usize, usize) {
     let (s, p, reach) = (
         g.stride[1],
         g.pad_begin[1],
         (g.kernel[1] - 1) * g.dilation[1],
     );
-    let lo = p.div_ceil(s);
+    let ow = g.out_size[1];
+    let lo = p.div_ceil(s).min(ow);
     // ox * s - p + reach <= w - 1
     let hi = (g.in_size[1] + p)
         .checked_sub(reach + 1)
         .map_or(0, |m| m / s + 1);
-    (
-        lo.min(g.out_size[1]),
-        hi.min(g.out_size[1]).max(lo.min(g.out_size[1])),
-    )
+    (lo, hi.min(ow).max(lo))
 }
 
-/// One output row of sixteen channels into `ys` (`[ox][16]`).
+/// One output row of a channel block: each position's vector into `ys`
+/// (`[ox][N]`), then `ys` into the block's output rows at `o` (`oh x ow`
+/// apart).
 ///
 /// # Safety
-/// `ys` holds `ow x 16`; the CPU has AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn row_avx512(r: &Row, ys: &mut [f32]) {
-    use std::arch::x86_64::*;
+/// `ys` holds `ow x N`; `o` the block's rows; inside an entry point of `C`.
+#[inline(always)]
+pub(super) unsafe fn row<C: ChannelVec>(r: &Row, ys: &mut [f32], o: *mut f32) {
     let g = r.g;
+    let n = C::N;
     let [h, w] = g.in_size;
     let k = r.off.len();
-    let bias = _mm512_loadu_ps(r.w.as_ptr().add(k * LANES));
+    let bias = C::load(r.w.as_ptr().add(k * n));
     let iy0 = (r.oy * g.stride[0]) as isize - g.pad_begin[0] as isize;
     let rows_inside = iy0 >= 0 && iy0 as usize + (g.kernel[0] - 1) * g.dilation[0] < h;
     let (lo, hi) = if rows_inside { interior(g) } else { (0, 0) };
@@ -179,16 +177,15 @@ unsafe fn row_avx512(r: &Row, ys: &mut [f32]) {
     while ox + COLS <= hi {
         let mut a = [bias; COLS];
         let base = r.x.as_ptr().offset(iy0 * w as isize + ix0(ox));
-        for (i, &o) in r.off.iter().enumerate() {
-            let wv = _mm512_loadu_ps(r.w.as_ptr().add(i * LANES));
-            let p = base.offset(o);
+        for (i, &off) in r.off.iter().enumerate() {
+            let wv = C::load(r.w.as_ptr().add(i * n));
+            let p = base.offset(off);
             for (u, a) in a.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*p.add(u * g.stride[1]));
-                *a = _mm512_fmadd_ps(wv, x, *a);
+                *a = C::fmadd(wv, C::splat(*p.add(u * g.stride[1])), *a);
             }
         }
         for (u, a) in a.iter().enumerate() {
-            _mm512_storeu_ps(ys.as_mut_ptr().add((ox + u) * LANES), *a);
+            C::store(ys.as_mut_ptr().add((ox + u) * n), *a);
         }
         ox += COLS;
     }
@@ -208,17 +205,21 @@ unsafe fn row_avx512(r: &Row, ys: &mut [f32]) {
                     } else {
                         0.0
                     };
-                    let wv = _mm512_loadu_ps(r.w.as_ptr().add(i * LANES));
-                    a = _mm512_fmadd_ps(wv, _mm512_set1_ps(v), a);
+                    a = C::fmadd(C::load(r.w.as_ptr().add(i * n)), C::splat(v), a);
                     i += 1;
                 }
             }
         }
-        _mm512_storeu_ps(ys.as_mut_ptr().add(ox * LANES), a);
+        C::store(ys.as_mut_ptr().add(ox * n), a);
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn row_avx512(_: &Row, _: &mut [f32]) {
-    unreachable!("AVX-512 is only detected on x86-64")
+    let (ow, plane) = (g.out_size[1], g.out_size[0] * g.out_size[1]);
+    if r.lanes == n {
+        unpack::<C>(ys.as_ptr(), o, ow, plane);
+    } else {
+        for l in 0..r.lanes {
+            for (x, v) in ys.chunks_exact(n).take(ow).enumerate() {
+                *o.add(l * plane + x) = v[l];
+            }
+        }
+    }
 }
