@@ -63,7 +63,14 @@ fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor) -> Result<Tensor> {
         Some(rows) => (rows, vec![ae.offset()], vec![be.offset()]),
         None => (plan.m, offsets(&ae), offsets(&be)),
     };
-    let copy = kept_row_major(&be, owner, dt, (m, plan.k, plan.n), (acs, brs, bcs), bo.len());
+    let copy = kept_row_major(
+        &be,
+        owner,
+        dt,
+        (m, plan.k, plan.n),
+        (acs, brs, bcs),
+        bo.len(),
+    );
     let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
         match &copy {
             Some(c) => externs::gemm::batched_matmul_offsets::<f32>(
