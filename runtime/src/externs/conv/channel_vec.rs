@@ -6,6 +6,11 @@
 
 use super::depthwise_channels::{self, Block};
 use super::direct_channels::{self, Row};
+use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue};
+use crate::externs::cpu_isa::{self, Isa};
+use crate::externs::Elem;
+use kiln_ir::op::conv::ConvGeometry;
+use kiln_ir::Result;
 
 /// One instruction set's vector of `N` channels. The primitives are only
 /// called from inside its entry points.
@@ -25,6 +30,71 @@ pub(super) trait ChannelVec {
     unsafe fn depthwise_block(b: &Block, xs: &mut [f32], ys: &mut [f32], o: *mut f32);
     /// [`direct_channels::row`] compiled for this ISA.
     unsafe fn stem_row(r: &Row, ys: &mut [f32], o: *mut f32);
+}
+
+/// A conv whose f32 body is generic over the channel vector.
+pub(super) trait ChannelConv {
+    fn conv2d_f32<C: ChannelVec>(
+        g: &ConvGeometry,
+        input: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        epilogue: Option<Epilogue>,
+    ) -> Result<()>;
+}
+
+/// `K`'s body with the detected ISA's channel vector when the operands are
+/// f32 and the CPU has AVX-512 or AVX2 + FMA; `None` (nothing run)
+/// otherwise.
+pub(super) fn run<K: ChannelConv, T: Elem>(
+    g: &ConvGeometry,
+    input: &[T],
+    weight: &[T],
+    bias: Option<&[T]>,
+    out: &mut [T],
+    epilogue: Option<Epilogue>,
+) -> Option<Result<()>> {
+    if !is_f32::<T>() {
+        return None;
+    }
+    // SAFETY: T is f32 (checked above).
+    let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
+    let o = unsafe { as_f32_mut(out) };
+    match cpu_isa::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(K::conv2d_f32::<Avx512>(g, x, w, b, o, epilogue)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some(K::conv2d_f32::<Avx2>(g, x, w, b, o, epilogue)),
+        _ => None,
+    }
+}
+
+/// `weight [C_out, k]` and `bias` as `[block][k][lane]` weight vectors,
+/// each block followed by its bias vector (lanes past `C_out` zero).
+pub(super) fn pack_weights(
+    g: &ConvGeometry,
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    k: usize,
+    n: usize,
+) -> Result<Vec<f32>> {
+    let mut packed = vec![];
+    let shapes = || conv_shapes(g);
+    scratch(
+        &mut packed,
+        g.c_out.div_ceil(n) * (k + 1) * n,
+        "conv2d",
+        &shapes,
+    )?;
+    for co in 0..g.c_out {
+        let at = co / n * (k + 1) * n + co % n;
+        for i in 0..k {
+            packed[at + i * n] = weight[co * k + i];
+        }
+        packed[at + k * n] = bias.map_or(0.0, |b| b[co]);
+    }
+    Ok(packed)
 }
 
 /// `count` positions of `ys` (`[p][N]`) into the `N` rows `o + l * stride`,

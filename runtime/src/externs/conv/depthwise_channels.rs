@@ -17,9 +17,8 @@
 //! multiply-add, as `depthwise.rs` adds them: the same bits. f32 with
 //! AVX-512 or AVX2 + FMA; elsewhere this algorithm runs `depthwise.rs`.
 
-use super::channel_vec::{unpack, ChannelVec};
-use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue, Tile};
-use crate::externs::cpu_isa::{self, Isa};
+use super::channel_vec::{self, unpack, ChannelConv, ChannelVec};
+use super::{conv_shapes, scratch, Epilogue, Tile};
 use crate::externs::Elem;
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
@@ -42,18 +41,11 @@ pub fn conv2d<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
 ) -> Result<()> {
-    if is_f32::<T>() && applies(g) {
-        // SAFETY: T is f32 (checked above).
-        let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
-        let o = unsafe { as_f32_mut(out) };
-        match cpu_isa::detect() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                return conv2d_f32::<super::channel_vec::Avx512>(g, x, w, b, o, epilogue)
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => return conv2d_f32::<super::channel_vec::Avx2>(g, x, w, b, o, epilogue),
-            _ => {}
+    if applies(g) {
+        if let Some(r) =
+            channel_vec::run::<DepthwiseChannels, T>(g, input, weight, bias, out, epilogue)
+        {
+            return r;
         }
     }
     super::depthwise::conv2d(g, input, weight, bias, out, epilogue)
@@ -85,9 +77,8 @@ pub(super) struct Block<'a> {
     w: &'a [f32],
 }
 
-/// Per-thread scratch: the padded input block, the output block, the
-/// block's weights and bias.
-type Scratch = (Vec<f32>, Vec<f32>, Vec<f32>);
+/// Per-thread scratch: the padded input block and the output block.
+type Scratch = (Vec<f32>, Vec<f32>);
 
 /// An output buffer shared by parallel chunks that each write their own
 /// elements.
@@ -107,6 +98,22 @@ impl Out {
     /// In bounds, and writes through it overlap no other live reference.
     pub(super) unsafe fn at(&self, at: usize) -> *mut f32 {
         self.0.add(at)
+    }
+}
+
+/// [`conv2d`]'s f32 body.
+struct DepthwiseChannels;
+
+impl ChannelConv for DepthwiseChannels {
+    fn conv2d_f32<C: ChannelVec>(
+        g: &ConvGeometry,
+        input: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        epilogue: Option<Epilogue>,
+    ) -> Result<()> {
+        conv2d_f32::<C>(g, input, weight, bias, out, epilogue)
     }
 }
 
@@ -137,28 +144,23 @@ fn conv2d_f32<C: ChannelVec>(
     let blocks = c.div_ceil(n);
     let plane = oh * ow;
     let shapes = || conv_shapes(g);
+    let taps = kh * kw;
+    let packed = channel_vec::pack_weights(g, weight, bias, taps, n)?;
     let dst = Out::new(out);
-    let block = |(xs, ys, wv): &mut Scratch, i: usize| -> Result<()> {
+    let block = |(xs, ys): &mut Scratch, i: usize| -> Result<()> {
         let (ni, c0) = (i / blocks, i % blocks * n);
         let lanes = (c - c0).min(n);
         // zeroed when allocated: the padding stays zero, only the data moves
         // (lanes past the last channel keep stale values, and are dropped)
         scratch(xs, s.hp * s.wp * n, "conv2d", &shapes)?;
         scratch(ys, plane * n, "conv2d", &shapes)?;
-        scratch(wv, (kh * kw + 1) * n, "conv2d", &shapes)?;
-        for l in 0..lanes {
-            for k in 0..kh * kw {
-                wv[k * n + l] = weight[(c0 + l) * kh * kw + k];
-            }
-            wv[kh * kw * n + l] = bias.map_or(0.0, |b| b[c0 + l]);
-        }
         let b = Block {
             s,
             x: &input[(ni * c + c0) * h * w..][..lanes * h * w],
             lanes,
             in_size: [h, w],
             pad: g.pad_begin,
-            w: wv,
+            w: &packed[c0 * (taps + 1)..][..(taps + 1) * n],
         };
         // SAFETY: the (ni, c0..c0 + lanes) planes are this chunk's alone;
         // the caller checked the ISA.
@@ -174,7 +176,7 @@ fn conv2d_f32<C: ChannelVec>(
         }
         Ok(())
     };
-    let init = || (Vec::new(), Vec::new(), Vec::new());
+    let init = || (Vec::new(), Vec::new());
     crate::par::try_for_each_chunk(g.n * blocks, init, block).map(drop)
 }
 
@@ -303,6 +305,7 @@ unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys
 mod tests {
     use super::super::channel_vec::{Avx2, Avx512};
     use super::*;
+    use crate::externs::cpu_isa::{self, Isa};
     use crate::externs::testutil::Lcg;
     use kiln_ir::op::conv::{conv_geometry, ConvParams, Padding};
 

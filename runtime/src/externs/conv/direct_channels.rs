@@ -14,10 +14,9 @@
 //! patches give). f32 with AVX-512 or AVX2 + FMA; elsewhere the im2col
 //! GEMM runs.
 
-use super::channel_vec::{unpack, ChannelVec};
+use super::channel_vec::{self, unpack, ChannelConv, ChannelVec};
 use super::depthwise_channels::Out;
-use super::{as_f32, as_f32_mut, conv_shapes, is_f32, scratch, Epilogue, Tile};
-use crate::externs::cpu_isa::{self, Isa};
+use super::{conv_shapes, scratch, Epilogue, Tile};
 use crate::externs::Elem;
 use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::Result;
@@ -44,18 +43,11 @@ pub fn conv2d<T: Elem>(
     out: &mut [T],
     epilogue: Option<Epilogue>,
 ) -> Result<()> {
-    if is_f32::<T>() && applies(g) {
-        // SAFETY: T is f32 (checked above).
-        let (x, w, b) = unsafe { (as_f32(input), as_f32(weight), bias.map(|b| as_f32(b))) };
-        let o = unsafe { as_f32_mut(out) };
-        match cpu_isa::detect() {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => {
-                return conv2d_f32::<super::channel_vec::Avx512>(g, x, w, b, o, epilogue)
-            }
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => return conv2d_f32::<super::channel_vec::Avx2>(g, x, w, b, o, epilogue),
-            _ => {}
+    if applies(g) {
+        if let Some(r) =
+            channel_vec::run::<DirectChannels, T>(g, input, weight, bias, out, epilogue)
+        {
+            return r;
         }
     }
     super::im2col_gemm(g, input, weight, bias, out, epilogue)
@@ -75,6 +67,22 @@ pub(super) struct Row<'a> {
     lanes: usize,
 }
 
+/// [`conv2d`]'s f32 body.
+struct DirectChannels;
+
+impl ChannelConv for DirectChannels {
+    fn conv2d_f32<C: ChannelVec>(
+        g: &ConvGeometry,
+        input: &[f32],
+        weight: &[f32],
+        bias: Option<&[f32]>,
+        out: &mut [f32],
+        epilogue: Option<Epilogue>,
+    ) -> Result<()> {
+        conv2d_f32::<C>(g, input, weight, bias, out, epilogue)
+    }
+}
+
 fn conv2d_f32<C: ChannelVec>(
     g: &ConvGeometry,
     input: &[f32],
@@ -89,16 +97,7 @@ fn conv2d_f32<C: ChannelVec>(
     let (k, n) = (g.c_in * kh * kw, C::N);
     let blocks = g.c_out.div_ceil(n);
     let shapes = || conv_shapes(g);
-    // the weights as [block][k][lane] then the block's bias
-    let mut packed = vec![];
-    scratch(&mut packed, blocks * (k + 1) * n, "conv2d", &shapes)?;
-    for co in 0..g.c_out {
-        let at = co / n * (k + 1) * n + co % n;
-        for i in 0..k {
-            packed[at + i * n] = weight[co * k + i];
-        }
-        packed[at + k * n] = bias.map_or(0.0, |b| b[co]);
-    }
+    let packed = channel_vec::pack_weights(g, weight, bias, k, n)?;
     let mut off = Vec::with_capacity(k);
     for c in 0..g.c_in {
         for ky in 0..kh {
