@@ -360,9 +360,15 @@ pub fn batched_matmul_offsets<T: Elem>(
             )
         }
     };
-    if work >= 8 * GEMM_PAR_THRESHOLD || batch == 1 || threads() == 1 || batch * work < PAR_MIN_WORK
-    {
-        // Big items (or nothing to split): one product at a time, each threaded if big.
+    // enough items to balance over the pool go to it whole, one
+    // single-threaded product each: ViT-B/16's 96 heads of 197x64x197 ran
+    // 95 -> 143 GFLOP/s (and their 197x197x64 126 -> 166) on 2 vCPUs that way
+    // instead of threading each product; a few big items are threaded one by one
+    let few = batch < 4 * threads();
+    let sequential = threads() == 1
+        || batch * work < PAR_MIN_WORK
+        || few && (batch == 1 || work >= 8 * GEMM_PAR_THRESHOLD);
+    if sequential {
         let par = auto_parallelism(m, k, n);
         (0..batch).for_each(|i| run(i, par));
     } else {
