@@ -341,6 +341,55 @@ fn scalars_and_w1_chain() {
     check(&k, &[4, 5], &views, &[(-3i64) as u64], &EXACT);
 }
 
+#[test]
+fn row_invariant_values_match_interp() {
+    // x * sigmoid(s * a) + where(s > 0, exp(s), x), s one value per row (a
+    // squeeze-excite gate's [N, C, 1, 1]), a a scalar: the sigmoid, exp and
+    // comparison are computed once per row (`loops::hoisted`), in the vector
+    // loop, the scalar tail and the wide tiles alike; each row must see its own s
+    let mut b = KernelBuilder::default();
+    let x = b.load(1, F32);
+    let s = b.load(2, F32);
+    let a = b.scalar(0, F32);
+    let sa = b.binary(BinaryOp::Mul, s, a, F32);
+    let g = b.unary(UnaryOp::Sigmoid, sa, F32);
+    let xg = b.binary(BinaryOp::Mul, x, g, F32);
+    let zero = b.constant(0.0, F32);
+    let pos = b.binary(BinaryOp::Gt, s, zero, Bool);
+    let e = b.unary(UnaryOp::Exp, s, F32);
+    let pick = b.select(pos, e, x, F32);
+    let out = b.binary(BinaryOp::Add, xg, pick, F32);
+    let k = Kernel {
+        name: "gate".into(),
+        rank: 2,
+        operands: vec![
+            op(F32, Inner::Contiguous),
+            op(F32, Inner::Contiguous),
+            op(F32, Inner::Broadcast),
+        ],
+        scalars: vec![F32],
+        body: b.instrs.clone(),
+        reduce: None,
+        epilogue: vec![],
+        out,
+        extra_out: vec![],
+        rows: None,
+    };
+    let mut rng = Rng(11);
+    for n in [1usize, 7, 9, 300, 1001] {
+        let rows = 5;
+        let views = vec![
+            (vec![n as isize, 1], vec![0u8; 4 * rows * n]),
+            (
+                vec![n as isize, 1],
+                gen(&mut rng, F32, rows * n, -4.0, 4.0, true),
+            ),
+            (vec![1, 0], gen(&mut rng, F32, rows, -3.0, 3.0, true)),
+        ];
+        check(&k, &[rows, n], &views, &[0.75f64.to_bits()], &F32TOL);
+    }
+}
+
 /// Dense sweeps of each f32 transcendental against the interpreter: prints the
 /// worst errors (the accuracy figures) and asserts the tolerance.
 #[test]

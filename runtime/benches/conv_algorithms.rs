@@ -1,4 +1,4 @@
-//! Times every conv algorithm that applies on ResNet-18's and MobileNetV3's
+//! Times every conv algorithm that applies on ResNet-18's and MobileNetV3's (small and large)
 //! conv shapes (batch 8, 224x224), forcing each in turn, and prints the
 //! fastest run of each (min over the repeats: the machine may be shared)
 //! with its GFLOP/s. Each weight is packed once, as a model's parameter is
@@ -55,6 +55,12 @@ fn shapes() -> Vec<([usize; 4], [usize; 4], usize, usize, usize)> {
         ([8, 3, 224, 224], [16, 3, 3, 3], 2, 1, 1),
         ([8, 16, 112, 112], [16, 1, 3, 3], 2, 1, 16),
         ([8, 72, 56, 56], [72, 1, 3, 3], 2, 1, 72),
+        // MobileNetV3-Large
+        ([8, 672, 14, 14], [672, 1, 3, 3], 1, 1, 672),
+        ([8, 120, 28, 28], [120, 1, 5, 5], 1, 2, 120),
+        ([8, 160, 7, 7], [960, 160, 1, 1], 1, 0, 1),
+        ([8, 480, 14, 14], [112, 480, 1, 1], 1, 0, 1),
+        ([8, 24, 56, 56], [72, 24, 1, 1], 1, 0, 1),
     ]
 }
 

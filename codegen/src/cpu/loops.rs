@@ -213,7 +213,9 @@ pub(crate) struct Row<'r> {
 }
 
 impl Row<'_> {
-    /// Broadcast operands' values, loaded once (splatted in vector mode); by operand.
+    /// Broadcast operands' values, loaded once (splatted in vector mode), by
+    /// operand; after them, by body value, the [`hoisted`] values this row
+    /// loads everything for, computed once per row instead of per element.
     pub(crate) fn preload(&self, em: &mut Emitter) -> Vec<Option<Value>> {
         let mut out = vec![None; self.k.operands.len()];
         for &op in &self.loaded {
@@ -224,6 +226,30 @@ impl Row<'_> {
                         .load(scalar_ty(o.dtype), flags(), self.ptrs[op], 0);
                 out[op] = Some(em.splat_if_vector(v, o.dtype));
             }
+        }
+        let hoist = hoisted(self.k);
+        if !hoist.iter().any(|&h| h) {
+            return out;
+        }
+        let (k, fr, loads) = (self.k, self.fr, out.clone());
+        let mut vals = vec![None; k.values()];
+        let mut leaf = |em: &mut Emitter, ins: Instr| -> (Value, DType) {
+            match ins {
+                Instr::Load(op) => (loads[op].expect("checked below"), k.operands[op].dtype),
+                Instr::Scalar(n) => (em.splat_if_vector(fr.scal[n], k.scalars[n]), k.scalars[n]),
+                _ => unreachable!("hoisted values read loads and scalars only"),
+            }
+        };
+        let loaded = |id: usize| leaves(k, id).all(|op| loads[op].is_some());
+        let ids: Vec<usize> = (0..k.body.len())
+            .filter(|&id| hoist[id] && loaded(id))
+            .collect();
+        for &id in &ids {
+            eval_value(em, k, id, &mut vals, &mut leaf);
+        }
+        out.resize(k.operands.len() + k.values(), None);
+        for id in ids {
+            out[k.operands.len() + id] = vals[id];
         }
         out
     }
@@ -282,6 +308,12 @@ impl Row<'_> {
         pre: &[Option<Value>],
         mut vals: Vec<Option<Value>>,
     ) -> Vec<Value> {
+        let ops = self.k.operands.len();
+        for (id, v) in vals.iter_mut().enumerate() {
+            if v.is_none() {
+                *v = pre.get(ops + id).copied().flatten();
+            }
+        }
         let addrs: Vec<Option<Value>> = (0..self.k.operands.len())
             .map(|op| {
                 (pre[op].is_none() && self.loaded.contains(&op)).then(|| self.addr(em, op, i))
@@ -313,6 +345,38 @@ impl Row<'_> {
             .map(|&r| eval_value(em, k, r, &mut vals, &mut leaf))
             .collect()
     }
+}
+
+/// Per body value, whether a row computes it once ([`Row::preload`]), not
+/// per element: an op whose inputs are all row-invariant (operands
+/// broadcast along the row, scalars, constants) and that reads at least one
+/// such operand or scalar. A squeeze-excite gate, `x * sigmoid(s)` with `s`
+/// of `[N, C, 1, 1]`, evaluated its exp once per element of `x` before.
+pub(crate) fn hoisted(k: &Kernel) -> Vec<bool> {
+    // (invariant, reads an operand or scalar) per value
+    let mut inv: Vec<(bool, bool)> = Vec::with_capacity(k.body.len());
+    let mut out = Vec::with_capacity(k.body.len());
+    for (ins, _) in &k.body {
+        let (args, n) = crate::interp::instr_args(ins);
+        let here = match *ins {
+            Instr::Load(op) => (k.operands[op].inner == Inner::Broadcast, true),
+            Instr::Scalar(_) => (true, true),
+            Instr::Const(_) => (true, false),
+            Instr::Acc | Instr::AccPart(_) => (false, false),
+            _ => args[..n].iter().fold((true, false), |(i, r), &a| {
+                let (ai, ar) = inv[a];
+                (i && ai, r || ar)
+            }),
+        };
+        out.push(n > 0 && here.0 && here.1);
+        inv.push(here);
+    }
+    out
+}
+
+/// The operands body value `id` loads, directly or through its inputs.
+fn leaves(k: &Kernel, id: usize) -> impl Iterator<Item = usize> {
+    loaded_by(k, &[id]).into_iter()
 }
 
 /// The operands loaded by the body values `root` depends on.

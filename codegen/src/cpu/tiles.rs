@@ -30,11 +30,14 @@ use kiln_ir::DType;
 /// Body values (in order) that a wide helper computes for a row storing `roots`.
 pub(crate) fn wide_values(k: &crate::Kernel, roots: &[usize]) -> Vec<usize> {
     let live = live_body(k, roots);
+    // a row computes these once (`Row::preload`), not per element
+    let hoisted = super::loops::hoisted(k);
     k.body
         .iter()
         .enumerate()
         .filter(|&(id, (ins, dt))| {
             live[id]
+                && !hoisted[id]
                 && *dt == DType::F32
                 && matches!(ins, Instr::Unary(op, a)
                     if wide::op_code(*op).is_some() && k.dtype_of(*a) == DType::F32)
