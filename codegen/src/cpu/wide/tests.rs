@@ -250,7 +250,7 @@ fn default_uses_follow_the_measurements() {
     assert!(!Uses::default().any() && Uses::all(true).any());
 }
 
-/// Not a test: one thread's nanoseconds per 16 lanes of gelu and erf on a
+/// Not a test: one thread's nanoseconds per vector of gelu, erf, silu, sigmoid and exp on a
 /// tile in L1 (`cargo test --release -p kiln-codegen --lib time_tile_ops
 /// -- --ignored --nocapture`).
 #[test]
@@ -260,6 +260,9 @@ fn time_tile_ops() {
     for (name, op, x) in [
         ("gelu, |x| < 2.5", UnaryOp::Gelu, 1.5f32),
         ("erf, |x| < 2.5", UnaryOp::Erf, 1.2),
+        ("silu", UnaryOp::Silu, 1.2),
+        ("sigmoid", UnaryOp::Sigmoid, 1.2),
+        ("exp", UnaryOp::Exp, 1.2),
     ] {
         let mut buf = vec![x; TILE];
         let reps = 200_000;
