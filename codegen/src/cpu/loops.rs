@@ -240,7 +240,7 @@ impl Row<'_> {
                 _ => unreachable!("hoisted values read loads and scalars only"),
             }
         };
-        let loaded = |id: usize| leaves(k, id).all(|op| loads[op].is_some());
+        let loaded = |id: usize| loaded_by(k, &[id]).iter().all(|&op| loads[op].is_some());
         let ids: Vec<usize> = (0..k.body.len())
             .filter(|&id| hoist[id] && loaded(id))
             .collect();
@@ -372,11 +372,6 @@ pub(crate) fn hoisted(k: &Kernel) -> Vec<bool> {
         inv.push(here);
     }
     out
-}
-
-/// The operands body value `id` loads, directly or through its inputs.
-fn leaves(k: &Kernel, id: usize) -> impl Iterator<Item = usize> {
-    loaded_by(k, &[id]).into_iter()
 }
 
 /// The operands loaded by the body values `root` depends on.
