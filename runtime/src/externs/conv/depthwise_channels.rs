@@ -113,71 +113,60 @@ impl ChannelConv for DepthwiseChannels {
         out: &mut [f32],
         epilogue: Option<Epilogue>,
     ) -> Result<()> {
-        conv2d_f32::<C>(g, input, weight, bias, out, epilogue)
-    }
-}
-
-fn conv2d_f32<C: ChannelVec>(
-    g: &ConvGeometry,
-    input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    epilogue: Option<Epilogue>,
-) -> Result<()> {
-    let [h, w] = g.in_size;
-    let [oh, ow] = g.out_size;
-    let [kh, kw] = g.kernel;
-    let (stride, dilation) = (g.stride, g.dilation);
-    let s = Shape {
-        hp: (oh - 1) * stride[0] + (kh - 1) * dilation[0] + 1,
-        wp: (ow - 1) * stride[1] + (kw - 1) * dilation[1] + 1,
-        oh,
-        ow,
-        kh,
-        kw,
-        stride,
-        dilation,
-    };
-    let n = C::N;
-    let c = g.c_out;
-    let blocks = c.div_ceil(n);
-    let plane = oh * ow;
-    let shapes = || conv_shapes(g);
-    let taps = kh * kw;
-    let packed = channel_vec::pack_weights(g, weight, bias, taps, n)?;
-    let dst = Out::new(out);
-    let block = |(xs, ys): &mut Scratch, i: usize| -> Result<()> {
-        let (ni, c0) = (i / blocks, i % blocks * n);
-        let lanes = (c - c0).min(n);
-        // zeroed when allocated: the padding stays zero, only the data moves
-        // (lanes past the last channel keep stale values, and are dropped)
-        scratch(xs, s.hp * s.wp * n, "conv2d", &shapes)?;
-        scratch(ys, plane * n, "conv2d", &shapes)?;
-        let b = Block {
-            s,
-            x: &input[(ni * c + c0) * h * w..][..lanes * h * w],
-            lanes,
-            in_size: [h, w],
-            pad: g.pad_begin,
-            w: &packed[c0 * (taps + 1)..][..(taps + 1) * n],
+        let [h, w] = g.in_size;
+        let [oh, ow] = g.out_size;
+        let [kh, kw] = g.kernel;
+        let (stride, dilation) = (g.stride, g.dilation);
+        let s = Shape {
+            hp: (oh - 1) * stride[0] + (kh - 1) * dilation[0] + 1,
+            wp: (ow - 1) * stride[1] + (kw - 1) * dilation[1] + 1,
+            oh,
+            ow,
+            kh,
+            kw,
+            stride,
+            dilation,
         };
-        // SAFETY: the (ni, c0..c0 + lanes) planes are this chunk's alone;
-        // the caller checked the ISA.
-        unsafe { C::depthwise_block(&b, xs, ys, dst.at((ni * c + c0) * plane)) };
-        if let Some(e) = epilogue {
-            e(Tile {
-                n: ni,
-                c0,
-                channels: lanes,
-                p0: 0,
-                cols: plane,
-            });
-        }
-        Ok(())
-    };
-    let init = || (Vec::new(), Vec::new());
-    crate::par::try_for_each_chunk(g.n * blocks, init, block).map(drop)
+        let n = C::N;
+        let c = g.c_out;
+        let blocks = c.div_ceil(n);
+        let plane = oh * ow;
+        let shapes = || conv_shapes(g);
+        let taps = kh * kw;
+        let packed = channel_vec::pack_weights(g, weight, bias, taps, n)?;
+        let dst = Out::new(out);
+        let block = |(xs, ys): &mut Scratch, i: usize| -> Result<()> {
+            let (ni, c0) = (i / blocks, i % blocks * n);
+            let lanes = (c - c0).min(n);
+            // zeroed when allocated: the padding stays zero, only the data moves
+            // (lanes past the last channel keep stale values, and are dropped)
+            scratch(xs, s.hp * s.wp * n, "conv2d", &shapes)?;
+            scratch(ys, plane * n, "conv2d", &shapes)?;
+            let b = Block {
+                s,
+                x: &input[(ni * c + c0) * h * w..][..lanes * h * w],
+                lanes,
+                in_size: [h, w],
+                pad: g.pad_begin,
+                w: &packed[c0 * (taps + 1)..][..(taps + 1) * n],
+            };
+            // SAFETY: the (ni, c0..c0 + lanes) planes are this chunk's alone;
+            // the caller checked the ISA.
+            unsafe { C::depthwise_block(&b, xs, ys, dst.at((ni * c + c0) * plane)) };
+            if let Some(e) = epilogue {
+                e(Tile {
+                    n: ni,
+                    c0,
+                    channels: lanes,
+                    p0: 0,
+                    cols: plane,
+                });
+            }
+            Ok(())
+        };
+        let init = || (Vec::new(), Vec::new());
+        crate::par::try_for_each_chunk(g.n * blocks, init, block).map(drop)
+    }
 }
 
 /// One block: its planes into the padded block `xs` (`[y][x][N]`), the
@@ -346,10 +335,10 @@ mod tests {
                 ) -> Result<()>,
             )> = vec![];
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                bodies.push(("avx2", conv2d_f32::<Avx2>));
+                bodies.push(("avx2", DepthwiseChannels::conv2d_f32::<Avx2>));
             }
             if cpu_isa::detect() == Isa::Avx512 {
-                bodies.push(("avx512", conv2d_f32::<Avx512>));
+                bodies.push(("avx512", DepthwiseChannels::conv2d_f32::<Avx512>));
             }
             for (name, body) in bodies {
                 let mut got = vec![f32::NAN; len];

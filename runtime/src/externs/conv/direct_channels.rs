@@ -79,62 +79,51 @@ impl ChannelConv for DirectChannels {
         out: &mut [f32],
         epilogue: Option<Epilogue>,
     ) -> Result<()> {
-        conv2d_f32::<C>(g, input, weight, bias, out, epilogue)
-    }
-}
-
-fn conv2d_f32<C: ChannelVec>(
-    g: &ConvGeometry,
-    input: &[f32],
-    weight: &[f32],
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    epilogue: Option<Epilogue>,
-) -> Result<()> {
-    let [h, w] = g.in_size;
-    let [oh, ow] = g.out_size;
-    let [kh, kw] = g.kernel;
-    let (k, n) = (g.c_in * kh * kw, C::N);
-    let blocks = g.c_out.div_ceil(n);
-    let shapes = || conv_shapes(g);
-    let packed = channel_vec::pack_weights(g, weight, bias, k, n)?;
-    let mut off = Vec::with_capacity(k);
-    for c in 0..g.c_in {
-        for ky in 0..kh {
-            for kx in 0..kw {
-                off.push((c * h * w + ky * g.dilation[0] * w + kx * g.dilation[1]) as isize);
+        let [h, w] = g.in_size;
+        let [oh, ow] = g.out_size;
+        let [kh, kw] = g.kernel;
+        let (k, n) = (g.c_in * kh * kw, C::N);
+        let blocks = g.c_out.div_ceil(n);
+        let shapes = || conv_shapes(g);
+        let packed = channel_vec::pack_weights(g, weight, bias, k, n)?;
+        let mut off = Vec::with_capacity(k);
+        for c in 0..g.c_in {
+            for ky in 0..kh {
+                for kx in 0..kw {
+                    off.push((c * h * w + ky * g.dilation[0] * w + kx * g.dilation[1]) as isize);
+                }
             }
         }
-    }
-    let dst = Out::new(out);
-    let plane = oh * ow;
-    let row = |ys: &mut Vec<f32>, i: usize| -> Result<()> {
-        let (ni, b, oy) = (i / (blocks * oh), i / oh % blocks, i % oh);
-        scratch(ys, ow * n, "conv2d", &shapes)?;
-        let c0 = b * n;
-        let r = Row {
-            g,
-            x: &input[ni * g.c_in * h * w..][..g.c_in * h * w],
-            w: &packed[b * (k + 1) * n..][..(k + 1) * n],
-            off: &off,
-            oy,
-            lanes: (g.c_out - c0).min(n),
+        let dst = Out::new(out);
+        let plane = oh * ow;
+        let row = |ys: &mut Vec<f32>, i: usize| -> Result<()> {
+            let (ni, b, oy) = (i / (blocks * oh), i / oh % blocks, i % oh);
+            scratch(ys, ow * n, "conv2d", &shapes)?;
+            let c0 = b * n;
+            let r = Row {
+                g,
+                x: &input[ni * g.c_in * h * w..][..g.c_in * h * w],
+                w: &packed[b * (k + 1) * n..][..(k + 1) * n],
+                off: &off,
+                oy,
+                lanes: (g.c_out - c0).min(n),
+            };
+            // SAFETY: row oy of planes (ni, c0..c0 + lanes), `plane` apart, is
+            // this chunk's alone; the caller checked the ISA.
+            unsafe { C::stem_row(&r, ys, dst.at((ni * g.c_out + c0) * plane + oy * ow)) };
+            if let Some(e) = epilogue {
+                e(Tile {
+                    n: ni,
+                    c0,
+                    channels: r.lanes,
+                    p0: oy * ow,
+                    cols: ow,
+                });
+            }
+            Ok(())
         };
-        // SAFETY: row oy of planes (ni, c0..c0 + lanes), `plane` apart, is
-        // this chunk's alone; the caller checked the ISA.
-        unsafe { C::stem_row(&r, ys, dst.at((ni * g.c_out + c0) * plane + oy * ow)) };
-        if let Some(e) = epilogue {
-            e(Tile {
-                n: ni,
-                c0,
-                channels: r.lanes,
-                p0: oy * ow,
-                cols: ow,
-            });
-        }
-        Ok(())
-    };
-    crate::par::try_for_each_chunk(g.n * blocks * oh, Vec::new, row).map(drop)
+        crate::par::try_for_each_chunk(g.n * blocks * oh, Vec::new, row).map(drop)
+    }
 }
 
 /// The first and one-past-last output columns whose taps all fall inside
