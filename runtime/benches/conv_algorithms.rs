@@ -2,7 +2,8 @@
 //! conv shapes (batch 8, 224x224), forcing each in turn, and prints the
 //! fastest run of each (min over the repeats: the machine may be shared)
 //! with its GFLOP/s. Each weight is packed once, as a model's parameter is
-//! (the packing is not timed). `cargo bench --workspace --bench conv_algorithms [-- REPEATS]`;
+//! (the packing is not timed). `cargo bench --workspace --bench conv_algorithms [-- REPEATS]`
+//! (`-- --depthwise`, `-- --1x1`: the grouped or the 1x1 convs only);
 //! `RAYON_NUM_THREADS=1` gives per-core figures, and with `--cpu-time` the
 //! process's CPU time is what counts (on a machine busy with other work,
 //! wall time measures the scheduler, CPU time still measures the kernel).
@@ -61,6 +62,13 @@ fn shapes() -> Vec<([usize; 4], [usize; 4], usize, usize, usize)> {
         ([8, 160, 7, 7], [960, 160, 1, 1], 1, 0, 1),
         ([8, 480, 14, 14], [112, 480, 1, 1], 1, 0, 1),
         ([8, 24, 56, 56], [72, 24, 1, 1], 1, 0, 1),
+        ([8, 16, 112, 112], [64, 16, 1, 1], 1, 0, 1),
+        ([8, 16, 112, 112], [16, 16, 1, 1], 1, 0, 1),
+        ([8, 112, 14, 14], [672, 112, 1, 1], 1, 0, 1),
+        ([8, 64, 112, 112], [64, 1, 3, 3], 2, 1, 64),
+        ([8, 72, 56, 56], [72, 1, 5, 5], 2, 2, 72),
+        ([8, 480, 14, 14], [480, 1, 3, 3], 1, 1, 480),
+        ([8, 960, 7, 7], [960, 1, 5, 5], 1, 2, 960),
     ]
 }
 
@@ -86,6 +94,8 @@ fn main() {
         .find_map(|a| a.parse().ok())
         .unwrap_or(5);
     let cpu = std::env::args().any(|a| a == "--cpu-time") && cpu_seconds().is_some();
+    let depthwise_only = std::env::args().any(|a| a == "--depthwise");
+    let pointwise_only = std::env::args().any(|a| a == "--1x1");
     println!(
         "threads {} isa {} timing {}",
         rayon::current_num_threads(),
@@ -93,6 +103,9 @@ fn main() {
         if cpu { "cpu time" } else { "wall time" }
     );
     for (x, w, s, p, groups) in shapes() {
+        if (depthwise_only && groups == 1) || (pointwise_only && w[2..] != [1, 1]) {
+            continue;
+        }
         let g = geometry(&x, &w, s, p, groups);
         let input = vec![0.5f32; x.iter().product()];
         let weight: Vec<f32> = (0..w.iter().product::<usize>())
