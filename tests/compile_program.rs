@@ -316,3 +316,38 @@ fn softmax_and_layer_norm_replay_one_launch() {
         1e-6,
     );
 }
+
+/// Convs whose outputs are large enough to take their epilogue per tile
+/// (a replayed tile step, `tile_replay.rs`) on 14x14 planes: a SiLU after
+/// a per-channel scale, whose tiles keep one row per channel (the scale is
+/// not laid out like the output), and a SiLU alone after a depthwise conv,
+/// whose tiles of whole planes run as one row each (the exp on wide vectors).
+#[test]
+fn tiled_conv_epilogues_replay_equal_eager() {
+    let _s = serial();
+    let _ng = kiln::autograd::no_grad();
+    let (c, hw) = (336, 14);
+    let w1 = &randn(&[c, 64, 1, 1], 1) * 0.1;
+    let w2 = &randn(&[c, 1, 3, 3], 2) * 0.3;
+    let scale = randn(&[1, c, 1, 1], 3);
+    let depthwise = kiln::ir::op::conv::ConvParams {
+        padding: kiln::ir::op::conv::Padding::Explicit(vec![1]),
+        groups: c,
+        ..Default::default()
+    };
+    let forward = move |x: &Tensor| -> Result<Tensor> {
+        let a = F::conv2d(x, &w1, None, &Default::default())?
+            .mul(&scale)?
+            .silu()?;
+        F::conv2d(&a, &w2, None, &depthwise)?.silu()
+    };
+    let f = Arc::new(forward);
+    let g = f.clone();
+    let fast = compile_fn("tiled", move |t: &[Tensor]| Ok(vec![g(&t[0])?]));
+    // calls 1-2 run node by node and record; the rest replay
+    for (k, n) in [2, 2, 2, 2, 3, 3, 3].into_iter().enumerate() {
+        let x = randn(&[n, 64, hw, hw], 40 + k as u64);
+        let y = fast.call(std::slice::from_ref(&x)).unwrap().remove(0);
+        assert_close(&format!("call {k}"), &y, &f(&x).unwrap(), 1e-4);
+    }
+}

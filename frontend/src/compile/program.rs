@@ -16,7 +16,7 @@
 //! no kernel is hashed.
 
 use super::exec::{Executable, HoistCache, Val};
-use super::tile_replay::{TileKernel, TileOperand};
+use super::tile_replay::{TileCode, TileKernel};
 use crate::ops::fuse::Lazy;
 use crate::Tensor;
 use kiln_codegen::Kernel;
@@ -88,9 +88,7 @@ struct TileStep {
     conv: Vec<NodeId>,
     params: kiln_ir::op::conv::ConvParams,
     spatial: usize,
-    code: Arc<Code>,
-    scalars: Vec<u64>,
-    operands: Vec<TileOperand>,
+    code: TileCode,
     /// Per operand: the slot it reads (None: the conv's output).
     slots: Vec<Option<usize>>,
     out: usize,
@@ -487,7 +485,7 @@ impl Recorder {
             return self.node_step(exec, id, &v);
         };
         let mut slots = vec![];
-        for (_, t) in &tk.operands {
+        for t in &tk.tensors {
             match t {
                 None => slots.push(None),
                 Some(t) => match self.live_slot(Arc::as_ptr(&t.storage)) {
@@ -514,8 +512,6 @@ impl Recorder {
             params: conv.0.clone(),
             spatial: conv.1,
             code: tk.code,
-            scalars: tk.scalars,
-            operands: tk.operands.iter().map(|o| o.0).collect(),
             slots,
             out: outs[0],
         }));

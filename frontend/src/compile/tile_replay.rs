@@ -26,13 +26,27 @@ pub(crate) struct TileOperand {
     pub strides: [isize; 3],
 }
 
-/// A tiled epilogue ready to replay (see the module docs).
-pub(crate) struct TileKernel {
+/// A tiled epilogue's machine code and operands (see the module docs).
+pub(crate) struct TileCode {
     pub code: Arc<Code>,
+    /// The same kernel at rank 1, for a tile of whole planes when every
+    /// operand's planes follow each other: one row of `channels x plane`
+    /// elements instead of `channels` rows of `plane`. A 14x14 or 7x7 row
+    /// is shorter than a wide tile (`kiln_codegen::cpu::wide::TILE`), so a
+    /// SiLU epilogue ran its exp at f32x4 there.
+    pub flat: Option<Arc<Code>>,
+    /// Output positions per channel.
+    pub plane: usize,
     pub scalars: Vec<u64>,
-    /// Per operand, the conv's output first; with the tensor whose storage
-    /// each other operand reads.
-    pub operands: Vec<(TileOperand, Option<Tensor>)>,
+    /// Per operand, the conv's output first.
+    pub operands: Vec<TileOperand>,
+}
+
+/// A tiled epilogue ready to replay, with the tensor whose storage each
+/// operand but the output reads.
+pub(crate) struct TileKernel {
+    pub code: TileCode,
+    pub tensors: Vec<Option<Tensor>>,
 }
 
 type Template = (Kernel, Vec<u64>, Vec<(*const Storage, kiln_ir::op::Layout)>);
@@ -84,7 +98,7 @@ pub(crate) fn prepare(
         None
     };
     kernel.rank = 2;
-    let mut operands = vec![];
+    let (mut operands, mut tensors) = (vec![], vec![]);
     for (j, (p, l)) in first.iter().enumerate() {
         if l.dims.len() != 2 {
             return Ok(None);
@@ -111,39 +125,51 @@ pub(crate) fn prepare(
             }
         };
         kernel.operands[j].inner = Inner::of_stride(l.strides[1]);
-        operands.push((op, tensor));
+        operands.push(op);
+        tensors.push(tensor);
     }
-    if operands.first().is_none_or(|o| o.1.is_some()) {
+    if tensors.first().is_none_or(|t| t.is_some()) {
         return Ok(None);
     }
     let code = kiln_runtime::launch::compiled(&kernel)?;
+    let flat = if operands
+        .iter()
+        .all(|o| o.strides[1] == cols as isize * o.strides[2])
+    {
+        kernel.rank = 1;
+        Some(kiln_runtime::launch::compiled(&kernel)?)
+    } else {
+        None
+    };
     Ok(Some(TileKernel {
-        code,
-        scalars,
-        operands,
+        code: TileCode {
+            code,
+            flat,
+            plane: cols,
+            scalars,
+            operands,
+        },
+        tensors,
     }))
 }
 
-/// Runs conv(`x`, `w`, `b`) applying the prepared epilogue to each tile;
-/// `bases[j]` is the storage operand `j > 0` reads (index 0 is unused: the
-/// output is the conv's own).
-#[allow(clippy::too_many_arguments)]
+/// Runs conv(`x`, `w`, `b`) applying the prepared epilogue `tc` to each
+/// tile; `bases[j]` is the storage operand `j > 0` reads (index 0 is
+/// unused: the output is the conv's own).
 pub(crate) fn run(
-    x: &Tensor,
-    w: &Tensor,
-    b: Option<&Tensor>,
+    (x, w, b): (&Tensor, &Tensor, Option<&Tensor>),
     params: &ConvParams,
     spatial: usize,
-    code: &Code,
-    scalars: &[u64],
-    operands: &[TileOperand],
+    tc: &TileCode,
     bases: &[Option<Tensor>],
 ) -> Result<Tensor> {
+    let operands = &tc.operands;
     let sizes: Vec<usize> = bases
         .iter()
         .map(|t| t.as_ref().map_or(0, |t| t.dtype().size()))
         .collect();
     let per_tile = |out: &Tensor, t: Tile| -> Result<()> {
+        let flat = tc.flat.as_ref().filter(|_| t.cols == tc.plane);
         let mut ptrs = Vec::with_capacity(operands.len());
         let mut strides = Vec::with_capacity(2 * operands.len());
         for (j, o) in operands.iter().enumerate() {
@@ -157,11 +183,26 @@ pub(crate) fn run(
                 + t.p0 as isize * o.strides[2];
             // SAFETY: `at` is inside the tensor the operand was recorded from
             ptrs.push(unsafe { base.offset(at * size as isize) });
-            strides.extend([o.strides[1], o.strides[2]]);
+            match flat {
+                Some(_) => strides.push(o.strides[2]),
+                None => strides.extend([o.strides[1], o.strides[2]]),
+            }
         }
-        let dims = [t.channels, t.cols];
-        // SAFETY: the kernel was specialised for these rank-2 tile views
-        unsafe { code.run(&ptrs, &strides, &dims, scalars, 0, t.channels) };
+        // SAFETY: the kernels were specialised for these tile views: rank 2,
+        // or rank 1 where every operand's planes follow each other
+        unsafe {
+            match flat {
+                Some(f) => {
+                    let n = t.channels * t.cols;
+                    f.run(&ptrs, &strides, &[n], &tc.scalars, 0, n)
+                }
+                None => {
+                    let dims = [t.channels, t.cols];
+                    tc.code
+                        .run(&ptrs, &strides, &dims, &tc.scalars, 0, t.channels)
+                }
+            }
+        };
         Ok(())
     };
     // a compiled graph's convs time their algorithms (cudnn.benchmark); the

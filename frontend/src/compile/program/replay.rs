@@ -97,14 +97,10 @@ impl Program {
                         .map(|s| s.map(|s| self.bound(s, &mut slot, &buffers).clone()))
                         .collect();
                     let out = super::super::tile_replay::run(
-                        &ins[0],
-                        &ins[1],
-                        ins.get(2),
+                        (&ins[0], &ins[1], ins.get(2)),
                         &t.params,
                         t.spatial,
                         &t.code,
-                        &t.scalars,
-                        &t.operands,
                         &bases,
                     )?;
                     slot[t.out] = Some(out);
