@@ -262,7 +262,15 @@ unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys
     let [dh, dw] = s.dilation;
     let bias = C::load(w.add(s.kh * s.kw * n));
     for oy in 0..s.oh {
-        let mut ox = 0;
+        // stride-1 rows of 3 or 5 taps in register blocks, the rest (and
+        // other shapes) COLS positions at a time: at stride 2 the blocks
+        // measured 10-30% slower than COLS (MobileNetV3's 112x112 and 56x56
+        // layers), at stride 1 1.2-1.6x faster
+        let mut ox = match (s.kw, sw, dw) {
+            (3, 1, 1) => row_blocks::<C, 3>(s, oy, xs, w, ys),
+            (5, 1, 1) => row_blocks::<C, 5>(s, oy, xs, w, ys),
+            _ => 0,
+        };
         while ox < s.ow {
             let m = (s.ow - ox).min(COLS);
             let mut a = [bias; COLS];
@@ -290,6 +298,67 @@ unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys
     }
 }
 
+/// Row `oy` of [`accumulate`] in blocks of 8, then 4, output positions for
+/// `KW` taps per kernel row at column stride 1 (no dilation); returns where
+/// the blocks stopped.
+#[inline(always)]
+unsafe fn row_blocks<C: ChannelVec, const KW: usize>(
+    s: &Shape,
+    oy: usize,
+    xs: *const f32,
+    w: *const f32,
+    ys: *mut f32,
+) -> usize {
+    let mut ox = 0;
+    while ox + 8 <= s.ow {
+        row_block::<C, KW, 8>(s, oy, ox, xs, w, ys);
+        ox += 8;
+    }
+    while ox + 4 <= s.ow {
+        row_block::<C, KW, 4>(s, oy, ox, xs, w, ys);
+        ox += 4;
+    }
+    ox
+}
+
+/// Output positions `ox..ox + R` of row `oy`: per kernel row, its `KW`
+/// weights stay in registers and each input column the block reads is
+/// loaded once and multiplied into every output it reaches (the COLS loop
+/// loads an input per multiply-add, and loads bounded it). Each output
+/// still adds bias, then its taps in row-major order: the same bits.
+#[inline(always)]
+unsafe fn row_block<C: ChannelVec, const KW: usize, const R: usize>(
+    s: &Shape,
+    oy: usize,
+    ox: usize,
+    xs: *const f32,
+    w: *const f32,
+    ys: *mut f32,
+) {
+    let n = C::N;
+    let bias = C::load(w.add(s.kh * KW * n));
+    let mut a = [bias; R];
+    for ky in 0..s.kh {
+        let row = xs.add(((oy * s.stride[0] + ky * s.dilation[0]) * s.wp + ox) * n);
+        let mut wv = [bias; KW];
+        for (kx, wv) in wv.iter_mut().enumerate() {
+            *wv = C::load(w.add((ky * KW + kx) * n));
+        }
+        for ix in 0..R + KW - 1 {
+            let x = C::load(row.add(ix * n));
+            for (kx, wv) in wv.iter().enumerate() {
+                // column ix is tap kx of output ix - kx
+                if ix >= kx && ix - kx < R {
+                    a[ix - kx] = C::fmadd(*wv, x, a[ix - kx]);
+                }
+            }
+        }
+    }
+    for (u, a) in a.iter().enumerate() {
+        C::store(ys.add((oy * s.ow + ox + u) * n), *a);
+    }
+}
+
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::super::channel_vec::{Avx2, Avx512};
@@ -308,10 +377,15 @@ mod tests {
             dilation: vec![dilation],
             groups,
         };
+        // rows of 7, 13, 14 and 28 at stride 1: blocks of 8 and 4 and the COLS rest
         let cases = [
             ([2, 20, 7, 7], [20, 1, 5, 5], p(1, vec![2], 1, 20)),
             ([1, 33, 14, 13], [33, 1, 5, 5], p(2, vec![2, 1], 1, 33)),
             ([3, 17, 9, 10], [17, 1, 3, 3], p(1, vec![2], 2, 17)),
+            ([1, 18, 14, 14], [18, 1, 3, 3], p(1, vec![1], 1, 18)),
+            ([1, 16, 28, 28], [16, 1, 3, 3], p(2, vec![1], 1, 16)),
+            ([2, 16, 13, 28], [16, 1, 5, 5], p(1, vec![2], 1, 16)),
+            ([1, 19, 27, 29], [19, 1, 5, 5], p(2, vec![2], 1, 19)),
         ];
         for (x, w, params) in cases {
             let g = conv_geometry("conv2d", &x, &w, Some(&[w[0]]), &params).unwrap();
