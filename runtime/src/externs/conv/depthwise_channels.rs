@@ -377,7 +377,8 @@ mod tests {
             dilation: vec![dilation],
             groups,
         };
-        // rows of 7, 13, 14 and 28 at stride 1: blocks of 8 and 4 and the COLS rest
+        // stride-1 rows of 7, 14 and 28 (blocks of 8 and 4, then the COLS
+        // rest) and stride-2 rows (COLS only)
         let cases = [
             ([2, 20, 7, 7], [20, 1, 5, 5], p(1, vec![2], 1, 20)),
             ([1, 33, 14, 13], [33, 1, 5, 5], p(2, vec![2, 1], 1, 33)),

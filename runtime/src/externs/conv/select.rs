@@ -300,16 +300,16 @@ pub fn choose(g: &ConvGeometry, dtype: &str, time_one: &mut dyn FnMut(ConvAlgo))
     let best = if cands.len() == 1 {
         cands[0]
     } else {
-        // rounds over all candidates, each candidate's fastest run counting:
-        // on a shared machine a burst of preemption can span two runs in a
-        // row, and a cache timed with each candidate's runs back to back
-        // held im2col for a depthwise conv it ran about 2x slower than
-        // depthwise-direct
         // an untimed run first: whichever candidate ran first paid the
         // page faults of a fresh output and the cold caches, and a 1x1
         // conv's GEMM, timed first, lost to direct-packed that ran 1.4-2.9x
         // slower on MobileNetV3-Large's expansions
         time_one(cands[0]);
+        // rounds over all candidates, each candidate's fastest run counting:
+        // on a shared machine a burst of preemption can span two runs in a
+        // row, and a cache timed with each candidate's runs back to back
+        // held im2col for a depthwise conv it ran about 2x slower than
+        // depthwise-direct
         let mut fastest = vec![f64::INFINITY; cands.len()];
         for round in 0..TIMING_ROUNDS {
             let cut = RETIME_WITHIN * fastest.iter().copied().fold(f64::INFINITY, f64::min);
