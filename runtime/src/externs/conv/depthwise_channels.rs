@@ -262,13 +262,13 @@ unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys
     let [dh, dw] = s.dilation;
     let bias = C::load(w.add(s.kh * s.kw * n));
     for oy in 0..s.oh {
-        // stride-1 rows of 3 or 5 taps in register blocks, the rest (and
-        // other shapes) COLS positions at a time: at stride 2 the blocks
-        // measured 10-30% slower than COLS (MobileNetV3's 112x112 and 56x56
-        // layers), at stride 1 1.2-1.6x faster
+        // rows of 3 or 5 taps at stride 1 or 2 in register blocks, the rest
+        // (and other shapes) COLS positions at a time
         let mut ox = match (s.kw, sw, dw) {
-            (3, 1, 1) => row_blocks::<C, 3>(s, oy, xs, w, ys),
-            (5, 1, 1) => row_blocks::<C, 5>(s, oy, xs, w, ys),
+            (3, 1, 1) => row_blocks::<C, 3, 1>(s, oy, xs, w, ys),
+            (5, 1, 1) => row_blocks::<C, 5, 1>(s, oy, xs, w, ys),
+            (3, 2, 1) => row_blocks::<C, 3, 2>(s, oy, xs, w, ys),
+            (5, 2, 1) => row_blocks::<C, 5, 2>(s, oy, xs, w, ys),
             _ => 0,
         };
         while ox < s.ow {
@@ -299,10 +299,10 @@ unsafe fn accumulate<C: ChannelVec>(s: &Shape, xs: *const f32, w: *const f32, ys
 }
 
 /// Row `oy` of [`accumulate`] in blocks of 8, then 4, output positions for
-/// `KW` taps per kernel row at column stride 1 (no dilation); returns where
-/// the blocks stopped.
+/// `KW` taps per kernel row at column stride `SW` (no dilation); returns
+/// where the blocks stopped.
 #[inline(always)]
-unsafe fn row_blocks<C: ChannelVec, const KW: usize>(
+unsafe fn row_blocks<C: ChannelVec, const KW: usize, const SW: usize>(
     s: &Shape,
     oy: usize,
     xs: *const f32,
@@ -311,11 +311,11 @@ unsafe fn row_blocks<C: ChannelVec, const KW: usize>(
 ) -> usize {
     let mut ox = 0;
     while ox + 8 <= s.ow {
-        row_block::<C, KW, 8>(s, oy, ox, xs, w, ys);
+        row_block::<C, KW, SW, 8>(s, oy, ox, xs, w, ys);
         ox += 8;
     }
     while ox + 4 <= s.ow {
-        row_block::<C, KW, 4>(s, oy, ox, xs, w, ys);
+        row_block::<C, KW, SW, 4>(s, oy, ox, xs, w, ys);
         ox += 4;
     }
     ox
@@ -324,10 +324,13 @@ unsafe fn row_blocks<C: ChannelVec, const KW: usize>(
 /// Output positions `ox..ox + R` of row `oy`: per kernel row, its `KW`
 /// weights stay in registers and each input column the block reads is
 /// loaded once and multiplied into every output it reaches (the COLS loop
-/// loads an input per multiply-add, and loads bounded it). Each output
-/// still adds bias, then its taps in row-major order: the same bits.
+/// loads an input per multiply-add, and loads bounded it). The columns go
+/// in groups of `SW`: column `SW * j + p` is tap `SW * m + p` of output
+/// `j - m`, so each output still adds bias, then its taps in row-major
+/// order: the same bits. (Walking single columns instead, the stride-2
+/// blocks measured slower than COLS: the loop was not unrolled.)
 #[inline(always)]
-unsafe fn row_block<C: ChannelVec, const KW: usize, const R: usize>(
+unsafe fn row_block<C: ChannelVec, const KW: usize, const SW: usize, const R: usize>(
     s: &Shape,
     oy: usize,
     ox: usize,
@@ -338,18 +341,28 @@ unsafe fn row_block<C: ChannelVec, const KW: usize, const R: usize>(
     let n = C::N;
     let bias = C::load(w.add(s.kh * KW * n));
     let mut a = [bias; R];
+    // one past the last column the block reads
+    let reach = SW * (R - 1) + KW;
     for ky in 0..s.kh {
-        let row = xs.add(((oy * s.stride[0] + ky * s.dilation[0]) * s.wp + ox) * n);
+        let row = xs.add(((oy * s.stride[0] + ky * s.dilation[0]) * s.wp + SW * ox) * n);
         let mut wv = [bias; KW];
         for (kx, wv) in wv.iter_mut().enumerate() {
             *wv = C::load(w.add((ky * KW + kx) * n));
         }
-        for ix in 0..R + KW - 1 {
-            let x = C::load(row.add(ix * n));
-            for (kx, wv) in wv.iter().enumerate() {
-                // column ix is tap kx of output ix - kx
-                if ix >= kx && ix - kx < R {
-                    a[ix - kx] = C::fmadd(*wv, x, a[ix - kx]);
+        for j in 0..R + (KW - 1) / SW {
+            let mut x = [bias; SW];
+            for (p, x) in x.iter_mut().enumerate() {
+                if SW * j + p < reach {
+                    *x = C::load(row.add((SW * j + p) * n));
+                }
+            }
+            for m in 0..KW.div_ceil(SW) {
+                if j >= m && j - m < R {
+                    for (p, x) in x.iter().enumerate() {
+                        if SW * m + p < KW {
+                            a[j - m] = C::fmadd(wv[SW * m + p], *x, a[j - m]);
+                        }
+                    }
                 }
             }
         }
@@ -377,8 +390,8 @@ mod tests {
             dilation: vec![dilation],
             groups,
         };
-        // stride-1 rows of 7, 14 and 28 (blocks of 8 and 4, then the COLS
-        // rest) and stride-2 rows (COLS only)
+        // rows of 7, 14 and 28 outputs at strides 1 and 2: blocks of 8
+        // and 4, then the COLS rest
         let cases = [
             ([2, 20, 7, 7], [20, 1, 5, 5], p(1, vec![2], 1, 20)),
             ([1, 33, 14, 13], [33, 1, 5, 5], p(2, vec![2, 1], 1, 33)),
