@@ -374,14 +374,19 @@ pub mod disk {
     /// slower than im2col to faster), so v5's choices go as well.
     /// v7: depthwise-channels and direct-channels are candidates (v6 never
     /// timed them: MobileNetV3's small depthwise planes and its stem).
-    pub const HEADER: &str = "kiln conv algorithms v7";
-    const OLDER: [&str; 6] = [
+    /// v8: timing starts with an untimed run (v7 timed the first candidate
+    /// with the fresh output's page faults and kept direct-packed for 1x1
+    /// convs 1.4-2.9x slower than their GEMM), and depthwise-channels got
+    /// register blocks, so v7's choices go.
+    pub const HEADER: &str = "kiln conv algorithms v8";
+    const OLDER: [&str; 7] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
         "kiln conv algorithms v4",
         "kiln conv algorithms v5",
         "kiln conv algorithms v6",
+        "kiln conv algorithms v7",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
