@@ -188,7 +188,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     assert_eq!(disk::parse(&text).unwrap().get(&key), Some(&timed));
     select::forget_in_memory();
     assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
-    // an older kiln's file: dropped without a word (its rankings are stale)
+    // an older kiln's file is not used: its rankings are stale
     std::fs::write(
         &path,
         format!("kiln conv algorithms v7\n{key}\tdirect-packed\n"),
