@@ -172,18 +172,14 @@ fn cpu_jit_rejects_half_operands() {
         let mut b = KernelBuilder::default();
         let x = b.load(1, dt);
         let y = b.unary(UnaryOp::Neg, x, F32);
-        let k = Kernel {
-            name: "neg".into(),
-            rank: 1,
-            operands: vec![op(F32, Inner::Contiguous), op(dt, Inner::Contiguous)],
-            scalars: vec![],
-            body: b.instrs,
-            reduce: None,
-            epilogue: vec![],
-            out: y,
-            extra_out: vec![],
-            rows: None,
-        };
+        let k = pointwise_kernel(
+            "neg",
+            1,
+            vec![op(F32, Inner::Contiguous), op(dt, Inner::Contiguous)],
+            vec![],
+            b.instrs,
+            y,
+        );
         let mut g = JIT.lock().unwrap_or_else(|e| e.into_inner());
         let jit = g.get_or_insert_with(|| CpuJit::new().unwrap());
         let e = jit.compile(&k).map(|_| ()).expect_err("half rejected");
@@ -291,18 +287,14 @@ fn scalars_and_w1_chain() {
     let out = b.binary(BinaryOp::Add, gh, x, F32);
     let mut rng = Rng(5);
     for n in [1usize, 7, 8, 9, 1001] {
-        let k = Kernel {
-            name: "w1".into(),
-            rank: 1,
-            operands: vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
-            scalars: vec![F32, F32],
-            body: b.instrs.clone(),
-            reduce: None,
-            epilogue: vec![],
+        let k = pointwise_kernel(
+            "w1",
+            1,
+            vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
+            vec![F32, F32],
+            b.instrs.clone(),
             out,
-            extra_out: vec![],
-            rows: None,
-        };
+        );
         let views = vec![
             (vec![1], vec![0u8; 4 * n]),
             (vec![1], gen(&mut rng, F32, n, -6.0, 6.0, true)),
@@ -321,18 +313,14 @@ fn scalars_and_w1_chain() {
     let x = b.load(1, I32);
     let s = b.scalar(0, I32);
     let o = b.binary(BinaryOp::Mul, x, s, I32);
-    let k = Kernel {
-        name: "iscale".into(),
-        rank: 2,
-        operands: vec![op(I32, Inner::Contiguous), op(I32, Inner::Strided)],
-        scalars: vec![I32],
-        body: b.instrs,
-        reduce: None,
-        epilogue: vec![],
-        out: o,
-        extra_out: vec![],
-        rows: None,
-    };
+    let k = pointwise_kernel(
+        "iscale",
+        2,
+        vec![op(I32, Inner::Contiguous), op(I32, Inner::Strided)],
+        vec![I32],
+        b.instrs,
+        o,
+    );
     let (st, len) = layout(&[4, 5], Layout::Permuted);
     let views = vec![
         (layout(&[4, 5], Layout::Contiguous).0, vec![0u8; 80]),
@@ -359,22 +347,18 @@ fn row_invariant_values_match_interp() {
     let e = b.unary(UnaryOp::Exp, s, F32);
     let pick = b.select(pos, e, x, F32);
     let out = b.binary(BinaryOp::Add, xg, pick, F32);
-    let k = Kernel {
-        name: "gate".into(),
-        rank: 2,
-        operands: vec![
+    let k = pointwise_kernel(
+        "gate",
+        2,
+        vec![
             op(F32, Inner::Contiguous),
             op(F32, Inner::Contiguous),
             op(F32, Inner::Broadcast),
         ],
-        scalars: vec![F32],
-        body: b.instrs.clone(),
-        reduce: None,
-        epilogue: vec![],
+        vec![F32],
+        b.instrs.clone(),
         out,
-        extra_out: vec![],
-        rows: None,
-    };
+    );
     let mut rng = Rng(11);
     for n in [1usize, 7, 9, 300, 1001] {
         let rows = 5;
@@ -435,18 +419,14 @@ fn accuracy_sweeps() {
         let mut b = KernelBuilder::default();
         let x = b.load(1, F32);
         let out = b.unary(uop, x, F32);
-        let k = Kernel {
-            name: "sweep".into(),
-            rank: 1,
-            operands: vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
-            scalars: vec![],
-            body: b.instrs,
-            reduce: None,
-            epilogue: vec![],
+        let k = pointwise_kernel(
+            "sweep",
+            1,
+            vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
+            vec![],
+            b.instrs,
             out,
-            extra_out: vec![],
-            rows: None,
-        };
+        );
         let ck = compile(&k);
         let mut got = vec![0f32; n];
         let mut want = vec![0f32; n];
@@ -495,18 +475,14 @@ fn w1_timing() {
     let h = b.constant(0.5, F32);
     let gh = b.binary(BinaryOp::Mul, g, h, F32);
     let out = b.binary(BinaryOp::Add, gh, x, F32);
-    let k = Kernel {
-        name: "w1".into(),
-        rank: 1,
-        operands: vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
-        scalars: vec![F32, F32],
-        body: b.instrs,
-        reduce: None,
-        epilogue: vec![],
+    let k = pointwise_kernel(
+        "w1",
+        1,
+        vec![op(F32, Inner::Contiguous), op(F32, Inner::Contiguous)],
+        vec![F32, F32],
+        b.instrs,
         out,
-        extra_out: vec![],
-        rows: None,
-    };
+    );
     let t0 = std::time::Instant::now();
     let ck = compile(&k);
     println!(

@@ -226,6 +226,29 @@ pub fn check(
     n
 }
 
+/// A pointwise kernel (output operand 0, no reduction) storing `out`.
+pub fn pointwise_kernel(
+    name: &str,
+    rank: usize,
+    operands: Vec<Operand>,
+    scalars: Vec<DType>,
+    body: Vec<(Instr, DType)>,
+    out: usize,
+) -> Kernel {
+    Kernel {
+        name: name.into(),
+        rank,
+        operands,
+        scalars,
+        body,
+        reduce: None,
+        epilogue: vec![],
+        out,
+        extra_out: vec![],
+        rows: None,
+    }
+}
+
 pub fn op(dtype: DType, inner: Inner) -> Operand {
     Operand { dtype, inner }
 }
@@ -265,18 +288,7 @@ pub fn pointwise(
             operands.push(op(dt, inner_of(&st)));
             views.push((st, gen(&mut rng, dt, len, range.0, range.1, true)));
         }
-        let k = Kernel {
-            name: "t".into(),
-            rank,
-            operands,
-            scalars: vec![],
-            body: b.instrs.clone(),
-            reduce: None,
-            epilogue: vec![],
-            out,
-            extra_out: vec![],
-            rows: None,
-        };
+        let k = pointwise_kernel("t", rank, operands, vec![], b.instrs.clone(), out);
         check(&k, &sizes, &views, &[], t);
     }
 }
