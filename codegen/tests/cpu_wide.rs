@@ -1,29 +1,39 @@
-//! Kernels whose rows call the wide-vector helpers (AVX2/AVX-512 on tiles)
-//! against the same kernels compiled to plain f32x4 Cranelift code: the
-//! results must be the same bits (NaN equal to NaN) for every supported op,
-//! chains of them, broadcast and in-place operands, rows shorter and longer
-//! than a tile and thread splits of dim 0. Also the Cranelift IR of a tiled
-//! row, as a snapshot.
+//! Kernels whose rows call the wide-vector helpers (AVX2/AVX-512 on tiles,
+//! or one pass over a chain) against the same kernels compiled to plain
+//! f32x4 Cranelift code: the results must be the same bits (NaN equal to
+//! NaN) for every supported op, chains of them, broadcast, scalar and
+//! in-place operands, rows shorter and longer than a tile and thread splits
+//! of dim 0. Also the Cranelift IR of a tiled row and of a chain row, as
+//! snapshots.
 
-use kiln_codegen::cpu::{wide, CompiledKernel, CpuJit};
+use kiln_codegen::cpu::{wide, wide::Uses, CompiledKernel, CpuJit};
 use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand, ValueId};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 use std::sync::Mutex;
 
-static JITS: Mutex<Option<(CpuJit, CpuJit)>> = Mutex::new(None);
+static JITS: Mutex<Option<[CpuJit; 3]>> = Mutex::new(None);
 
-/// (wide, plain) machine code of `k`.
-fn compile_both(k: &Kernel) -> (CompiledKernel, CompiledKernel) {
+/// Machine code of `k`: every wide use (chains included), tiled rows
+/// without chains, plain f32x4.
+fn compile_all(k: &Kernel) -> [CompiledKernel; 3] {
     let mut g = JITS.lock().unwrap_or_else(|e| e.into_inner());
-    let (w, p) = g.get_or_insert_with(|| {
-        let mut w = CpuJit::new().unwrap();
-        w.set_wide(true);
-        let mut p = CpuJit::new().unwrap();
-        p.set_wide(false);
-        (w, p)
+    let jits = g.get_or_insert_with(|| {
+        let uses = [
+            Uses::all(true),
+            Uses {
+                chains: false,
+                ..Uses::all(true)
+            },
+            Uses::all(false),
+        ];
+        uses.map(|u| {
+            let mut j = CpuJit::new().unwrap();
+            j.set_wide_uses(u);
+            j
+        })
     });
-    assert_eq!(p.wide_isa(), None);
-    (w.compile(k).unwrap(), p.compile(k).unwrap())
+    assert_eq!(jits[2].wide_isa(), None);
+    [0, 1, 2].map(|i| jits[i].compile(k).unwrap())
 }
 
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -85,8 +95,16 @@ fn kernel(ins: &[Inner], body: impl Fn(&mut KernelBuilder) -> ValueId) -> Kernel
     }
 }
 
-/// Runs `k` over `[rows, cols]` (output preset to `init`), with dim 0 split in two calls.
-fn run(ck: &CompiledKernel, k: &Kernel, rows: usize, cols: usize, init: &[f32]) -> Vec<f32> {
+/// Runs `k` over `[rows, cols]` (output preset to `init`, scalars as f64 bits),
+/// with dim 0 split in two calls.
+fn run(
+    ck: &CompiledKernel,
+    k: &Kernel,
+    rows: usize,
+    cols: usize,
+    init: &[f32],
+    scalars: &[u64],
+) -> Vec<f32> {
     let mut bufs: Vec<Vec<f32>> = vec![init.to_vec()];
     let mut strides = vec![cols as isize, 1];
     for (i, o) in k.operands.iter().enumerate().skip(1) {
@@ -103,24 +121,30 @@ fn run(ck: &CompiledKernel, k: &Kernel, rows: usize, cols: usize, init: &[f32]) 
     let mid = rows / 2;
     // SAFETY: buffers cover every index the strides reach.
     unsafe {
-        ck.call(&ptrs, &strides, &sizes, &[], 0, mid);
-        ck.call(&ptrs, &strides, &sizes, &[], mid, rows);
+        ck.call(&ptrs, &strides, &sizes, scalars, 0, mid);
+        ck.call(&ptrs, &strides, &sizes, scalars, mid, rows);
     }
     bufs.swap_remove(0)
 }
 
 fn check_same(name: &str, k: &Kernel) {
-    let (w, p) = compile_both(k);
+    check_same_with(name, k, &[]);
+}
+
+fn check_same_with(name: &str, k: &Kernel, scalars: &[u64]) {
+    let [chains, tiles, plain] = compile_all(k);
     for (rows, cols) in [(1, 1), (2, 255), (3, 256), (2, 257), (3, 700), (1, 4099)] {
         let init = values(rows * cols, 5);
-        let a = run(&w, k, rows, cols, &init);
-        let b = run(&p, k, rows, cols, &init);
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            assert!(
-                x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
-                "{name} [{rows}x{cols}] at {i}: wide {x:e} vs f32x4 {y:e}\n{}",
-                k.to_text()
-            );
+        let want = run(&plain, k, rows, cols, &init, scalars);
+        for (how, ck) in [("chains", &chains), ("tiles", &tiles)] {
+            let got = run(ck, k, rows, cols, &init, scalars);
+            for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()),
+                    "{name} [{rows}x{cols}] at {i}: wide ({how}) {x:e} vs f32x4 {y:e}\n{}",
+                    k.to_text()
+                );
+            }
         }
     }
 }
@@ -200,15 +224,72 @@ fn in_place_wide_update_matches_f32x4() {
 }
 
 #[test]
+fn chains_with_flipped_steps_scalars_and_broadcasts_match_f32x4() {
+    // (3 / ((s - x) / c)) through gelu_tanh, then s + (c - g) * x: every
+    // step kind, both operand orders, a scalar, a broadcast and a constant
+    let mut k = kernel(&[Inner::Contiguous, Inner::Broadcast], |b| {
+        let x = b.load(1, DType::F32);
+        let c = b.load(2, DType::F32);
+        let s = b.scalar(0, DType::F32);
+        let three = b.constant(3.0, DType::F32);
+        let d = b.binary(BinaryOp::Sub, s, x, DType::F32);
+        let q = b.binary(BinaryOp::Div, d, c, DType::F32);
+        let r = b.binary(BinaryOp::Div, three, q, DType::F32);
+        let g = b.unary(UnaryOp::GeluTanh, r, DType::F32);
+        let u = b.binary(BinaryOp::Sub, c, g, DType::F32);
+        let m = b.binary(BinaryOp::Mul, u, x, DType::F32);
+        b.binary(BinaryOp::Add, s, m, DType::F32)
+    });
+    k.scalars = vec![DType::F32];
+    check_same_with("flipped chain", &k, &[0.1f64.to_bits()]);
+    // each chain op with a step before and after it, and one computed
+    // operand (not a chain: tiles)
+    for op in wide::CHAIN_OPS {
+        let k = kernel(&[Inner::Contiguous; 2], |b| {
+            let x = b.load(1, DType::F32);
+            let a = b.load(2, DType::F32);
+            let m = b.binary(BinaryOp::Mul, x, a, DType::F32);
+            let g = b.unary(op, m, DType::F32);
+            b.binary(BinaryOp::Sub, g, x, DType::F32)
+        });
+        check_same(&format!("{op:?} chain"), &k);
+        let k = kernel(&[Inner::Contiguous; 2], |b| {
+            let x = b.load(1, DType::F32);
+            let a = b.load(2, DType::F32);
+            let g = b.unary(op, x, DType::F32);
+            let xa = b.binary(BinaryOp::Add, x, a, DType::F32);
+            b.binary(BinaryOp::Mul, g, xa, DType::F32)
+        });
+        check_same(&format!("{op:?} times a sum"), &k);
+    }
+}
+
+#[test]
 fn tiled_row_clif_snapshot() {
+    // two wide ops are not one chain: the row keeps its tiles
     let k = kernel(&[Inner::Contiguous], |b| {
         let x = b.load(1, DType::F32);
-        let g = b.unary(UnaryOp::Sigmoid, x, DType::F32);
-        b.binary(BinaryOp::Mul, g, x, DType::F32)
+        let e = b.unary(UnaryOp::Exp, x, DType::F32);
+        let t = b.unary(UnaryOp::Tanh, x, DType::F32);
+        b.binary(BinaryOp::Mul, e, t, DType::F32)
     });
     let text = CpuJit::clif_text_wide(&k).unwrap();
     assert!(text.contains("explicit_slot"), "{text}");
-    insta::assert_snapshot!("tiled_sigmoid_mul_clif", text);
+    insta::assert_snapshot!("tiled_exp_tanh_clif", text);
+}
+
+#[test]
+fn chain_row_clif_snapshot() {
+    // sigmoid(x - c) * x, c broadcast: the whole tiles are one helper call
+    let k = kernel(&[Inner::Contiguous, Inner::Broadcast], |b| {
+        let x = b.load(1, DType::F32);
+        let c = b.load(2, DType::F32);
+        let d = b.binary(BinaryOp::Sub, x, c, DType::F32);
+        let g = b.unary(UnaryOp::Sigmoid, d, DType::F32);
+        b.binary(BinaryOp::Mul, g, x, DType::F32)
+    });
+    let text = CpuJit::clif_text_wide(&k).unwrap();
+    insta::assert_snapshot!("chain_sigmoid_mul_clif", text);
 }
 
 /// Median milliseconds of `f` over `reps` runs.
@@ -226,7 +307,7 @@ fn time_ms(reps: usize, mut f: impl FnMut()) -> f64 {
 }
 
 /// Not a test: one-thread times of W1's kernel and softmax's exp kernel,
-/// wide vs f32x4, alternating (`cargo test --release -p kiln-codegen --test
+/// f32x4, tiles and chains, alternating (`cargo test --release -p kiln-codegen --test
 /// cpu_wide -- --ignored --nocapture`).
 #[test]
 #[ignore]
@@ -257,7 +338,7 @@ fn time_wide_vs_f32x4() {
         ("W1 gelu chain", &w1, 4096, 1024),
         ("softmax exp", &sm, 4096, 1024),
     ] {
-        let (w, p) = compile_both(k);
+        let [c, t, p] = compile_all(k);
         let mut bufs: Vec<Vec<f32>> = vec![vec![0f32; rows * cols]];
         let mut strides = vec![cols as isize, 1];
         for (i, o) in k.operands.iter().enumerate().skip(1) {
@@ -270,8 +351,12 @@ fn time_wide_vs_f32x4() {
             |ck: &CompiledKernel| unsafe { ck.call(&ptrs, &strides, &[rows, cols], &[], 0, rows) };
         for round in 0..3 {
             let tp = time_ms(9, || go(&p));
-            let tw = time_ms(9, || go(&w));
-            eprintln!("{name} ({rows}x{cols}, 1 thread) round {round}: f32x4 {tp:.3} ms, wide {tw:.3} ms, {:.2}x", tp / tw);
+            let tt = time_ms(9, || go(&t));
+            let tc = time_ms(9, || go(&c));
+            eprintln!(
+                "{name} ({rows}x{cols}, 1 thread) round {round}: f32x4 {tp:.3} ms, \
+                 tiles {tt:.3} ms, chains {tc:.3} ms"
+            );
         }
     }
 }

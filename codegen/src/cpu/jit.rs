@@ -43,10 +43,13 @@ pub(crate) enum HostFn {
     /// `(row pointer) -> ()`: a normalisation's row pass
     /// (`wide::AffineRow`, `wide::WideIsa::affine_entry`).
     WideAffine,
+    /// `(row pointer) -> ()`: a pointwise row that is one chain around a
+    /// compound op (`wide::ChainRow`, `wide::WideIsa::chain_entry`).
+    WideChain,
 }
 
 impl HostFn {
-    pub(crate) const ALL: [HostFn; 22] = [
+    pub(crate) const ALL: [HostFn; 23] = [
         HostFn::Sin,
         HostFn::Cos,
         HostFn::Exp,
@@ -69,6 +72,7 @@ impl HostFn {
         HostFn::Atan2,
         HostFn::Hypot,
         HostFn::WideAffine,
+        HostFn::WideChain,
     ];
 
     fn index(self) -> usize {
@@ -99,6 +103,7 @@ impl HostFn {
             HostFn::WideUnary => "kiln_wide_unary",
             HostFn::WideReduce => "kiln_wide_reduce",
             HostFn::WideAffine => "kiln_wide_affine",
+            HostFn::WideChain => "kiln_wide_chain",
         }
     }
 
@@ -132,6 +137,9 @@ impl HostFn {
             HostFn::WideAffine => super::wide::detect()
                 .unwrap_or(super::wide::WideIsa::Portable)
                 .affine_entry(),
+            HostFn::WideChain => super::wide::detect()
+                .unwrap_or(super::wide::WideIsa::Portable)
+                .chain_entry(),
         }
     }
 
@@ -142,7 +150,7 @@ impl HostFn {
             HostFn::Pow | HostFn::Fmod | HostFn::IPow | HostFn::Atan2 | HostFn::Hypot => 2,
             HostFn::WideUnary => 3,
             HostFn::WideReduce => 5,
-            HostFn::WideAffine => 1,
+            HostFn::WideAffine | HostFn::WideChain => 1,
             _ => 1,
         }
     }
@@ -150,7 +158,7 @@ impl HostFn {
     pub(crate) fn signature(self, cc: CallConv) -> Signature {
         if matches!(
             self,
-            HostFn::WideUnary | HostFn::WideReduce | HostFn::WideAffine
+            HostFn::WideUnary | HostFn::WideReduce | HostFn::WideAffine | HostFn::WideChain
         ) {
             let mut sig = Signature::new(cc);
             for _ in 0..self.arity() {

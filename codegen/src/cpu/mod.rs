@@ -14,6 +14,7 @@
 //! f32 transcendentals, `jit` the module and host functions, `tiles` the
 //! pointwise rows that call [`wide`]'s AVX2/AVX-512 block helpers.
 
+mod chain;
 mod columns;
 mod emit;
 mod jit;
@@ -183,6 +184,22 @@ impl CpuJit {
     /// compiled from now on; off, they are plain f32x4 code (same results).
     pub fn set_wide(&mut self, on: bool) {
         self.wide = wide::Uses::all(on && self.fma && wide::detect().is_some());
+    }
+
+    /// Uses exactly `uses` of the wide helpers (where the CPU has them) for
+    /// kernels compiled from now on: e.g. tiled rows without chains, to
+    /// compare the two.
+    ///
+    /// ```
+    /// use kiln_codegen::cpu::{wide::Uses, CpuJit};
+    /// let mut jit = CpuJit::new().unwrap();
+    /// jit.set_wide_uses(Uses { chains: false, ..Uses::all(true) });
+    /// jit.set_wide_uses(Uses::all(false));
+    /// assert_eq!(jit.wide_isa(), None);
+    /// ```
+    pub fn set_wide_uses(&mut self, uses: wide::Uses) {
+        let here = self.fma && wide::detect().is_some();
+        self.wide = if here { uses } else { wide::Uses::all(false) };
     }
 
     /// Frees the machine code of every kernel this JIT compiled (dropping a

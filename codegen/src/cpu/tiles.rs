@@ -67,6 +67,12 @@ pub(crate) fn tiled_row(
     let n = em.b.ins().isub(hi, lo);
     let nt = em.b.ins().band_imm_s(n, !(tile - 1));
     let tiles_end = em.b.ins().iadd(lo, nt);
+    if em.wide.chains {
+        if let Some(c) = super::chain::chain_of(k, stores, &heavy) {
+            super::chain::chain_call(em, row, &c, lo, tiles_end);
+            return tiles_end;
+        }
+    }
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,
         (heavy.len() as i64 * tile_bytes) as u32,

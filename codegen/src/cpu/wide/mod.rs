@@ -29,6 +29,7 @@ mod affine;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod chain;
 mod isa;
 mod lanes;
 mod math;
@@ -38,6 +39,8 @@ mod tests;
 mod tile;
 
 pub use affine::AffineRow;
+pub use chain::{ChainRow, CHAIN_OPS};
+pub(crate) use chain::{ADD, DIV, FLIP, MAX_SRCS, MAX_STEPS, MUL, SRC_SHIFT, SUB};
 pub use reduce::{LSE, LSE_STORE, SOFTMAX_ROW, WELFORD};
 pub use tile::{op_code, SUPPORTED, TILE};
 
@@ -125,6 +128,45 @@ impl WideIsa {
             _ => wide_affine_portable as *const u8,
         }
     }
+}
+
+impl WideIsa {
+    /// The `extern "C" fn(&ChainRow)` of a pointwise row that is one chain
+    /// (see `chain.rs`).
+    pub(crate) fn chain_entry(self) -> *const u8 {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx2 => wide_chain_avx2 as *const u8,
+            #[cfg(target_arch = "x86_64")]
+            WideIsa::Avx512 => wide_chain_avx512 as *const u8,
+            _ => wide_chain_portable as *const u8,
+        }
+    }
+}
+
+extern "C" fn wide_chain_portable(r: *const ChainRow) {
+    // SAFETY: the JIT passes a row whose pointers cover its elements.
+    unsafe { chain::chain_row::<lanes::Scalar>(&*r) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_chain_avx2(r: *const ChainRow) {
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn go(r: &ChainRow) {
+        chain::chain_row::<avx2::Avx2>(r)
+    }
+    // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
+    unsafe { go(&*r) }
+}
+
+#[cfg(target_arch = "x86_64")]
+extern "C" fn wide_chain_avx512(r: *const ChainRow) {
+    #[target_feature(enable = "avx512f")]
+    unsafe fn go(r: &ChainRow) {
+        chain::chain_row::<avx512::Avx512>(r)
+    }
+    // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
+    unsafe { go(&*r) }
 }
 
 /// `out[i] = ((x[i] - mean) * rstd) * w[i] + b[i]` with `isa` (`None`:
@@ -364,6 +406,10 @@ pub struct Uses {
     pub rows: bool,
     /// Welford rows of an expression, through a tile copy.
     pub expression_rows: bool,
+    /// Pointwise rows that are one chain of binary steps around one
+    /// register-resident compound op, in one pass (`chain.rs`) instead of
+    /// tiles (needs `pointwise`).
+    pub chains: bool,
 }
 
 impl Uses {
@@ -373,6 +419,7 @@ impl Uses {
             pointwise: on,
             rows: on,
             expression_rows: on,
+            chains: on,
         }
     }
 
@@ -391,6 +438,8 @@ impl Uses {
                 pointwise: isa == WideIsa::Avx512,
                 rows: true,
                 expression_rows: false,
+                chains: isa == WideIsa::Avx512
+                    && !std::env::var("KILN_CHAIN").is_ok_and(|v| v == "0"),
             },
         }
     }

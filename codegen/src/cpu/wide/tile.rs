@@ -170,24 +170,24 @@ pub(crate) unsafe fn select<L: Lanes>(c: Src, a: Src, b: Src, out: *mut f32, n: 
 // and stored once instead of once per primitive. The wide tests hold every
 // one to the interpreter bit for bit.
 #[inline(always)]
-fn sigmoid<L: Lanes>(x: L::F) -> L::F {
+pub(crate) fn sigmoid<L: Lanes>(x: L::F) -> L::F {
     let e = math::exp::<L>(math::neg::<L>(x));
     let one = L::splat(1.0);
     L::div(one, L::add(one, e))
 }
 #[inline(always)]
-fn silu<L: Lanes>(x: L::F) -> L::F {
+pub(crate) fn silu<L: Lanes>(x: L::F) -> L::F {
     let e = math::exp::<L>(math::neg::<L>(x));
     L::div(x, L::add(L::splat(1.0), e))
 }
 #[inline(always)]
-fn gelu<L: Lanes>(x: L::F) -> L::F {
+pub(crate) fn gelu<L: Lanes>(x: L::F) -> L::F {
     let u = L::mul(x, L::splat(std::f64::consts::FRAC_1_SQRT_2 as f32));
     let t = L::add(L::splat(1.0), math::erf::<L>(u));
     L::mul(L::mul(x, L::splat(0.5)), t)
 }
 #[inline(always)]
-fn gelu_tanh<L: Lanes>(x: L::F) -> L::F {
+pub(crate) fn gelu_tanh<L: Lanes>(x: L::F) -> L::F {
     let x3 = L::mul(L::mul(x, x), x);
     let inner = L::add(x, L::mul(x3, L::splat(0.044715)));
     let u = L::mul(inner, L::splat((2.0 / std::f64::consts::PI).sqrt() as f32));
