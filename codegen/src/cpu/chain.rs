@@ -184,6 +184,11 @@ pub(crate) fn chain_call(em: &mut Emitter, row: &Row, c: &Chain, lo: Value, hi: 
     put(em, row.ptrs[c.out], offset_of!(R, out));
     put(em, lo, offset_of!(R, lo));
     put(em, hi, offset_of!(R, hi));
+    let mut launch = em.b.ins().iconst(types::I64, 1);
+    for &n in &row.fr.sizes {
+        launch = em.b.ins().imul(launch, n);
+    }
+    put(em, launch, offset_of!(R, launch));
     let mut splats = 0u32;
     for (s, &l) in c.srcs.iter().enumerate() {
         let at = offset_of!(R, srcs) + 8 * s;
@@ -204,6 +209,7 @@ pub(crate) fn chain_call(em: &mut Emitter, row: &Row, c: &Chain, lo: Value, hi: 
         (c.npre, offset_of!(R, npre)),
         (c.npost, offset_of!(R, npost)),
         (splats, offset_of!(R, splats)),
+        (c.srcs.len() as u32, offset_of!(R, nsrcs)),
     ];
     let steps = c
         .steps

@@ -39,6 +39,14 @@ impl Lanes for Avx512 {
         _mm512_storeu_ps(p, v)
     }
     #[inline(always)]
+    unsafe fn store_nt(p: *mut f32, v: __m512) {
+        _mm512_stream_ps(p, v)
+    }
+    #[inline(always)]
+    fn fence_nt() {
+        unsafe { _mm_sfence() }
+    }
+    #[inline(always)]
     fn splat(x: f32) -> __m512 {
         unsafe { _mm512_set1_ps(x) }
     }

@@ -45,6 +45,8 @@ pub struct ChainRow {
     pub out: *mut f32,
     pub lo: u64,
     pub hi: u64,
+    /// Elements of the whole launch (every row, every thread).
+    pub launch: u64,
     /// Source of the start value.
     pub first: u32,
     /// Index of the compound op in [`CHAIN_OPS`].
@@ -54,6 +56,8 @@ pub struct ChainRow {
     pub npost: u32,
     /// `opcode | FLIP? | src << SRC_SHIFT`.
     pub steps: [u32; MAX_STEPS],
+    /// Sources in `srcs`.
+    pub nsrcs: u32,
     /// Bit `s`: source `s` is a value for every lane (its f32 bits in the
     /// low half of `srcs[s]`); otherwise `srcs[s]` is a row pointer.
     pub splats: u32,
@@ -117,6 +121,11 @@ unsafe fn run<L: Lanes>(r: &ChainRow, op: impl Fn(L::F) -> L::F) {
     let first = src(r.first as usize);
     let (lo, hi) = (r.lo as usize, r.hi as usize);
     debug_assert_eq!((hi - lo) % (BLOCK * L::N), 0);
+    // the output streams past the caches when the launch moves more than
+    // they hold (and the row's start is on a line)
+    let rows = (0..r.nsrcs).filter(|&s| r.splats >> s & 1 == 0).count();
+    let moved = (rows as u64 + 1) * r.launch * 4;
+    let nt = super::streams(moved) && (r.out.add(lo) as usize).is_multiple_of(64);
     let mut i = lo;
     while i < hi {
         let mut v: [L::F; BLOCK] = std::array::from_fn(|u| read::<L>(first, i + u * L::N));
@@ -130,9 +139,16 @@ unsafe fn run<L: Lanes>(r: &ChainRow, op: impl Fn(L::F) -> L::F) {
             apply::<L>(s, &mut v, i);
         }
         for (u, x) in v.into_iter().enumerate() {
-            L::store(r.out.add(i + u * L::N), x);
+            if nt {
+                L::store_nt(r.out.add(i + u * L::N), x);
+            } else {
+                L::store(r.out.add(i + u * L::N), x);
+            }
         }
         i += BLOCK * L::N;
+    }
+    if nt {
+        L::fence_nt();
     }
 }
 
