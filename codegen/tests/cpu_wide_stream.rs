@@ -1,9 +1,10 @@
 //! Chain rows whose output streams past the caches (`vmovntps`) give the
 //! f32x4 code's bits. Only launches moving more than the last-level cache
 //! stream, so this process sets `KILN_STREAM=1` (every launch streams)
-//! before any kernel runs; it is its own test binary for that reason.
+//! before any kernel runs; it is its own test binary for that reason. The
+//! affine row pass (layer_norm's second pass) streams the same way.
 
-use kiln_codegen::cpu::{wide::Uses, CpuJit};
+use kiln_codegen::cpu::{wide, wide::Uses, CpuJit};
 use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
 use kiln_ir::{BinaryOp, DType, UnaryOp};
 
@@ -18,10 +19,17 @@ fn aligned(n: usize, fill: impl Fn(usize) -> f32) -> (Vec<f32>, usize) {
     (v, off)
 }
 
+/// Sets `KILN_STREAM=1` once, before either test runs a kernel.
+fn stream_always() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    // SAFETY: every test calls this first, and `call_once` makes the others
+    // wait, so nothing reads the environment while it is written.
+    ONCE.call_once(|| unsafe { std::env::set_var("KILN_STREAM", "1") });
+}
+
 #[test]
 fn streamed_chain_rows_match_f32x4() {
-    // SAFETY: set before any kernel reads it; this binary has one test.
-    unsafe { std::env::set_var("KILN_STREAM", "1") };
+    stream_always();
     // sigmoid(x * a) - x over [rows, cols]: rows start on lines (cols % 16 == 0)
     let mut b = KernelBuilder::default();
     let x = b.load(1, DType::F32);
@@ -78,6 +86,29 @@ fn streamed_chain_rows_match_f32x4() {
             g.to_bits(),
             w.to_bits(),
             "at {i}: streamed {g:e} vs f32x4 {w:e}"
+        );
+    }
+}
+
+#[test]
+fn streamed_affine_rows_match_the_portable_row() {
+    stream_always();
+    let n = 1000;
+    let (xs, xo) = aligned(n, |i| ((i * 7919 % 1000) as f32 - 500.0) / 37.0);
+    let (ws, wo) = aligned(n, |i| 1.0 + (i % 13) as f32 / 8.0);
+    let (bs, bo) = aligned(n, |i| (i % 7) as f32 - 3.0);
+    let (x, w, b) = (&xs[xo..xo + n], &ws[wo..wo + n], &bs[bo..bo + n]);
+    let row = |isa| {
+        let (mut out, oo) = aligned(n, |_| 0.0);
+        wide::affine_row(isa, x, Some(w), Some(b), &mut out[oo..oo + n], 0.25, 1.5).unwrap();
+        out[oo..oo + n].to_vec()
+    };
+    let (got, want) = (row(wide::detect()), row(None));
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "at {i}: streamed {g:e} vs portable {w:e}"
         );
     }
 }

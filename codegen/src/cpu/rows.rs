@@ -60,7 +60,11 @@ pub(crate) fn row_pass(
     let hi = fr.sizes[k.rank - 1];
     if stored.is_none() {
         if let Some(a) = affine_pass(k, em, &plan, epi) {
-            return affine_call(em, ptrs, &a, hi);
+            let mut launch = em.b.ins().iconst(types::I64, 1);
+            for &n in &fr.sizes {
+                launch = em.b.ins().imul(launch, n);
+            }
+            return affine_call(em, ptrs, &a, hi, launch);
         }
     }
     let lo = em.b.ins().iconst(types::I64, 0);
@@ -190,7 +194,7 @@ fn affine_pass(k: &Kernel, em: &Emitter, plan: &Plan, epi: &[Option<Value>]) -> 
 
 /// Calls the affine row helper on the whole row `0..hi` (a
 /// [`wide::AffineRow`] on the stack).
-fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value) {
+fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value, launch: Value) {
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,
         std::mem::size_of::<wide::AffineRow>() as u32,
@@ -208,6 +212,7 @@ fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value) {
         (row(a.b), offset_of!(R, b)),
         (ptrs[1], offset_of!(R, out)),
         (hi, offset_of!(R, n)),
+        (launch, offset_of!(R, launch)),
         (a.mean, offset_of!(R, mean)),
         (a.rstd, offset_of!(R, rstd)),
     ];

@@ -19,6 +19,8 @@ pub struct AffineRow {
     pub b: *const f32,
     pub out: *mut f32,
     pub n: u64,
+    /// Elements of the whole launch (every row), to choose streaming stores.
+    pub launch: u64,
     pub mean: f32,
     pub rstd: f32,
 }
@@ -40,6 +42,8 @@ pub(crate) unsafe fn affine_row<L: Lanes>(r: &AffineRow) {
 #[inline(always)]
 unsafe fn span<L: Lanes>(r: &AffineRow, lo: usize, hi: usize) {
     let (m, s) = (L::splat(r.mean), L::splat(r.rstd));
+    // read x, write out: past the caches when that is more than they hold
+    let nt = super::streams(2 * 4 * r.launch) && (r.out as usize).is_multiple_of(64);
     let mut i = lo;
     while i < hi {
         let mut v = L::mul(L::sub(L::load(r.x.add(i)), m), s);
@@ -49,7 +53,14 @@ unsafe fn span<L: Lanes>(r: &AffineRow, lo: usize, hi: usize) {
         if !r.b.is_null() {
             v = L::add(v, L::load(r.b.add(i)));
         }
-        L::store(r.out.add(i), v);
+        if nt {
+            L::store_nt(r.out.add(i), v);
+        } else {
+            L::store(r.out.add(i), v);
+        }
         i += L::N;
+    }
+    if nt {
+        L::fence_nt();
     }
 }

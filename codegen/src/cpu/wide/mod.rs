@@ -203,6 +203,7 @@ pub fn affine_row(
         b: ptr(b),
         out: out.as_mut_ptr(),
         n: n as u64,
+        launch: n as u64,
         mean,
         rstd,
     };
