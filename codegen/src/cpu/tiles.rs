@@ -59,7 +59,8 @@ pub(crate) fn tiled_row(
     let k = row.k;
     let roots: Vec<usize> = stores.iter().map(|s| s.2).collect();
     let heavy = wide_values(k, &roots);
-    if !em.wide.pointwise || heavy.is_empty() || plan.lanes != 4 || plan.vdt != DType::F32 {
+    let wide = em.wide.pointwise || em.wide.chains;
+    if !wide || heavy.is_empty() || plan.lanes != 4 || plan.vdt != DType::F32 {
         return lo;
     }
     let tile = wide::TILE as i64;
@@ -72,6 +73,9 @@ pub(crate) fn tiled_row(
             super::chain::chain_call(em, row, &c, lo, tiles_end);
             return tiles_end;
         }
+    }
+    if !em.wide.pointwise {
+        return lo;
     }
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,

@@ -407,9 +407,8 @@ pub struct Uses {
     pub rows: bool,
     /// Welford rows of an expression, through a tile copy.
     pub expression_rows: bool,
-    /// Pointwise rows that are one chain of binary steps around one
-    /// register-resident compound op, in one pass (`chain.rs`) instead of
-    /// tiles (needs `pointwise`).
+    /// Pointwise rows that are one chain of binary steps around one wide
+    /// op, in one pass (`chain.rs`) instead of tiles or f32x4.
     pub chains: bool,
 }
 
@@ -429,8 +428,11 @@ impl Uses {
     /// compiled and 1.27x eager; on AVX-512, W3 layer_norm read in place
     /// 2.44 -> 1.76 ms. Pointwise on AVX-512 only: with compound ops in
     /// registers W1's gelu chain ran 2.39 -> 1.83 ms compiled on Zen 5 (on
-    /// AVX2 it had lost, 0.59x, before that). Welford rows through a tile
-    /// copy measured no faster than f32x4.
+    /// AVX2 it had lost, 0.59x, before that). Chains on both (`KILN_CHAIN=0`
+    /// turns them off): W1 compiled ~2.0 -> 1.33-1.63 ms on AVX-512 and
+    /// 4.6-6.5 -> 2.9-3.5 ms with the AVX2 helpers (`KILN_WIDE_ISA=avx2`,
+    /// Zen 4, a busy period). Welford rows through a tile copy measured no
+    /// faster than f32x4.
     pub fn from_env(isa: WideIsa) -> Uses {
         match std::env::var("KILN_WIDE").as_deref() {
             Ok("1") => Uses::all(true),
@@ -439,7 +441,7 @@ impl Uses {
                 pointwise: isa == WideIsa::Avx512,
                 rows: true,
                 expression_rows: false,
-                chains: isa == WideIsa::Avx512
+                chains: isa != WideIsa::Portable
                     && !std::env::var("KILN_CHAIN").is_ok_and(|v| v == "0"),
             },
         }
@@ -447,7 +449,7 @@ impl Uses {
 
     /// Whether any kernel calls a helper.
     pub fn any(self) -> bool {
-        self.pointwise || self.rows || self.expression_rows
+        self.pointwise || self.rows || self.expression_rows || self.chains
     }
 }
 
@@ -497,8 +499,11 @@ pub fn detect() -> Option<WideIsa> {
         if std::env::var("KILN_WIDE").is_ok_and(|v| v == "0") {
             return None;
         }
+        // `KILN_WIDE_ISA=avx2` takes AVX2 on an AVX-512 machine (to time it)
+        let avx2 = std::env::var("KILN_WIDE_ISA").is_ok_and(|v| v == "avx2");
         [WideIsa::Avx512, WideIsa::Avx2]
             .into_iter()
+            .filter(|&i| !(avx2 && i == WideIsa::Avx512))
             .find(|i| i.available())
     })
 }

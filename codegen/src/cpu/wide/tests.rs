@@ -235,17 +235,18 @@ fn the_whole_softmax_row_is_the_stored_exps_times_the_reciprocal() {
     }
 }
 
-/// The default uses: rows everywhere, pointwise only on AVX-512 (where it
-/// was measured to pay), expression rows never; `KILN_WIDE` overrides.
+/// The default uses: rows and chains everywhere, pointwise tiles only on
+/// AVX-512 (where each was measured to pay), expression rows never;
+/// `KILN_WIDE` and `KILN_CHAIN` override.
 #[test]
 fn default_uses_follow_the_measurements() {
-    if std::env::var("KILN_WIDE").is_ok() {
+    if std::env::var("KILN_WIDE").is_ok() || std::env::var("KILN_CHAIN").is_ok() {
         return; // the environment chose
     }
     let avx512 = Uses::from_env(WideIsa::Avx512);
-    assert!(avx512.pointwise && avx512.rows && !avx512.expression_rows);
+    assert!(avx512.pointwise && avx512.rows && !avx512.expression_rows && avx512.chains);
     let avx2 = Uses::from_env(WideIsa::Avx2);
-    assert!(!avx2.pointwise && avx2.rows && !avx2.expression_rows);
+    assert!(!avx2.pointwise && avx2.rows && !avx2.expression_rows && avx2.chains);
     assert_eq!(Uses::all(false), Uses::default());
     assert!(!Uses::default().any() && Uses::all(true).any());
 }
