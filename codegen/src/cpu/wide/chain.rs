@@ -112,12 +112,22 @@ unsafe fn run<L: Lanes>(r: &ChainRow, op: impl Fn(L::F) -> L::F) {
             Src::Row(r.srcs[s] as *const f32)
         }
     };
-    let steps: [Step<L::F>; MAX_STEPS] = std::array::from_fn(|j| Step {
-        op: r.steps[j] & 0xf,
-        flip: r.steps[j] & FLIP != 0,
-        src: src((r.steps[j] >> SRC_SHIFT) as usize % MAX_SRCS),
-    });
-    let (pre, post) = steps[..(r.npre + r.npost) as usize].split_at(r.npre as usize);
+    // only the steps the JIT code wrote are read
+    let n = ((r.npre + r.npost) as usize).min(MAX_STEPS);
+    let unused = Step {
+        op: ADD,
+        flip: false,
+        src: Src::Splat(L::splat(0.0)),
+    };
+    let mut steps = [unused; MAX_STEPS];
+    for (step, &w) in steps.iter_mut().zip(&r.steps[..n]) {
+        *step = Step {
+            op: w & 0xf,
+            flip: w & FLIP != 0,
+            src: src((w >> SRC_SHIFT) as usize % MAX_SRCS),
+        };
+    }
+    let (pre, post) = steps[..n].split_at((r.npre as usize).min(n));
     let first = src(r.first as usize);
     let (lo, hi) = (r.lo as usize, r.hi as usize);
     debug_assert_eq!((hi - lo) % (BLOCK * L::N), 0);
