@@ -5,9 +5,9 @@
 //! down, binary steps (`+ - * /`, each with one operand that is a leaf)
 //! to one op of [`wide::CHAIN_OPS`], whose argument is again
 //! steps down to a leaf. Leaves are contiguous or broadcast f32 operands,
-//! f32 scalar arguments and constants. Anything else (two compound ops,
+//! f32 scalar arguments and constants. Anything else (two wide ops,
 //! a select, a cast, a step between two computed values, too many steps)
-//! keeps the tiled row.
+//! keeps the tiled row (the f32x4 loop where tiles are off).
 
 use super::emit::{flags, Emitter};
 use super::jit::HostFn;
@@ -43,8 +43,8 @@ pub(crate) struct Chain {
     out: usize,
 }
 
-/// The chain of a row storing `stores` whose one compound value is
-/// `heavy`, or `None`.
+/// The chain of a row storing `stores` whose wide values are `heavy`
+/// (there must be one), or `None`.
 pub(crate) fn chain_of(
     k: &Kernel,
     stores: &[(usize, usize, usize)],
@@ -66,7 +66,7 @@ pub(crate) fn chain_of(
         steps: vec![],
         out,
     };
-    // down from the store to the compound op, then from its argument to a leaf
+    // down from the store to the wide op, then from its argument to a leaf
     let mut post = vec![];
     let mut v = root;
     while v != h {
@@ -303,7 +303,7 @@ mod tests {
 
         let not_chains: [(&str, Kernel); 5] = [
             (
-                "two compound ops",
+                "two wide ops",
                 kernel(|b| {
                     let x = b.load(1, f);
                     let g = b.unary(UnaryOp::Silu, x, f);

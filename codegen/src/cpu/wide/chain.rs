@@ -1,14 +1,15 @@
-//! A pointwise row that is one chain around one compound op, in one pass.
+//! A pointwise row that is one chain around one wide op, in one pass.
 //!
 //! `y = gelu(x*a + b) * 0.5 + x` is a start value (`x`), binary steps each
-//! taking one more operand (`* a`, `+ b`), a compound op held in registers
-//! (`gelu`; any op of [`CHAIN_OPS`]), and more steps (`* 0.5`, `+ x`). The tiled rows of `tiles.rs`
-//! run such a row as two f32x4 loops around the helper, each tile stored
-//! and read back; here the whole chain runs at the helper's width, a block
-//! of four vectors at a time from load to store, which is one pass over
-//! memory. The steps are the same IEEE adds, subtracts, multiplies and
-//! divides in the same order as the f32x4 code, and the compound op is
-//! `tile.rs`'s register form, so the bits are the Cranelift code's.
+//! taking one more operand (`* a`, `+ b`), an op held in registers (`gelu`,
+//! or any other of [`CHAIN_OPS`]), and more steps (`* 0.5`, `+ x`). The
+//! tiled rows of `tiles.rs` run such a row as two f32x4 loops around the
+//! helper, each tile stored and read back; here the whole chain runs at
+//! the helper's width, a block of four vectors at a time from load to
+//! store, which is one pass over memory. The steps are the same IEEE adds,
+//! subtracts, multiplies and divides in the same order as the f32x4 code,
+//! and the op is the tiles' register form, so the bits are the Cranelift
+//! code's. A launch larger than the last-level cache stores past it.
 //!
 //! ```text
 //! per 4 x 16 elements (AVX-512):  v = x[i..]; v = v*a[i..]; v = v+b[i..];
@@ -19,7 +20,7 @@ use super::lanes::Lanes;
 use super::{math, tile};
 use kiln_ir::UnaryOp;
 
-/// Most steps (before and after the compound op together) a chain has.
+/// Most steps (before and after the op together) a chain has.
 pub const MAX_STEPS: usize = 8;
 /// Most distinct sources (operand rows and splatted values) a chain reads.
 pub const MAX_SRCS: usize = 8;
@@ -49,7 +50,7 @@ pub struct ChainRow {
     pub launch: u64,
     /// Source of the start value.
     pub first: u32,
-    /// Index of the compound op in [`CHAIN_OPS`].
+    /// Index of the op in [`CHAIN_OPS`].
     pub op: u32,
     /// Steps before the op; the rest of `steps[..npre + npost]` come after.
     pub npre: u32,
@@ -77,7 +78,7 @@ struct Step<F> {
     src: Src<F>,
 }
 
-/// Vectors per block: enough independent chains to hide the compound op's
+/// Vectors per block: enough independent chains to hide the op's
 /// latency, few enough to stay in registers.
 const BLOCK: usize = 4;
 
