@@ -4,9 +4,10 @@
 //! before any kernel runs; it is its own test binary for that reason. The
 //! affine row pass (layer_norm's second pass) streams the same way.
 
-use kiln_codegen::cpu::{wide, wide::Uses, CpuJit};
-use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
-use kiln_ir::{BinaryOp, DType, UnaryOp};
+mod common;
+
+use common::{op, pointwise_kernel, BinaryOp, CpuJit, DType, Inner, KernelBuilder, UnaryOp};
+use kiln_codegen::cpu::{wide, wide::Uses};
 
 /// `n` f32 starting on a 64-byte line (streaming stores need it), with
 /// its backing buffer.
@@ -37,22 +38,8 @@ fn streamed_chain_rows_match_f32x4() {
     let m = b.binary(BinaryOp::Mul, x, a, DType::F32);
     let g = b.unary(UnaryOp::Sigmoid, m, DType::F32);
     let out = b.binary(BinaryOp::Sub, g, x, DType::F32);
-    let f32c = Operand {
-        dtype: DType::F32,
-        inner: Inner::Contiguous,
-    };
-    let k = Kernel {
-        name: "stream".into(),
-        rank: 2,
-        operands: vec![f32c; 3],
-        scalars: vec![],
-        body: b.instrs,
-        reduce: None,
-        epilogue: vec![],
-        out,
-        extra_out: vec![],
-        rows: None,
-    };
+    let f32c = op(DType::F32, Inner::Contiguous);
+    let k = pointwise_kernel("stream", 2, vec![f32c; 3], vec![], b.instrs, out);
     let compile = |uses: Uses| {
         let mut j = CpuJit::new().unwrap();
         j.set_wide_uses(uses);

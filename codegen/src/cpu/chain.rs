@@ -184,10 +184,7 @@ pub(crate) fn chain_call(em: &mut Emitter, row: &Row, c: &Chain, lo: Value, hi: 
     put(em, row.ptrs[c.out], offset_of!(R, out));
     put(em, lo, offset_of!(R, lo));
     put(em, hi, offset_of!(R, hi));
-    let mut launch = em.b.ins().iconst(types::I64, 1);
-    for &n in &row.fr.sizes {
-        launch = em.b.ins().imul(launch, n);
-    }
+    let launch = row.fr.launch_elements(em);
     put(em, launch, offset_of!(R, launch));
     let mut splats = 0u32;
     for (s, &l) in c.srcs.iter().enumerate() {

@@ -44,7 +44,7 @@ pub(crate) enum HostFn {
     /// (`wide::AffineRow`, `wide::WideIsa::affine_entry`).
     WideAffine,
     /// `(row pointer) -> ()`: a pointwise row that is one chain around a
-    /// compound op (`wide::ChainRow`, `wide::WideIsa::chain_entry`).
+    /// wide op (`wide::ChainRow`, `wide::WideIsa::chain_entry`).
     WideChain,
 }
 

@@ -29,6 +29,15 @@ pub(crate) struct Frame {
     pub end: Value,
 }
 
+impl Frame {
+    /// Elements of the whole launch (the product of its sizes): the wide
+    /// helpers stream their output past the caches when that is large.
+    pub(crate) fn launch_elements(&self, em: &mut Emitter) -> Value {
+        let one = em.b.ins().iconst(types::I64, 1);
+        self.sizes.iter().fold(one, |n, &s| em.b.ins().imul(n, s))
+    }
+}
+
 fn log2_size(dt: DType) -> i64 {
     dt.size().trailing_zeros() as i64
 }

@@ -60,10 +60,7 @@ pub(crate) fn row_pass(
     let hi = fr.sizes[k.rank - 1];
     if stored.is_none() {
         if let Some(a) = affine_pass(k, em, &plan, epi) {
-            let mut launch = em.b.ins().iconst(types::I64, 1);
-            for &n in &fr.sizes {
-                launch = em.b.ins().imul(launch, n);
-            }
+            let launch = fr.launch_elements(em);
             return affine_call(em, ptrs, &a, hi, launch);
         }
     }
