@@ -207,8 +207,12 @@ pub fn conv2d_call<T: Elem>(
     // more) hands its regions to the pool whole (see `par::pooled`); its
     // candidates are timed that way too, as the whole batch will run
     let pooled = out.len() * (weight.len() / g.c_out.max(1)) >= POOLED_MACS;
-    let chosen = select::choose(g, dtype, &mut |a| {
+    let chosen = select::choose(g, dtype, &mut |trial| {
         let (x, y) = (&input[..in_len], &mut out[..out_len]);
+        let Some(a) = trial else {
+            touch(x, weight, y);
+            return;
+        };
         let run = || run_algorithm(a, &sub, x, weight, bias, y, None, key);
         if let Err(e) = crate::par::pooled(pooled, run) {
             failed.get_or_insert(e);
@@ -231,6 +235,19 @@ pub fn conv2d_call<T: Elem>(
     })?;
     select::note_run(chosen.algo());
     Ok(chosen.algo())
+}
+
+/// The first touch of a conv's operands before its candidates are timed:
+/// the output's fresh pages faulted in, the input and weights read into
+/// cache (one element per line), so no candidate pays for them. An untimed
+/// run of the first candidate did the same at the cost of a whole conv
+/// (about 50 ms of ResNet-18's compile() with an empty cache).
+fn touch<T: Elem>(input: &[T], weight: &[T], out: &mut [T]) {
+    out.fill(T::zero());
+    let line = (64 / std::mem::size_of::<T>()).max(1);
+    for x in input.iter().chain(weight).step_by(line) {
+        std::hint::black_box(*x);
+    }
 }
 
 /// Runs `algo` (which must apply to `g`).

@@ -107,7 +107,7 @@ pub fn tangent_input(t: &Tensor, i: usize) {
         tr.bindings.push(Binding::Tangent(i));
         tr.values.insert(key(t), id);
         tr.graph_storages.insert(storage_of(t));
-        tr.keep.push(t.clone());
+        tr.hold(t);
     });
 }
 
@@ -155,7 +155,7 @@ pub fn random_input(spec: RandomSpec) -> Result<Tensor> {
         tr.bindings.push(Binding::Random(spec));
         tr.values.insert(key(&r), id);
         tr.graph_storages.insert(storage_of(&r));
-        tr.keep.push(r.clone());
+        tr.hold(&r);
     });
     Ok(r)
 }

@@ -157,6 +157,37 @@ fn every_algorithm_calls_the_epilogue_on_every_output_element_once() {
     }
 }
 
+/// Which candidates [`select::fastest`] ran, in order, and its pick, when
+/// the n-th run of each takes `secs[algo][n]`.
+fn ranked(secs: &[(ConvAlgo, &[f64])]) -> (Vec<ConvAlgo>, ConvAlgo) {
+    let cands: Vec<ConvAlgo> = secs.iter().map(|s| s.0).collect();
+    let mut ran = vec![];
+    let pick = select::fastest(&cands, |a| {
+        let runs = ran.iter().filter(|&&r| r == a).count();
+        ran.push(a);
+        secs.iter().find(|s| s.0 == a).unwrap().1[runs]
+    });
+    (ran, pick)
+}
+
+#[test]
+fn timing_reruns_only_close_candidates_and_keeps_each_ones_fastest_run() {
+    use ConvAlgo::{Direct, Im2colGemm, WinogradF2x2};
+    // im2col and direct within 1.5x of each other run again, Winograd at 3x does not;
+    // direct's second run (a burst of preemption undone) wins
+    let (ran, pick) = ranked(&[
+        (Im2colGemm, &[1.0, 0.95]),
+        (Direct, &[1.4, 0.9]),
+        (WinogradF2x2, &[3.0]),
+    ]);
+    assert_eq!(ran, [Im2colGemm, Direct, WinogradF2x2, Im2colGemm, Direct]);
+    assert_eq!(pick, Direct);
+    // a lone leader is not re-timed: nothing could overtake it
+    let (ran, pick) = ranked(&[(Im2colGemm, &[2.6]), (WinogradF2x2, &[1.5])]);
+    assert_eq!(ran, [Im2colGemm, WinogradF2x2]);
+    assert_eq!(pick, WinogradF2x2);
+}
+
 #[test]
 fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     let dir = std::env::temp_dir().join(format!("kiln-conv-select-test-{}", std::process::id()));

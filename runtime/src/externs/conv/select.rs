@@ -282,10 +282,10 @@ const TIMING_ROUNDS: usize = 2;
 /// ResNet-18's 3x3 convs) re-run cost compile() ~0.1 s.
 const RETIME_WITHIN: f64 = 1.5;
 
-/// The algorithm for this call of `g`: forced, remembered, timed now (each
-/// candidate run by `time_one` once per round for [`TIMING_ROUNDS`] rounds,
-/// its fastest run counts) or the heuristic.
-pub fn choose(g: &ConvGeometry, dtype: &str, time_one: &mut dyn FnMut(ConvAlgo)) -> Chosen {
+/// The algorithm for this call of `g`: forced, remembered, timed now or the
+/// heuristic. Timing calls `trial(None)` once, untimed, then
+/// `trial(Some(algo))` for each candidate as [`fastest`] says.
+pub fn choose(g: &ConvGeometry, dtype: &str, trial: &mut dyn FnMut(Option<ConvAlgo>)) -> Chosen {
     if let Some(a) = FORCED.with(|c| c.get()).filter(|a| a.applies(g)) {
         return Chosen::Forced(a);
     }
@@ -300,33 +300,45 @@ pub fn choose(g: &ConvGeometry, dtype: &str, time_one: &mut dyn FnMut(ConvAlgo))
     let best = if cands.len() == 1 {
         cands[0]
     } else {
-        // an untimed run first: whichever candidate ran first paid the
-        // page faults of a fresh output and the cold caches, and a 1x1
+        // the operands' first touch, untimed: whichever candidate ran first
+        // paid the page faults of a fresh output and the cold caches (a 1x1
         // conv's GEMM, timed first, lost to direct-packed that ran 1.4-2.9x
-        // slower on MobileNetV3-Large's expansions
-        time_one(cands[0]);
-        // rounds over all candidates, each candidate's fastest run counting:
-        // on a shared machine a burst of preemption can span two runs in a
-        // row, and a cache timed with each candidate's runs back to back
-        // held im2col for a depthwise conv it ran about 2x slower than
-        // depthwise-direct
-        let mut fastest = vec![f64::INFINITY; cands.len()];
-        for round in 0..TIMING_ROUNDS {
-            let cut = RETIME_WITHIN * fastest.iter().copied().fold(f64::INFINITY, f64::min);
-            for (t, &a) in fastest.iter_mut().zip(&cands) {
-                if round > 0 && *t > cut {
-                    continue;
-                }
-                let t0 = Instant::now();
-                time_one(a);
-                *t = t.min(t0.elapsed().as_secs_f64());
-            }
-        }
-        let fastest_at = (0..cands.len()).min_by(|&i, &j| fastest[i].total_cmp(&fastest[j]));
-        cands[fastest_at.unwrap_or(0)]
+        // slower on MobileNetV3-Large's expansions)
+        trial(None);
+        fastest(&cands, |a| {
+            let t0 = Instant::now();
+            trial(Some(a));
+            t0.elapsed().as_secs_f64()
+        })
     };
     remember(&k, best);
     Chosen::Timed(best)
+}
+
+/// The candidate with the fastest run, `time(a)` running `a` once and
+/// returning its seconds. Every candidate runs in the first round; each
+/// later round re-runs those within [`RETIME_WITHIN`] of the fastest so far,
+/// when there are two or more of them (a lone leader re-timed changes
+/// nothing). Rounds over all candidates, each candidate's fastest run
+/// counting: on a shared machine a burst of preemption can span two runs in
+/// a row, and a cache timed with each candidate's runs back to back held
+/// im2col for a depthwise conv it ran about 2x slower than depthwise-direct.
+pub fn fastest(cands: &[ConvAlgo], mut time: impl FnMut(ConvAlgo) -> f64) -> ConvAlgo {
+    let mut secs = vec![f64::INFINITY; cands.len()];
+    for round in 0..TIMING_ROUNDS {
+        let cut = RETIME_WITHIN * secs.iter().copied().fold(f64::INFINITY, f64::min);
+        let rerun: Vec<usize> = (0..cands.len())
+            .filter(|&i| round == 0 || secs[i] <= cut)
+            .collect();
+        if round > 0 && rerun.len() < 2 {
+            break;
+        }
+        for i in rerun {
+            secs[i] = secs[i].min(time(cands[i]));
+        }
+    }
+    let at = (0..cands.len()).min_by(|&i, &j| secs[i].total_cmp(&secs[j]));
+    cands[at.unwrap_or(0)]
 }
 
 /// Stores `algo` for `key` in memory and on disk (best effort).
