@@ -71,12 +71,15 @@ pub struct CompiledKernel {
 }
 
 impl CompiledKernel {
-    /// The raw function pointer (the [`KernelFn`] ABI).
+    /// The raw function pointer (the [`KernelFn`] ABI). A caller that hands
+    /// the output to another thread fences its streaming stores first
+    /// ([`wide::fence_streams`]), as [`CompiledKernel::call`] does.
     pub fn func(&self) -> KernelFn {
         self.func
     }
 
-    /// Runs the kernel over `start..end` of dim 0.
+    /// Runs the kernel over `start..end` of dim 0, then fences the
+    /// streaming stores it made ([`wide::fence_streams`]).
     ///
     /// # Safety
     /// `ptrs`, `strides` (`operands * rank` entries), `sizes` (`rank`) and `scalars`
@@ -97,7 +100,8 @@ impl CompiledKernel {
             scalars.as_ptr(),
             start,
             end,
-        )
+        );
+        wide::fence_streams();
     }
 }
 

@@ -52,14 +52,7 @@ impl Executable {
         end: usize,
     ) {
         match self {
-            Executable::Native(f, _) => (f.func())(
-                ptrs.as_ptr(),
-                strides.as_ptr(),
-                sizes.as_ptr(),
-                scalars.as_ptr(),
-                start,
-                end,
-            ),
+            Executable::Native(f, _) => f.call(ptrs, strides, sizes, scalars, start, end),
             Executable::Interpreted(k) => {
                 kiln_codegen::interp::run_kernel(k, ptrs, strides, sizes, scalars, start, end)
             }

@@ -60,7 +60,4 @@ unsafe fn span<L: Lanes>(r: &AffineRow, lo: usize, hi: usize) {
         }
         i += L::N;
     }
-    if nt {
-        L::fence_nt();
-    }
 }

@@ -43,10 +43,6 @@ impl Lanes for Avx512 {
         _mm512_stream_ps(p, v)
     }
     #[inline(always)]
-    fn fence_nt() {
-        unsafe { _mm_sfence() }
-    }
-    #[inline(always)]
     fn splat(x: f32) -> __m512 {
         unsafe { _mm512_set1_ps(x) }
     }

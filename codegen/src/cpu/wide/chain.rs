@@ -158,9 +158,6 @@ unsafe fn run<L: Lanes>(r: &ChainRow, op: impl Fn(L::F) -> L::F) {
         }
         i += BLOCK * L::N;
     }
-    if nt {
-        L::fence_nt();
-    }
 }
 
 #[inline(always)]

@@ -21,15 +21,15 @@ pub(crate) trait Lanes {
     /// # Safety
     /// `p` is valid for `N` f32 writes.
     unsafe fn store(p: *mut f32, v: Self::F);
-    /// A store that bypasses the caches (`p` aligned to the vector).
+    /// A store that bypasses the caches (`p` aligned to the vector). Other
+    /// threads are sure to see it only after [`super::fence_streams`], which
+    /// [`crate::CompiledKernel::call`] issues when the kernel returns.
     ///
     /// # Safety
     /// As [`Lanes::store`].
     unsafe fn store_nt(p: *mut f32, v: Self::F) {
         Self::store(p, v)
     }
-    /// Orders earlier [`Lanes::store_nt`]s before later stores.
-    fn fence_nt() {}
     fn splat(x: f32) -> Self::F;
     /// Every lane has the bits `x`.
     fn splat_bits(x: u32) -> Self::F {
