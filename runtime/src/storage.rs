@@ -87,6 +87,18 @@ fn pool_words(words: usize) -> usize {
     }
 }
 
+/// `words` zeroed: a cached buffer cleared, or fresh zero pages from calloc
+/// (which the OS hands out without touching them).
+fn zeroed_words(words: usize) -> Result<Vec<u128>> {
+    Ok(match take_cached(words) {
+        Some(mut v) => {
+            v.fill(0);
+            v
+        }
+        None => crate::scratch::try_zeroed("alloc", words)?,
+    })
+}
+
 fn take_cached(words: usize) -> Option<Vec<u128>> {
     if words < POOL_MIN_WORDS {
         return None;
@@ -130,6 +142,8 @@ pub struct Storage {
     data: UnsafeCell<Vec<u128>>,
     cuda: Option<(u8, Buffer)>,
     pinned: Option<Arc<HostMemory>>,
+    /// Set for [`Storage::deferred`]: `data` is allocated on first access.
+    deferred: Option<std::sync::Once>,
 }
 
 // Safety: kernels write disjoint regions; aliasing rules are the frontend's
@@ -160,15 +174,31 @@ impl Storage {
     /// ```
     pub fn try_zeros(dtype: DType, len: usize) -> Result<Storage> {
         let words = host_words(dtype, len)?;
-        let data = match take_cached(words) {
-            Some(mut v) => {
-                v.fill(0);
-                v
-            }
-            // calloc: the OS hands out zero pages without touching them
-            None => crate::scratch::try_zeroed("alloc", words)?,
-        };
-        Ok(Storage::with_data(dtype, len, data))
+        Ok(Storage::with_data(dtype, len, zeroed_words(words)?))
+    }
+
+    /// Zero-filled storage whose buffer is allocated on first access
+    /// ([`Storage::ptr`]): a stand-in with a tensor's size that is most
+    /// likely never read, such as the results `compile_fn`'s replay script
+    /// hands back instead of computing. Until then it holds no memory and
+    /// the memory statistics do not count it.
+    ///
+    /// ```
+    /// use kiln_runtime::Storage;
+    /// let s = Storage::deferred(kiln_ir::DType::F32, 1 << 20).unwrap();
+    /// assert_eq!(unsafe { s.as_slice::<f32>() }[12345], 0.0);
+    /// ```
+    pub fn deferred(dtype: DType, len: usize) -> Result<Storage> {
+        host_words(dtype, len)?;
+        Ok(Storage {
+            id: next_id(),
+            dtype,
+            len,
+            data: UnsafeCell::new(vec![]),
+            cuda: None,
+            pinned: None,
+            deferred: Some(std::sync::Once::new()),
+        })
     }
 
     /// Storage whose contents are unspecified (a recycled buffer, or zeros):
@@ -188,6 +218,17 @@ impl Storage {
         Ok(Storage::with_data(dtype, len, data))
     }
 
+    /// A deferred storage's first access: its zeroed buffer. Panics when
+    /// memory has run out (the access has no error path: [`Storage::ptr`]).
+    fn materialize(&self) {
+        let words = host_words(self.dtype, self.len).expect("checked by Storage::deferred");
+        let data = zeroed_words(words).unwrap_or_else(|e| panic!("{e}"));
+        counters(Device::Cpu).on_alloc(self.nbytes(), block_bytes(data.len()));
+        // SAFETY: inside the storage's `Once`: no other access to `data` runs
+        // until it completes
+        unsafe { *self.data.get() = data };
+    }
+
     fn with_data(dtype: DType, len: usize, data: Vec<u128>) -> Storage {
         counters(Device::Cpu).on_alloc(len * dtype.size(), block_bytes(data.len()));
         Storage {
@@ -197,6 +238,7 @@ impl Storage {
             data: UnsafeCell::new(data),
             cuda: None,
             pinned: None,
+            deferred: None,
         }
     }
 
@@ -220,6 +262,7 @@ impl Storage {
                     data: UnsafeCell::new(vec![]),
                     cuda: Some((n, buf)),
                     pinned: None,
+                    deferred: None,
                 })
             }
         }
@@ -321,6 +364,7 @@ impl Storage {
             data: UnsafeCell::new(vec![]),
             cuda: None,
             pinned: Some(Arc::new(m)),
+            deferred: None,
         })
     }
 
@@ -419,6 +463,9 @@ impl Storage {
         if let Some(m) = &self.pinned {
             return m.host_ptr();
         }
+        if let Some(once) = &self.deferred {
+            once.call_once(|| self.materialize());
+        }
         // Safety: only the pointer is taken; no reference to the Vec escapes.
         let base = unsafe { (*self.data.get()).as_mut_ptr() as *mut u8 };
         // still inside the buffer: the Vec is 16-byte aligned with SLACK_WORDS spare words
@@ -464,6 +511,10 @@ impl Drop for Storage {
             counters(Device::Cpu).on_free(self.nbytes(), m.len());
             return;
         }
+        if self.data.get_mut().is_empty() {
+            // a deferred storage never accessed
+            return;
+        }
         let buffer_bytes = block_bytes(self.data.get_mut().len());
         counters(Device::Cpu).on_free(self.nbytes(), buffer_bytes);
         give_back(std::mem::take(self.data.get_mut()));
@@ -497,6 +548,24 @@ mod tests {
         let b = Storage::zeros(DType::F32, n);
         assert_eq!(b.ptr(), ptr, "the cached buffer is handed out again");
         assert!(unsafe { b.as_slice::<f32>() }.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn a_deferred_storage_allocates_on_first_access() {
+        let s = Storage::deferred(DType::F32, 5000).unwrap();
+        assert!(
+            unsafe { (*s.data.get()).is_empty() },
+            "nothing allocated yet"
+        );
+        let p = s.ptr();
+        assert_eq!(p as usize % LINE, 0);
+        assert!(unsafe { s.as_slice::<f32>() }.iter().all(|&x| x == 0.0));
+        unsafe { *(p as *mut f32).add(4999) = 2.5 };
+        assert_eq!(s.ptr(), p, "allocated once");
+        assert_eq!(unsafe { s.as_slice::<f32>() }[4999], 2.5);
+        // never accessed: dropped without touching the statistics' blocks
+        drop(Storage::deferred(DType::F32, 1 << 20).unwrap());
+        assert!(Storage::deferred(DType::F32, 1 << 61).is_err());
     }
 
     #[test]

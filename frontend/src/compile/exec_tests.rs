@@ -55,7 +55,17 @@ fn w1_chain_is_one_kernel_and_matches_eager() {
 
 /// Runs `conv2d(x) + r` then relu (the residual `r` in any layout), tiling
 /// the epilogue for outputs of at least `min_tiled_sample` elements per sample.
+/// The conv is im2col's, one sample at a time: which algorithm a compiled
+/// conv times fastest (microseconds apart here) decides how its epilogue is
+/// tiled, and the tests below count those launches.
 fn conv_residual_relu(r: Tensor, min_tiled_sample: usize) -> (Tensor, Tensor, Vec<String>) {
+    use kiln_runtime::externs::conv::select::{with_algorithm, ConvAlgo};
+    with_algorithm(ConvAlgo::Im2colGemm, || {
+        conv_residual_relu_any(r, min_tiled_sample)
+    })
+}
+
+fn conv_residual_relu_any(r: Tensor, min_tiled_sample: usize) -> (Tensor, Tensor, Vec<String>) {
     let g = Graph::parse(
         "graph c(%0 x: f32[2,3,8,8], %1 w: f32[4,3,3,3], %2 b: f32[4], %3 r: f32[2,4,6,6]) {
   %4 = conv2d(%0, %1, %2) {dilation=[1], groups=1, padding=[0], stride=[1]} : f32[2,4,6,6]
