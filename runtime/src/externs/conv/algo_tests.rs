@@ -173,14 +173,15 @@ fn ranked(secs: &[(ConvAlgo, &[f64])]) -> (Vec<ConvAlgo>, ConvAlgo) {
 #[test]
 fn timing_reruns_only_close_candidates_and_keeps_each_ones_fastest_run() {
     use ConvAlgo::{Direct, Im2colGemm, WinogradF2x2};
-    // im2col and direct within 1.5x of each other run again, Winograd at 3x does not;
-    // direct's second run (a burst of preemption undone) wins
+    // im2col and direct within 1.5x of each other run again (the leader,
+    // im2col, last), Winograd at 3x does not; direct's second run (a burst of
+    // preemption undone) wins
     let (ran, pick) = ranked(&[
         (Im2colGemm, &[1.0, 0.95]),
         (Direct, &[1.4, 0.9]),
         (WinogradF2x2, &[3.0]),
     ]);
-    assert_eq!(ran, [Im2colGemm, Direct, WinogradF2x2, Im2colGemm, Direct]);
+    assert_eq!(ran, [Im2colGemm, Direct, WinogradF2x2, Direct, Im2colGemm]);
     assert_eq!(pick, Direct);
     // a lone leader is not re-timed: nothing could overtake it
     let (ran, pick) = ranked(&[(Im2colGemm, &[2.6]), (WinogradF2x2, &[1.5])]);
@@ -213,6 +214,29 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     };
     assert!(!select::benchmark_enabled(), "the scope ended");
     assert_eq!(select::describe(&g, "f32"), select::Chosen::Timed(timed));
+    // the timed call's output is the conv's, whether the chosen algorithm
+    // ran once more or its last timed run (the whole batch here) stood
+    let mut want = vec![0.0f32; out.len()];
+    select::with_algorithm(ConvAlgo::Im2colGemm, || {
+        conv2d_call(&g, &x, &w, None, &mut want, ConvCall::default()).unwrap()
+    });
+    assert_close(&out, &want, 1e-5, "the timed call");
+    // timed on two of three samples: the chosen algorithm runs on the batch
+    let g3 = geometry(&[3, 2, 48, 48], &[4, 2, 3, 3], (1, vec![0], 1, 1));
+    let x3: Vec<f32> = r.vec(3 * 2 * 48 * 48);
+    let w3: Vec<f32> = r.vec(4 * 2 * 9);
+    let (mut got3, mut want3) = (
+        vec![f32::NAN; 3 * 4 * 46 * 46],
+        vec![0.0f32; 3 * 4 * 46 * 46],
+    );
+    {
+        let _scope = select::compiled_scope();
+        conv2d_call(&g3, &x3, &w3, None, &mut got3, ConvCall::default()).unwrap();
+    }
+    select::with_algorithm(ConvAlgo::Im2colGemm, || {
+        conv2d_call(&g3, &x3, &w3, None, &mut want3, ConvCall::default()).unwrap()
+    });
+    assert_close(&got3, &want3, 1e-5, "a conv timed on a sub-batch");
     // the file holds it; a fresh process (memory forgotten) reads it back
     let path = disk::path().unwrap();
     let text = std::fs::read_to_string(&path).unwrap();

@@ -325,20 +325,24 @@ pub fn choose(g: &ConvGeometry, dtype: &str, trial: &mut dyn FnMut(Option<ConvAl
 /// im2col for a depthwise conv it ran about 2x slower than depthwise-direct.
 pub fn fastest(cands: &[ConvAlgo], mut time: impl FnMut(ConvAlgo) -> f64) -> ConvAlgo {
     let mut secs = vec![f64::INFINITY; cands.len()];
+    let leader = |secs: &[f64]| (0..cands.len()).min_by(|&i, &j| secs[i].total_cmp(&secs[j]));
     for round in 0..TIMING_ROUNDS {
         let cut = RETIME_WITHIN * secs.iter().copied().fold(f64::INFINITY, f64::min);
-        let rerun: Vec<usize> = (0..cands.len())
+        let mut rerun: Vec<usize> = (0..cands.len())
             .filter(|&i| round == 0 || secs[i] <= cut)
             .collect();
         if round > 0 && rerun.len() < 2 {
             break;
         }
+        // the leader last: when it stays ahead, its run is the one that
+        // left the output behind (see `conv2d_call`)
+        let ahead = leader(&secs);
+        rerun.sort_by_key(|&i| round > 0 && Some(i) == ahead);
         for i in rerun {
             secs[i] = secs[i].min(time(cands[i]));
         }
     }
-    let at = (0..cands.len()).min_by(|&i, &j| secs[i].total_cmp(&secs[j]));
-    cands[at.unwrap_or(0)]
+    cands[leader(&secs).unwrap_or(0)]
 }
 
 /// Stores `algo` for `key` in memory and on disk (best effort).
