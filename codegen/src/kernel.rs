@@ -223,6 +223,40 @@ pub type KernelFn = unsafe extern "C" fn(
 );
 
 impl Kernel {
+    /// A pointwise kernel (output operand 0, no reduction, epilogue or row
+    /// pass) storing body value `out`.
+    ///
+    /// ```
+    /// use kiln_codegen::{Inner, Kernel, KernelBuilder, Operand};
+    /// use kiln_ir::DType;
+    /// let mut b = KernelBuilder::default();
+    /// let x = b.load(1, DType::F32);
+    /// let op = |inner| Operand { dtype: DType::F32, inner };
+    /// let k = Kernel::pointwise("copy", 1, vec![op(Inner::Contiguous); 2], vec![], b.instrs, x);
+    /// assert!(k.reduce.is_none());
+    /// ```
+    pub fn pointwise(
+        name: &str,
+        rank: usize,
+        operands: Vec<Operand>,
+        scalars: Vec<DType>,
+        body: Vec<(Instr, DType)>,
+        out: ValueId,
+    ) -> Kernel {
+        Kernel {
+            name: name.into(),
+            rank,
+            operands,
+            scalars,
+            body,
+            reduce: None,
+            epilogue: vec![],
+            out,
+            extra_out: vec![],
+            rows: None,
+        }
+    }
+
     /// dtype of value `v` (body or epilogue).
     pub fn dtype_of(&self, v: ValueId) -> DType {
         self.instr(v).1

@@ -265,14 +265,17 @@ mod tests {
         assert_eq!(m.buffer_of[1], m.buffer_of[5]);
     }
 
-    #[test]
-    fn buffers_are_shared_only_within_a_class_and_by_disjoint_lifetimes() {
-        let v = |bytes, class, def, last| Interval {
+    fn v(bytes: usize, class: usize, def: usize, last: usize) -> Interval {
+        Interval {
             bytes,
             class,
             def,
             last,
-        };
+        }
+    }
+
+    #[test]
+    fn buffers_are_shared_only_within_a_class_and_by_disjoint_lifetimes() {
         // a dies before c: c (same class, fits) takes a's buffer; b (other
         // class) and d (overlapping c) get their own
         let p = assign_buffers(&[
@@ -291,12 +294,6 @@ mod tests {
 
     #[test]
     fn a_free_buffer_too_small_grows_instead_of_a_new_one() {
-        let v = |bytes, class, def, last| Interval {
-            bytes,
-            class,
-            def,
-            last,
-        };
         // a (64) and b (96) die before c (256): c grows the larger, b's,
         // rather than adding 256 bytes; d (other class) gets its own
         let p = assign_buffers(&[

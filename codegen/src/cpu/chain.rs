@@ -236,23 +236,13 @@ mod tests {
             dtype: DType::F32,
             inner,
         };
-        Kernel {
-            name: "chain".into(),
-            rank: 1,
-            operands: vec![
-                op(Inner::Contiguous),
-                op(Inner::Contiguous),
-                op(Inner::Broadcast),
-                op(Inner::Strided),
-            ],
-            scalars: vec![DType::F32],
-            body: b.instrs,
-            reduce: None,
-            epilogue: vec![],
-            out,
-            extra_out: vec![],
-            rows: None,
-        }
+        let operands = vec![
+            op(Inner::Contiguous),
+            op(Inner::Contiguous),
+            op(Inner::Broadcast),
+            op(Inner::Strided),
+        ];
+        Kernel::pointwise("chain", 1, operands, vec![DType::F32], b.instrs, out)
     }
 
     fn chain(k: &Kernel) -> Option<Chain> {

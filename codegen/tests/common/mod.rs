@@ -235,18 +235,7 @@ pub fn pointwise_kernel(
     body: Vec<(Instr, DType)>,
     out: usize,
 ) -> Kernel {
-    Kernel {
-        name: name.into(),
-        rank,
-        operands,
-        scalars,
-        body,
-        reduce: None,
-        epilogue: vec![],
-        out,
-        extra_out: vec![],
-        rows: None,
-    }
+    Kernel::pointwise(name, rank, operands, scalars, body, out)
 }
 
 pub fn op(dtype: DType, inner: Inner) -> Operand {
