@@ -19,12 +19,14 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if let Some((a, b)) = amp::cast_for(Policy::Lower, (a, b))? {
         return matmul(&a, &b);
     }
-    trace::record(|| Op::Matmul, &[a, b], || matmul_eager(a, b, b))
+    trace::record(|| Op::Matmul, &[a, b], || matmul_eager(a, b, b, None))
 }
 
 /// `a @ b` where `b` views the tensor `owner` (a Linear's `weight.t()`):
-/// `owner` says whether `b`'s row-major copy may be kept per version.
-fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor) -> Result<Tensor> {
+/// `owner` says whether `b`'s row-major copy may be kept per version. With
+/// `bias` (`n` elements of `b`'s dtype, CPU only, no gradient: see
+/// [`linear`]), every output row starts from it.
+fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let _p = op_scope("matmul", &[a, b]);
     trace::check_launch("matmul", &[a, b])?;
     let dt = float_dtype("matmul", &[a, b])?;
@@ -71,7 +73,12 @@ fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor) -> Result<Tensor> {
         (acs, brs, bcs),
         bo.len(),
     );
-    let out = extern_out("matmul", &[&a2, &b2], &full, dt, |out| unsafe {
+    let bias = bias
+        .map(|b| b.detach().to_dtype(dt.compute())?.contiguous())
+        .transpose()?;
+    // every element is written (the bias, or the product alone): no zeroing
+    let out = Tensor::empty_for("matmul", &full, dt.compute(), kiln_runtime::Device::Cpu)?;
+    let out = extern_fill("matmul", &[&a2, &b2], out, dt, |out| unsafe {
         match &copy {
             Some(c) => externs::gemm::batched_matmul_offsets::<f32>(
                 m,
@@ -86,14 +93,18 @@ fn matmul_eager(a: &Tensor, b: &Tensor, owner: &Tensor) -> Result<Tensor> {
                 plan.n as isize,
                 1,
                 out.storage.as_mut_slice::<f32>(),
+                bias.as_ref()
+                    .map(|b| &b.storage.as_slice::<f32>()[b.offset()..][..plan.n]),
             ),
             None => dispatch_float!(dt, T => externs::gemm::batched_matmul_offsets::<T>(
                 m, plan.k, plan.n,
                 ae.storage.as_slice::<T>(), &ao, ars, acs,
                 be.storage.as_slice::<T>(), &bo, brs, bcs,
                 out.storage.as_mut_slice::<T>(),
+                bias.as_ref().map(|b| &b.storage.as_slice::<T>()[b.offset()..][..plan.n]),
             )),
         }
+        Ok(())
     })?;
     rules::matmul(a0, b0, out.reshape_dims(&plan.out)?)
 }
@@ -206,10 +217,25 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
                 }
             }
             let wt = weight.t()?;
-            let y = trace::record(|| Op::Matmul, &[x, &wt], || matmul_eager(x, &wt, weight))?;
+            // without a gradient the GEMM starts from the bias (PyTorch's
+            // addmm): no second output beside the product, no second pass
+            let into_gemm = bias.filter(|b| {
+                inline.is_none()
+                    && !crate::autograd::needs_grad(&ins(&[Some(x), Some(weight), bias]))
+                    && !x.device().is_cuda()
+                    && weight.dims().len() == 2
+                    && b.dims() == &weight.dims()[..1]
+                    && b.dtype() == x.dtype()
+                    && b.dtype() == weight.dtype()
+            });
+            let y = trace::record(
+                || Op::Matmul,
+                &[x, &wt],
+                || matmul_eager(x, &wt, weight, into_gemm),
+            )?;
             let y = match bias {
-                Some(b) => y.add(b)?,
-                None => y,
+                Some(b) if into_gemm.is_none() => y.add(b)?,
+                _ => y,
             };
             y.reshape_dims(&shape)
         },

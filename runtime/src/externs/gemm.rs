@@ -295,8 +295,14 @@ pub fn batch_offsets(batch: &[usize], strides: &[usize]) -> Vec<usize> {
 }
 
 /// Batched matmul where item `i` multiplies the views at `a_offsets[i]` and
-/// `b_offsets[i]` into `out[i*m*n..][..m*n]` (contiguous `[batch, m, n]`).
-/// Handles any broadcast pattern of batch dims (see [`batch_offsets`]).
+/// `b_offsets[i]` into `out[i*m*n..][..m*n]` (contiguous `[batch, m, n]`),
+/// plus `bias` (`n` elements) on every row when given. Handles any
+/// broadcast pattern of batch dims (see [`batch_offsets`]). `out` is only
+/// written, never read: it may hold anything on entry.
+///
+/// The bias is stored first and the products accumulate onto it, as
+/// PyTorch's `addmm` does for a Linear: no second pass over the output,
+/// and no second output alive beside it.
 #[allow(clippy::too_many_arguments)]
 pub fn batched_matmul_offsets<T: Elem>(
     m: usize,
@@ -311,6 +317,7 @@ pub fn batched_matmul_offsets<T: Elem>(
     b_rs: isize,
     b_cs: isize,
     out: &mut [T],
+    bias: Option<&[T]>,
 ) {
     let batch = a_offsets.len();
     assert_eq!(
@@ -337,6 +344,16 @@ pub fn batched_matmul_offsets<T: Elem>(
     if m * n == 0 {
         return;
     }
+    if let Some(bias) = bias {
+        assert_eq!(
+            bias.len(),
+            n,
+            "batched_matmul: bias has {} elements, expected {n}",
+            bias.len()
+        );
+        fill_rows(out, bias);
+    }
+    let accumulate = bias.is_some();
     let work = m * n * k.max(1);
     let dst = SendPtr(out.as_mut_ptr());
     let run = |i: usize, par: Parallelism| {
@@ -355,7 +372,7 @@ pub fn batched_matmul_offsets<T: Elem>(
                 dst.get().add(i * m * n),
                 n as isize,
                 1,
-                false,
+                accumulate,
                 par,
             )
         }
@@ -374,6 +391,30 @@ pub fn batched_matmul_offsets<T: Elem>(
     } else {
         crate::par::for_each_chunk(batch, || (), |_, i| run(i, Parallelism::None));
     }
+}
+
+/// Copies `row` over every row of `out` (its length a multiple of the
+/// row's), on the pool when there is enough of it.
+fn fill_rows<T: Elem>(out: &mut [T], row: &[T]) {
+    let rows = out.len() / row.len();
+    let dst = SendPtr(out.as_mut_ptr());
+    let fill = |r: std::ops::Range<usize>| {
+        for i in r {
+            // SAFETY: row `i` of `out`; each chunk fills only its own rows
+            let d =
+                unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * row.len()), row.len()) };
+            d.copy_from_slice(row);
+        }
+    };
+    if threads() == 1 || out.len() < PAR_MIN_WORK {
+        return fill(0..rows);
+    }
+    let chunks = crate::par::chunks(rows);
+    crate::par::for_each_chunk(
+        chunks,
+        || (),
+        |_, c| fill(crate::par::range(rows, chunks, c)),
+    );
 }
 
 /// Batched matmul with one batch stride per operand (0 broadcasts an operand):
@@ -397,7 +438,7 @@ pub fn batched_matmul<T: Elem>(
 ) {
     let ao: Vec<usize> = (0..batch).map(|i| i * a_bs).collect();
     let bo: Vec<usize> = (0..batch).map(|i| i * b_bs).collect();
-    batched_matmul_offsets(m, k, n, a, &ao, a_rs, a_cs, b, &bo, b_rs, b_cs, out);
+    batched_matmul_offsets(m, k, n, a, &ao, a_rs, a_cs, b, &bo, b_rs, b_cs, out, None);
 }
 
 /// `F.linear`: `out[M,N] = input[M,K] @ weight[N,K]^T (+ bias[N])`, all

@@ -91,7 +91,7 @@ fn batched_with_broadcast_and_big_threaded() {
     assert_eq!(ao, vec![0, 0, 0, 24, 24, 24]);
     let mut got = vec![0.0; 6 * m * n];
     batched_matmul_offsets(
-        m, k, n, &a, &ao, k as isize, 1, &b, &bo, n as isize, 1, &mut got,
+        m, k, n, &a, &ao, k as isize, 1, &b, &bo, n as isize, 1, &mut got, None,
     );
     for i in 0..6 {
         let want = naive(m, k, n, &a[ao[i]..], k, 1, &b[bo[i]..], n, 1);
@@ -277,6 +277,62 @@ fn column_blocks_match_naive_and_stay_in_their_columns() {
                     "row {i} padding"
                 );
             }
+        }
+    }
+}
+
+/// With a bias, every row starts from it and the product accumulates onto
+/// it; what `out` held before (NaN here) is never read. Covers the crate's
+/// GEMM, the skinny dot products (few rows, `b` read by columns), the
+/// column split (few rows, many columns, threaded), batches on the pool,
+/// and `k = 0` (the bias alone).
+#[test]
+fn batched_bias_starts_every_row() {
+    let mut r = Lcg(5);
+    for &(batch, m, k, n, b_by_columns) in &[
+        (1, 64, 70, 65, false),
+        (1, 2, 300, 33, true),
+        (1, 100, 96, 512, false),
+        (16, 40, 50, 30, false),
+        (2, 3, 0, 5, false),
+    ] {
+        let a: Vec<f32> = r.vec(batch * m * k);
+        let b: Vec<f32> = r.vec(k * n);
+        let bias: Vec<f32> = r.vec(n);
+        let ao: Vec<usize> = (0..batch).map(|i| i * m * k).collect();
+        // b stored [n, k] and read transposed, or stored [k, n]
+        let (bs, brs, bcs) = match b_by_columns {
+            true => ((0..n * k).map(|x| b[(x % k) * n + x / k]).collect(), 1, k),
+            false => (b.clone(), n, 1),
+        };
+        let mut got = vec![f32::NAN; batch * m * n];
+        batched_matmul_offsets(
+            m,
+            k,
+            n,
+            &a,
+            &ao,
+            k as isize,
+            1,
+            &bs,
+            &vec![0; batch],
+            brs as isize,
+            bcs as isize,
+            &mut got,
+            Some(&bias),
+        );
+        let (a64, b64): (Vec<f64>, Vec<f64>) = (
+            a.iter().map(|&x| x as f64).collect(),
+            b.iter().map(|&x| x as f64).collect(),
+        );
+        for i in 0..batch {
+            let want: Vec<f32> = naive(m, k, n, &a64[i * m * k..], k, 1, &b64, n, 1)
+                .iter()
+                .enumerate()
+                .map(|(e, v)| (v + bias[e % n] as f64) as f32)
+                .collect();
+            let what = format!("bias, {batch}x[{m},{k}]x[{k},{n}]");
+            assert_close(&got[i * m * n..(i + 1) * m * n], &want, 1e-4, &what);
         }
     }
 }
