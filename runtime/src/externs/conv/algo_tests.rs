@@ -183,10 +183,19 @@ fn timing_reruns_only_close_candidates_and_keeps_each_ones_fastest_run() {
     ]);
     assert_eq!(ran, [Im2colGemm, Direct, WinogradF2x2, Direct, Im2colGemm]);
     assert_eq!(pick, Direct);
-    // a lone leader is not re-timed: nothing could overtake it
-    let (ran, pick) = ranked(&[(Im2colGemm, &[2.6]), (WinogradF2x2, &[1.5])]);
-    assert_eq!(ran, [Im2colGemm, WinogradF2x2]);
+    // a lone leader is not re-timed: nothing could overtake it; the first
+    // candidate, which ran cold, runs once more, and wins when its first run
+    // was the cold start's
+    let (ran, pick) = ranked(&[(Im2colGemm, &[2.6, 2.4]), (WinogradF2x2, &[1.5])]);
+    assert_eq!(ran, [Im2colGemm, WinogradF2x2, Im2colGemm]);
     assert_eq!(pick, WinogradF2x2);
+    let (ran, pick) = ranked(&[(Im2colGemm, &[2.6, 1.2]), (WinogradF2x2, &[1.5])]);
+    assert_eq!(ran, [Im2colGemm, WinogradF2x2, Im2colGemm]);
+    assert_eq!(pick, Im2colGemm);
+    // a first candidate that leads runs again only beside close ones
+    let (ran, pick) = ranked(&[(Im2colGemm, &[1.0]), (WinogradF2x2, &[2.0])]);
+    assert_eq!(ran, [Im2colGemm, WinogradF2x2]);
+    assert_eq!(pick, Im2colGemm);
 }
 
 #[test]
@@ -246,7 +255,7 @@ fn the_algorithm_cache_round_trips_through_memory_and_disk() {
     // an older kiln's file is not used: its rankings are stale
     std::fs::write(
         &path,
-        format!("kiln conv algorithms v7\n{key}\tdirect-packed\n"),
+        format!("kiln conv algorithms v8\n{key}\tdirect-packed\n"),
     )
     .unwrap();
     select::forget_in_memory();

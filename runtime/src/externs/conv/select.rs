@@ -319,7 +319,8 @@ pub fn choose(g: &ConvGeometry, dtype: &str, trial: &mut dyn FnMut(Option<ConvAl
 /// returning its seconds. Every candidate runs in the first round; each
 /// later round re-runs those within [`RETIME_WITHIN`] of the fastest so far,
 /// when there are two or more of them (a lone leader re-timed changes
-/// nothing). Rounds over all candidates, each candidate's fastest run
+/// nothing), and the first candidate when it is not the leader (it ran
+/// cold). Rounds over all candidates, each candidate's fastest run
 /// counting: on a shared machine a burst of preemption can span two runs in
 /// a row, and a cache timed with each candidate's runs back to back held
 /// im2col for a depthwise conv it ran about 2x slower than depthwise-direct.
@@ -331,12 +332,22 @@ pub fn fastest(cands: &[ConvAlgo], mut time: impl FnMut(ConvAlgo) -> f64) -> Con
         let mut rerun: Vec<usize> = (0..cands.len())
             .filter(|&i| round == 0 || secs[i] <= cut)
             .collect();
+        let ahead = leader(&secs);
         if round > 0 && rerun.len() < 2 {
+            rerun.clear();
+        }
+        // the first candidate ran first: besides the operands' first touch it
+        // paid its own code's (the GEMM's packing buffers on every thread), so
+        // when it lost the first round it runs once more (a 1x1 conv's GEMM
+        // lost half of its fresh-process timings to direct-packed, 2x slower)
+        if round == 1 && ahead != Some(0) && !rerun.contains(&0) {
+            rerun.push(0);
+        }
+        if rerun.is_empty() {
             break;
         }
         // the leader last: when it stays ahead, its run is the one that
         // left the output behind (see `conv2d_call`)
-        let ahead = leader(&secs);
         rerun.sort_by_key(|&i| round > 0 && Some(i) == ahead);
         for i in rerun {
             secs[i] = secs[i].min(time(cands[i]));
@@ -394,8 +405,11 @@ pub mod disk {
     /// with the fresh output's page faults and kept direct-packed for 1x1
     /// convs 1.4-2.9x slower than their GEMM), and depthwise-channels got
     /// register blocks, so v7's choices go.
-    pub const HEADER: &str = "kiln conv algorithms v8";
-    const OLDER: [&str; 7] = [
+    /// v9: the first candidate runs again when it lost the first round (v8
+    /// kept direct-packed for a 1x1 conv timed first in a process, 2x
+    /// slower than its GEMM), so v8's choices go.
+    pub const HEADER: &str = "kiln conv algorithms v9";
+    const OLDER: [&str; 8] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
@@ -403,6 +417,7 @@ pub mod disk {
         "kiln conv algorithms v5",
         "kiln conv algorithms v6",
         "kiln conv algorithms v7",
+        "kiln conv algorithms v8",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
