@@ -407,7 +407,8 @@ pub mod disk {
     /// register blocks, so v7's choices go.
     /// v9: the first candidate runs again when it lost the first round (v8
     /// kept direct-packed for a 1x1 conv timed first in a process, 2x
-    /// slower than its GEMM), so v8's choices go.
+    /// slower than its GEMM), and a 1x1 conv's GEMM takes whole planes
+    /// (faster where its plane was two tiles), so v8's choices go.
     pub const HEADER: &str = "kiln conv algorithms v9";
     const OLDER: [&str; 8] = [
         "kiln conv algorithms v1",
