@@ -37,8 +37,8 @@ pub(crate) enum HostFn {
     /// `(op code, tile pointer, n) -> ()`: a wide-vector block helper on a tile
     /// (`wide::WideIsa::entry`, the ISA chosen when the module is made).
     WideUnary,
-    /// `(kind, tile pointer, n, state pointer, count) -> ()`: folds a tile
-    /// into a log-sum-exp or Welford state (`wide::WideIsa::reduce_entry`).
+    /// `(kind, tile pointer, n, state pointer, count, next row) -> ()`: folds
+    /// a tile into a log-sum-exp or Welford state (`wide::WideIsa::reduce_entry`).
     WideReduce,
     /// `(row pointer) -> ()`: a normalisation's row pass
     /// (`wide::AffineRow`, `wide::WideIsa::affine_entry`).
@@ -149,7 +149,7 @@ impl HostFn {
         match self {
             HostFn::Pow | HostFn::Fmod | HostFn::IPow | HostFn::Atan2 | HostFn::Hypot => 2,
             HostFn::WideUnary => 3,
-            HostFn::WideReduce => 5,
+            HostFn::WideReduce => 6,
             HostFn::WideAffine | HostFn::WideChain => 1,
             _ => 1,
         }

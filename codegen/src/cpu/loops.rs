@@ -36,6 +36,17 @@ impl Frame {
         let one = em.b.ins().iconst(types::I64, 1);
         self.sizes.iter().fold(one, |n, &s| em.b.ins().imul(n, s))
     }
+
+    /// The row after `row` of operand `op` in a kernel of `rank` dims: one
+    /// stride of the dim above the row's on (null for a kernel of one row).
+    /// After the last row of that dim it is some other address, so it is
+    /// only ever prefetched, never read.
+    pub(crate) fn next_row(&self, em: &mut Emitter, rank: usize, row: Value, op: usize) -> Value {
+        match rank {
+            0 | 1 => em.b.ins().iconst(types::I64, 0),
+            r => em.b.ins().iadd(row, self.bstr[op][r - 2]),
+        }
+    }
 }
 
 fn log2_size(dt: DType) -> i64 {

@@ -61,7 +61,8 @@ pub(crate) fn row_pass(
     if stored.is_none() {
         if let Some(a) = affine_pass(k, em, &plan, epi) {
             let launch = fr.launch_elements(em);
-            return affine_call(em, ptrs, &a, hi, launch);
+            let next = fr.next_row(em, k.rank, ptrs[a.x], a.x);
+            return affine_call(em, ptrs, &a, [hi, launch, next]);
         }
     }
     let lo = em.b.ins().iconst(types::I64, 0);
@@ -190,8 +191,9 @@ fn affine_pass(k: &Kernel, em: &Emitter, plan: &Plan, epi: &[Option<Value>]) -> 
 }
 
 /// Calls the affine row helper on the whole row `0..hi` (a
-/// [`wide::AffineRow`] on the stack).
-fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value, launch: Value) {
+/// [`wide::AffineRow`] on the stack) of a launch of `launch` elements,
+/// whose next input row is at `next`.
+fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, [hi, launch, next]: [Value; 3]) {
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,
         std::mem::size_of::<wide::AffineRow>() as u32,
@@ -208,6 +210,7 @@ fn affine_call(em: &mut Emitter, ptrs: &[Value], a: &Affine, hi: Value, launch: 
         (row(a.w), offset_of!(R, w)),
         (row(a.b), offset_of!(R, b)),
         (ptrs[1], offset_of!(R, out)),
+        (next, offset_of!(R, next)),
         (hi, offset_of!(R, n)),
         (launch, offset_of!(R, launch)),
         (a.mean, offset_of!(R, mean)),

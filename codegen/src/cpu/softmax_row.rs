@@ -135,11 +135,15 @@ pub(crate) fn exp_row(
     hi: Value,
     whole: bool,
 ) -> (Finished<Value>, Value) {
-    let src = match direct_operand(row.k, value) {
-        Some(op) => row.ptrs[op],
+    // the row the helper reads, and its next row when it is an input's
+    let (src, next) = match direct_operand(row.k, value) {
+        Some(op) => {
+            let next = row.fr.next_row(em, row.k.rank, row.ptrs[op], op);
+            (row.ptrs[op], next)
+        }
         None => {
             store_value_row(em, row, plan, value, hi);
-            row.ptrs[1]
+            (row.ptrs[1], em.b.ins().iconst(types::I64, 0))
         }
     };
     let slot =
@@ -155,7 +159,8 @@ pub(crate) fn exp_row(
         wide::LSE_STORE
     };
     let kind = em.b.ins().iconst(types::I64, kind as i64);
-    em.b.ins().call(f, &[kind, row.ptrs[1], hi, state, src]);
+    em.b.ins()
+        .call(f, &[kind, row.ptrs[1], hi, state, src, next]);
     let m = em.b.ins().load(types::F32, flags(), state, 0);
     let s = em.b.ins().load(types::F32, flags(), state, 4);
     let one = em.constant(1.0, DType::F32);

@@ -231,8 +231,9 @@ pub(crate) fn tiled_online_row(
         let base = em.b.ins().stack_addr(types::I64, slot, 0);
         let kind = em.b.ins().iconst(types::I64, kind);
         let state = em.b.ins().iadd_imm_s(base, state_at as i64);
+        let no_next = em.b.ins().iconst(types::I64, 0);
         em.b.ins()
-            .call(f, &[kind, x.unwrap_or(base), n, state, count]);
+            .call(f, &[kind, x.unwrap_or(base), n, state, count, no_next]);
     };
     let zero = em.b.ins().iconst(types::I64, 0);
     if let Some(op) = direct {

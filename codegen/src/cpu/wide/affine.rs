@@ -18,6 +18,9 @@ pub struct AffineRow {
     pub w: *const f32,
     pub b: *const f32,
     pub out: *mut f32,
+    /// The next row of `x` (null when there is none): fetched into L1
+    /// while this one is written ([`super::prefetch::next_row`]).
+    pub next: *const f32,
     pub n: u64,
     /// Elements of the whole launch (every row), to choose streaming stores.
     pub launch: u64,
@@ -35,6 +38,9 @@ pub struct AffineRow {
 pub(crate) unsafe fn affine_row<L: Lanes>(r: &AffineRow) {
     let n = r.n as usize;
     let main = n - n % L::N;
+    // x, out, the weight and bias rows, and the next row
+    let rows = 3 + !r.w.is_null() as usize + !r.b.is_null() as usize;
+    super::prefetch::next_row(r.next, n, rows);
     span::<L>(r, 0, main);
     span::<Scalar>(r, main, n);
 }

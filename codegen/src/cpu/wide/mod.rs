@@ -33,6 +33,7 @@ mod chain;
 mod isa;
 mod lanes;
 mod math;
+mod prefetch;
 mod reduce;
 #[cfg(test)]
 mod tests;
@@ -102,9 +103,10 @@ impl WideIsa {
 }
 
 impl WideIsa {
-    /// The `extern "C" fn(kind, tile, n, state, aux)` that folds a tile
-    /// into a row reduction's state (see `reduce.rs`; `aux` is a Welford
-    /// state's count, or the row an [`LSE_STORE`] reads).
+    /// The `extern "C" fn(kind, tile, n, state, aux, next)` that folds a
+    /// tile into a row reduction's state (see `reduce.rs`; `aux` is a
+    /// Welford state's count, or the row an [`LSE_STORE`] reads, and `next`
+    /// that row's successor, or null).
     pub(crate) fn reduce_entry(self) -> *const u8 {
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -202,6 +204,7 @@ pub fn affine_row(
         w: ptr(w),
         b: ptr(b),
         out: out.as_mut_ptr(),
+        next: std::ptr::null(),
         n: n as u64,
         launch: n as u64,
         mean,
@@ -358,35 +361,63 @@ unsafe fn reduce_with(
     state: &mut [f32; 2],
     count: u64,
 ) {
-    let f: extern "C" fn(u64, *mut f32, u64, *mut f32, u64) =
+    let f: extern "C" fn(u64, *mut f32, u64, *mut f32, u64, *const f32) =
         // SAFETY: every reduce entry has this signature.
         unsafe { std::mem::transmute::<*const u8, _>(isa.reduce_entry()) };
-    f(kind, x, n as u64, state.as_mut_ptr(), count);
+    f(
+        kind,
+        x,
+        n as u64,
+        state.as_mut_ptr(),
+        count,
+        std::ptr::null(),
+    );
 }
 
-extern "C" fn wide_reduce_portable(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
+extern "C" fn wide_reduce_portable(
+    kind: u64,
+    x: *mut f32,
+    n: u64,
+    st: *mut f32,
+    aux: u64,
+    next: *const f32,
+) {
     // SAFETY: the JIT passes a tile of n f32 and a 2-f32 state.
-    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, aux) }
+    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, aux, next) }
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx2(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
+extern "C" fn wide_reduce_avx2(
+    kind: u64,
+    x: *mut f32,
+    n: u64,
+    st: *mut f32,
+    aux: u64,
+    next: *const f32,
+) {
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64) {
-        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, aux)
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64, next: *const f32) {
+        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, aux, next)
     }
     // SAFETY: handed out only where the CPU has AVX2 + FMA; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, aux) }
+    unsafe { go(kind, x, n as usize, st, aux, next) }
 }
 
 #[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx512(kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64) {
+extern "C" fn wide_reduce_avx512(
+    kind: u64,
+    x: *mut f32,
+    n: u64,
+    st: *mut f32,
+    aux: u64,
+    next: *const f32,
+) {
     #[target_feature(enable = "avx512f")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64) {
-        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, aux)
+    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64, next: *const f32) {
+        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, aux, next)
     }
     // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, aux) }
+    unsafe { go(kind, x, n as usize, st, aux, next) }
 }
 
 /// Which kernels call the helpers (where the CPU has a wide ISA and FMA).
@@ -487,10 +518,29 @@ pub fn fence_streams() {
 
 /// The last-level cache's bytes, from Linux's sysfs.
 fn last_level_cache() -> Option<usize> {
-    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
-    let size = |p: std::path::PathBuf| -> Option<(u32, usize)> {
-        let level = std::fs::read_to_string(p.join("level")).ok()?;
-        let size = std::fs::read_to_string(p.join("size")).ok()?;
+    caches().into_iter().max().map(|(_, _, bytes)| bytes)
+}
+
+/// cpu0's L1 data cache in bytes (32 KiB where sysfs does not say),
+/// read once.
+pub(crate) fn l1_data_cache() -> usize {
+    static L1: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *L1.get_or_init(|| {
+        caches()
+            .into_iter()
+            .find(|&(level, data, _)| level == 1 && data)
+            .map_or(32 << 10, |(_, _, bytes)| bytes)
+    })
+}
+
+/// cpu0's caches from Linux's sysfs: level, whether it holds data, bytes.
+fn caches() -> Vec<(u32, bool, usize)> {
+    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
+        return vec![];
+    };
+    let cache = |p: std::path::PathBuf| -> Option<(u32, bool, usize)> {
+        let read = |f: &str| std::fs::read_to_string(p.join(f)).ok();
+        let size = read("size")?;
         let size = size.trim();
         let (n, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit())?);
         let unit = match unit {
@@ -498,11 +548,14 @@ fn last_level_cache() -> Option<usize> {
             "M" => 1 << 20,
             _ => return None,
         };
-        Some((level.trim().parse().ok()?, n.parse::<usize>().ok()? * unit))
+        let data = read("type")?.trim() != "Instruction";
+        Some((
+            read("level")?.trim().parse().ok()?,
+            data,
+            n.parse::<usize>().ok()? * unit,
+        ))
     };
-    dir.filter_map(|e| size(e.ok()?.path()))
-        .max()
-        .map(|(_, bytes)| bytes)
+    dir.filter_map(|e| cache(e.ok()?.path())).collect()
 }
 
 /// The widest ISA this CPU has (AVX-512F, else AVX2 + FMA), or `None` when it

@@ -299,7 +299,8 @@ pub(crate) unsafe fn welford_tile<L: Lanes>(x: *const f32, n: usize, state: *mut
 /// or [`LSE_STORE`] and [`SOFTMAX_ROW`] over a whole row, which write `exp`
 /// (or the softmax) to `x`). `aux` is the count of values already in a
 /// Welford state, and for the whole-row kinds the address of the row they
-/// read (0: `x` itself).
+/// read (0: `x` itself). `next` is the row after the one a whole-row kind
+/// reads (null: none), fetched while this one is finished.
 #[inline(always)]
 pub(crate) unsafe fn reduce_tile<L: Lanes>(
     kind: u64,
@@ -307,9 +308,14 @@ pub(crate) unsafe fn reduce_tile<L: Lanes>(
     n: usize,
     state: *mut f32,
     aux: u64,
+    next: *const f32,
 ) {
     if n == 0 {
         return;
+    }
+    if matches!(kind, LSE_STORE | SOFTMAX_ROW) {
+        // the row read, the row written and the next row
+        super::prefetch::next_row(next, n, 3);
     }
     match kind {
         LSE => lse_tile::<L>(x, n, state),
