@@ -548,7 +548,8 @@ fn caches() -> Vec<(u32, bool, usize)> {
             "M" => 1 << 20,
             _ => return None,
         };
-        let data = read("type")?.trim() != "Instruction";
+        // without a type (some kernels) count it as data, as before
+        let data = read("type").is_none_or(|t| t.trim() != "Instruction");
         Some((
             read("level")?.trim().parse().ok()?,
             data,
