@@ -12,24 +12,41 @@
 
 /// Fetches the `n` f32 at `next` into L1 when `rows` rows of `n` f32 (the
 /// ones the current pass touches, and `next`) fit in the L1 data cache. A
-/// null `next` (no next row) and `KILN_PREFETCH=0` (for A/B timing) fetch
-/// nothing. `next` need not be mapped: a prefetch never faults.
+/// null `next` (no next row) fetches nothing. `next` need not be mapped: a
+/// prefetch never faults.
 #[inline(always)]
 pub(crate) fn next_row(next: *const f32, n: usize, rows: usize) {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let bytes = n * std::mem::size_of::<f32>();
-    if next.is_null()
-        || rows * bytes > super::l1_data_cache()
-        || *OFF.get_or_init(|| std::env::var("KILN_PREFETCH").is_ok_and(|v| v == "0"))
-    {
+    if next.is_null() || rows * bytes > super::l1_data_cache() || !enabled() {
         return;
     }
+    for at in (0..n).step_by(LINE_F32) {
+        line(next.wrapping_add(at));
+    }
+}
+
+/// f32 per 64-byte cache line.
+pub(crate) const LINE_F32: usize = 64 / std::mem::size_of::<f32>();
+
+/// Whether the helpers prefetch at all: `KILN_PREFETCH=0` turns every
+/// software prefetch off (for A/B timing).
+#[inline(always)]
+pub(crate) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("KILN_PREFETCH").is_ok_and(|v| v == "0"))
+}
+
+/// Fetches the line holding `p` into L1 (a hint: it never faults).
+#[inline(always)]
+pub(crate) fn line(p: *const f32) {
     #[cfg(target_arch = "x86_64")]
-    for at in (0..bytes).step_by(64) {
+    {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
         // SAFETY: a prefetch is a hint and never faults; SSE is baseline on x86_64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>((next as *const i8).wrapping_add(at)) }
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p as *const i8) }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
