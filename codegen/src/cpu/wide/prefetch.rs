@@ -8,7 +8,9 @@
 //! over 4M floats on 2 threads (Xeon, 48 KiB L1, plain stores) ran
 //! 0.72-0.83 -> 0.61 ms with rows of 1024 floats, 0.85 -> 0.61 with 512,
 //! 0.83 -> 0.74 with 2048, and 0.96 -> 1.09 with 4096, where the rows no
-//! longer fit in L1 together: hence the L1 rule of [`next_row`].
+//! longer fit in L1 together: hence the L1 rule of [`next_row`]. Chain
+//! rows (`chain.rs`) fetch their operands a fixed distance ahead with
+//! [`line`] instead.
 
 /// Fetches the `n` f32 at `next` into L1 when `rows` rows of `n` f32 (the
 /// ones the current pass touches, and `next`) fit in the L1 data cache. A
