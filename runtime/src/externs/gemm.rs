@@ -396,25 +396,19 @@ pub fn batched_matmul_offsets<T: Elem>(
 /// Copies `row` over every row of `out` (its length a multiple of the
 /// row's), on the pool when there is enough of it.
 fn fill_rows<T: Elem>(out: &mut [T], row: &[T]) {
-    let rows = out.len() / row.len();
-    let dst = SendPtr(out.as_mut_ptr());
-    let fill = |r: std::ops::Range<usize>| {
-        for i in r {
-            // SAFETY: row `i` of `out`; each chunk fills only its own rows
-            let d =
-                unsafe { std::slice::from_raw_parts_mut(dst.get().add(i * row.len()), row.len()) };
-            d.copy_from_slice(row);
-        }
+    if row.is_empty() {
+        return;
+    }
+    let fill = |rows: &mut [T]| {
+        rows.chunks_mut(row.len())
+            .for_each(|d| d.copy_from_slice(row))
     };
     if threads() == 1 || out.len() < PAR_MIN_WORK {
-        return fill(0..rows);
+        return fill(out);
     }
-    let chunks = crate::par::chunks(rows);
-    crate::par::for_each_chunk(
-        chunks,
-        || (),
-        |_, c| fill(crate::par::range(rows, chunks, c)),
-    );
+    let rows = out.len() / row.len();
+    let per_piece = rows.div_ceil(crate::par::chunks(rows)) * row.len();
+    crate::par::for_each_piece(out, per_piece, || (), |_, _, piece| fill(piece));
 }
 
 /// Batched matmul with one batch stride per operand (0 broadcasts an operand):

@@ -29,6 +29,7 @@ mod affine;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod caches;
 mod chain;
 mod isa;
 mod lanes;
@@ -38,6 +39,9 @@ mod reduce;
 #[cfg(test)]
 mod tests;
 mod tile;
+
+pub use caches::fence_streams;
+pub(crate) use caches::{l1_data_cache, streams};
 
 pub use affine::AffineRow;
 pub use chain::{ChainRow, CHAIN_OPS};
@@ -146,30 +150,70 @@ impl WideIsa {
     }
 }
 
-extern "C" fn wide_chain_portable(r: *const ChainRow) {
-    // SAFETY: the JIT passes a row whose pointers cover its elements.
-    unsafe { chain::chain_row::<lanes::Scalar>(&*r) }
+/// An `extern "C"` entry per ISA for the helper `$f`, a function generic
+/// over [`lanes::Lanes`] that is inlined into each: the portable one, and on
+/// x86_64 an AVX2 + FMA and an AVX-512F one whose `#[target_feature]`
+/// reaches every intrinsic (each is handed out only where
+/// [`WideIsa::available`] says so).
+macro_rules! isa_entries {
+    ($portable:ident, $avx2:ident, $avx512:ident => $f:ident($($a:ident: $t:ty),*)) => {
+        extern "C" fn $portable($($a: $t),*) {
+            // SAFETY: the JIT passes pointers covering what the helper touches.
+            unsafe { $f::<lanes::Scalar>($($a),*) }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        extern "C" fn $avx2($($a: $t),*) {
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn go($($a: $t),*) {
+                $f::<avx2::Avx2>($($a),*)
+            }
+            // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
+            unsafe { go($($a),*) }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        extern "C" fn $avx512($($a: $t),*) {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn go($($a: $t),*) {
+                $f::<avx512::Avx512>($($a),*)
+            }
+            // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
+            unsafe { go($($a),*) }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_chain_avx2(r: *const ChainRow) {
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(r: &ChainRow) {
-        chain::chain_row::<avx2::Avx2>(r)
-    }
-    // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
-    unsafe { go(&*r) }
+/// A chain row (`chain.rs`) from the JIT's stack.
+#[inline(always)]
+unsafe fn chain_abi<L: lanes::Lanes>(r: *const ChainRow) {
+    chain::chain_row::<L>(&*r)
 }
 
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_chain_avx512(r: *const ChainRow) {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn go(r: &ChainRow) {
-        chain::chain_row::<avx512::Avx512>(r)
-    }
-    // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
-    unsafe { go(&*r) }
+/// A normalisation's row pass (`affine.rs`) from the JIT's stack.
+#[inline(always)]
+unsafe fn affine_abi<L: lanes::Lanes>(r: *const AffineRow) {
+    affine::affine_row::<L>(&*r)
 }
+
+/// A tile or row folded into a reduction state (`reduce.rs`).
+#[inline(always)]
+unsafe fn reduce_abi<L: lanes::Lanes>(
+    kind: u64,
+    x: *mut f32,
+    n: u64,
+    st: *mut f32,
+    aux: u64,
+    next: *const f32,
+) {
+    reduce::reduce_tile::<L>(kind, x, n as usize, st, aux, next)
+}
+
+isa_entries!(wide_chain_portable, wide_chain_avx2, wide_chain_avx512 => chain_abi(r: *const ChainRow));
+isa_entries!(wide_affine_portable, wide_affine_avx2, wide_affine_avx512 => affine_abi(r: *const AffineRow));
+isa_entries!(wide_reduce_portable, wide_reduce_avx2, wide_reduce_avx512 => reduce_abi(
+    kind: u64, x: *mut f32, n: u64, st: *mut f32, aux: u64, next: *const f32
+));
 
 /// `out[i] = ((x[i] - mean) * rstd) * w[i] + b[i]` with `isa` (`None`:
 /// portable), as the JIT code runs a normalisation's row pass; `w` and `b`
@@ -215,31 +259,6 @@ pub fn affine_row(
         unsafe { std::mem::transmute::<*const u8, _>(isa.affine_entry()) };
     f(&row);
     Ok(())
-}
-
-extern "C" fn wide_affine_portable(r: *const AffineRow) {
-    // SAFETY: the JIT passes a row whose pointers cover `n` f32.
-    unsafe { affine::affine_row::<lanes::Scalar>(&*r) }
-}
-
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_affine_avx2(r: *const AffineRow) {
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(r: &AffineRow) {
-        affine::affine_row::<avx2::Avx2>(r)
-    }
-    // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
-    unsafe { go(&*r) }
-}
-
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_affine_avx512(r: *const AffineRow) {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn go(r: &AffineRow) {
-        affine::affine_row::<avx512::Avx512>(r)
-    }
-    // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
-    unsafe { go(&*r) }
 }
 
 /// Folds `xs` into a reduction state with `isa` (`None`: portable), as the
@@ -374,52 +393,6 @@ unsafe fn reduce_with(
     );
 }
 
-extern "C" fn wide_reduce_portable(
-    kind: u64,
-    x: *mut f32,
-    n: u64,
-    st: *mut f32,
-    aux: u64,
-    next: *const f32,
-) {
-    // SAFETY: the JIT passes a tile of n f32 and a 2-f32 state.
-    unsafe { reduce::reduce_tile::<lanes::Scalar>(kind, x, n as usize, st, aux, next) }
-}
-
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx2(
-    kind: u64,
-    x: *mut f32,
-    n: u64,
-    st: *mut f32,
-    aux: u64,
-    next: *const f32,
-) {
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64, next: *const f32) {
-        reduce::reduce_tile::<avx2::Avx2>(kind, x, n, st, aux, next)
-    }
-    // SAFETY: handed out only where the CPU has AVX2 + FMA; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, aux, next) }
-}
-
-#[cfg(target_arch = "x86_64")]
-extern "C" fn wide_reduce_avx512(
-    kind: u64,
-    x: *mut f32,
-    n: u64,
-    st: *mut f32,
-    aux: u64,
-    next: *const f32,
-) {
-    #[target_feature(enable = "avx512f")]
-    unsafe fn go(kind: u64, x: *mut f32, n: usize, st: *mut f32, aux: u64, next: *const f32) {
-        reduce::reduce_tile::<avx512::Avx512>(kind, x, n, st, aux, next)
-    }
-    // SAFETY: handed out only where the CPU has AVX-512F; a tile of n f32.
-    unsafe { go(kind, x, n as usize, st, aux, next) }
-}
-
 /// Which kernels call the helpers (where the CPU has a wide ISA and FMA).
 ///
 /// ```
@@ -482,81 +455,6 @@ impl Uses {
     pub fn any(self) -> bool {
         self.pointwise || self.rows || self.expression_rows || self.chains
     }
-}
-
-/// Whether a launch moving `bytes` (inputs and output) should store its
-/// output past the caches: when it moves more than the last-level cache
-/// holds, the output is evicted before anything reads it, and a streaming
-/// store saves reading each line before writing it (W1's chain row 1.47 ->
-/// 1.40 ms, medians of 6 alternating runs, Zen 4 with 32 MiB of L3).
-/// `KILN_STREAM=0` never streams, `KILN_STREAM=1` always does (for A/B
-/// timing and tests).
-pub(crate) fn streams(bytes: u64) -> bool {
-    static LIMIT: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    bytes
-        >= *LIMIT.get_or_init(|| match std::env::var("KILN_STREAM").as_deref() {
-            Ok("0") => u64::MAX,
-            Ok("1") => 0,
-            _ => last_level_cache().unwrap_or(32 << 20) as u64,
-        })
-}
-
-/// Orders the streaming stores this thread made before its later stores,
-/// so a thread that synchronises with it afterwards (a launch's join) sees
-/// them: x86's `sfence`, nothing elsewhere. Once per kernel call, not per
-/// row: a fence after each of W3's rows held the next row's loads behind
-/// the store drain (0.76-0.89 ms against 0.65-0.77 fenced per call, 6
-/// alternating runs, Zen 4).
-#[inline]
-pub fn fence_streams() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: sfence has no operands and SSE is baseline on x86_64.
-    unsafe {
-        std::arch::x86_64::_mm_sfence()
-    }
-}
-
-/// The last-level cache's bytes, from Linux's sysfs.
-fn last_level_cache() -> Option<usize> {
-    caches().into_iter().max().map(|(_, _, bytes)| bytes)
-}
-
-/// cpu0's L1 data cache in bytes (32 KiB where sysfs does not say),
-/// read once.
-pub(crate) fn l1_data_cache() -> usize {
-    static L1: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *L1.get_or_init(|| {
-        caches()
-            .into_iter()
-            .find(|&(level, data, _)| level == 1 && data)
-            .map_or(32 << 10, |(_, _, bytes)| bytes)
-    })
-}
-
-/// cpu0's caches from Linux's sysfs: level, whether it holds data, bytes.
-fn caches() -> Vec<(u32, bool, usize)> {
-    let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache") else {
-        return vec![];
-    };
-    let cache = |p: std::path::PathBuf| -> Option<(u32, bool, usize)> {
-        let read = |f: &str| std::fs::read_to_string(p.join(f)).ok();
-        let size = read("size")?;
-        let size = size.trim();
-        let (n, unit) = size.split_at(size.find(|c: char| !c.is_ascii_digit())?);
-        let unit = match unit {
-            "K" => 1 << 10,
-            "M" => 1 << 20,
-            _ => return None,
-        };
-        // without a type (some kernels) count it as data, as before
-        let data = read("type").is_none_or(|t| t.trim() != "Instruction");
-        Some((
-            read("level")?.trim().parse().ok()?,
-            data,
-            n.parse::<usize>().ok()? * unit,
-        ))
-    };
-    dir.filter_map(|e| cache(e.ok()?.path())).collect()
 }
 
 /// The widest ISA this CPU has (AVX-512F, else AVX2 + FMA), or `None` when it
