@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # kiln beside PyTorch on the same machine: runs `kiln bench --json` and
-# benches/torch_baseline.py --json alternately, REPEATS times each, then prints
+# benches/torch_baseline.py --json alternately, one workload at a time,
+# REPEATS times each, then prints
 # per workload the median over repeats of (PyTorch best ms / kiln best ms):
 # above 1 means kiln's best mode (eager or compiled) is faster than PyTorch's
 # best (eager or torch.compile) in the same repeat. Never run in CI.
@@ -47,12 +48,26 @@ OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
 export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$OUT/kiln-cache}"
 echo "ISA: $(grep -o -m1 -w 'avx512f\|avx2' /proc/cpuinfo | sort -u | tail -1 || echo unknown); $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+# Per repeat, each workload runs in a kiln process and a PyTorch process back
+# to back, the side that goes first alternating by repeat, so the two
+# figures of a pair are seconds apart: neighbours' load on a shared machine
+# drifts over minutes. W1 brings its copy floor (W8-64MiB) along.
+kiln_run() {
+  local only=$1
+  [ "$only" = W1 ] && only=W1,W8-64MiB
+  "$KILN" bench --json --only "$only" | grep '^{' >> "$OUT/kiln.$r.json"
+}
+torch_run() {
+  "$PY" benches/torch_baseline.py --json --no-wait --threads "$THREADS" --only "$1" \
+    | grep '^{' >> "$OUT/torch.$r.json"
+}
 for r in $(seq 1 "$REPEATS"); do
-  echo "repeat $r/$REPEATS: kiln" >&2
-  "$KILN" bench --json --only "$ONLY" | grep '^{' > "$OUT/kiln.$r.json"
-  echo "repeat $r/$REPEATS: torch" >&2
-  "$PY" benches/torch_baseline.py --json --no-wait --threads "$THREADS" --only "$ONLY" \
-    | grep '^{' > "$OUT/torch.$r.json"
+  : > "$OUT/kiln.$r.json"
+  : > "$OUT/torch.$r.json"
+  for w in ${ONLY//,/ }; do
+    echo "repeat $r/$REPEATS: $w" >&2
+    if [ $((r % 2)) = 1 ]; then kiln_run "$w"; torch_run "$w"; else torch_run "$w"; kiln_run "$w"; fi
+  done
 done
 [ -n "$KEEP" ] && mkdir -p "$KEEP" && cp "$OUT"/*.json "$KEEP"/
 python3 - "$OUT" "$REPEATS" <<'EOF'
@@ -83,6 +98,15 @@ print(f"| workload | kiln best / PyTorch best (median of {repeats}; >1 = kiln fa
 print("|---|---:|---|---|---|")
 for w, rs in ratios.items():
     print(f"| {w} | {statistics.median(rs):.2f}x | {' '.join(f'{x:.2f}' for x in rs)} | {med_modes(kms[w])} | {med_modes(tms[w])} |")
+# W1 against the copy floor measured beside it: kiln's best W1 / the 64 MiB copy
+floor = []
+for i in range(1, repeats + 1):
+    k = best(f"{out}/kiln.{i}.json")
+    if "W1" in k and "W8-64MiB" in k:
+        floor.append(min(k["W1"].values()) / k["W8-64MiB"]["eager"])
+if floor:
+    print()
+    print(f"W1 / copy floor (W8-64MiB, same process): median {statistics.median(floor):.2f}x; per repeat {' '.join(f'{x:.2f}' for x in floor)}")
 # compile() to first output and kiln's peak memory of one call, medians over repeats
 extra = {}
 for side in ("kiln", "torch"):

@@ -1,7 +1,6 @@
 //! The benchmark workloads of `../shared/bench/WORKLOADS.md`, timed in-process
-//! (median of N runs after warm-up). Shared by `kiln bench` and `benches/`.
+//! (median of N samples after warm-up, as the PyTorch baseline script times them). Shared by `kiln bench` and `benches/`.
 
-use crate::functional as F;
 use crate::profiler;
 use crate::{DType, Device, Result, Tensor};
 use std::path::Path;
@@ -16,7 +15,7 @@ pub mod vision;
 mod workloads;
 pub use device::{parse_device, run_on, DeviceBench, DEVICE_WORKLOADS};
 pub use train::{gpt2, measure_train, w5, w6, TrainWorkload};
-pub use workloads::{w1, w1_at, w2, w2_at, w2f, w3, w3_at, w4, w4_at, w7_at};
+pub use workloads::{w1, w1_at, w2, w2_at, w2f, w3, w3_at, w4, w4_at, w7, w7_at};
 pub use workloads::{Size, Workload, WorkloadFn};
 
 /// One measured row.
@@ -84,18 +83,38 @@ pub fn randn(dims: &[usize], seed: u64) -> Tensor {
     Tensor::from_vec(v, dims).expect("sized")
 }
 
-/// Median wall time of `f` in ms over `iters` runs after `warmup` runs.
+/// Shortest timed sample of [`time_ms`]: calls faster than this are timed
+/// `k` back to back per sample, as `benches/torch_baseline.py` does, so a
+/// sub-millisecond workload's median is not one call's luck on a busy machine.
+const SAMPLE_MS: f64 = 50.0;
+
+/// Median wall time per call of `f` in ms over `iters` samples after `warmup`
+/// calls; a sample is `k` calls lasting at least [`SAMPLE_MS`] (`k` from one
+/// more timed call), the same method as the PyTorch baseline script.
 pub fn time_ms(iters: usize, warmup: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..warmup {
         f()?;
     }
+    let s = Instant::now();
+    f()?;
+    let one = s.elapsed().as_secs_f64() * 1e3;
+    let k = (SAMPLE_MS / one.max(1e-6)).ceil().max(1.0) as usize;
+    sample_median_ms(iters, k, f)
+}
+
+/// Median over `iters` samples of the mean time per call of `k` back-to-back
+/// calls. [`time_ms`] picks `k` per process, so ranks that must call in
+/// step (DDP) use `k = 1`.
+pub fn sample_median_ms(iters: usize, k: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let mut t = Vec::with_capacity(iters);
-    for _ in 0..iters {
+    for _ in 0..iters.max(1) {
         let s = Instant::now();
-        f()?;
-        t.push(s.elapsed().as_secs_f64() * 1e3);
+        for _ in 0..k {
+            f()?;
+        }
+        t.push(s.elapsed().as_secs_f64() * 1e3 / k as f64);
     }
-    t.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    t.sort_by(|a, b| a.total_cmp(b));
     Ok(t[t.len() / 2])
 }
 
@@ -307,25 +326,9 @@ pub fn measure_on(
     Ok((r, outs))
 }
 
-/// W7: (1024,1024) @ (1024,1024).
-pub fn w7(iters: usize) -> Result<Row> {
-    let (a, b) = (randn(&[1024, 1024], 15), randn(&[1024, 1024], 16));
-    let ms = time_ms(iters, 2, || {
-        std::hint::black_box(F::matmul(&a, &b)?);
-        Ok(())
-    })?;
-    Ok(row(
-        "W7",
-        "matmul 1024x1024 @ 1024x1024",
-        ms,
-        "gflops",
-        2.0 * 1024f64.powi(3),
-    ))
-}
-
 /// W8: copy bandwidth references — a copy moving W1's 64 MiB (32 MiB in, 32 MiB
-/// out) and W8's 64M-float copy (512 MiB moved).
-pub fn w8(iters: usize) -> Result<Vec<Row>> {
+/// out) and W8's 64M-float copy (512 MiB moved), those whose name `want`s.
+pub fn w8(iters: usize, want: impl Fn(&str) -> bool) -> Result<Vec<Row>> {
     let mut rows = vec![];
     for (name, n, what) in [
         (
@@ -335,6 +338,9 @@ pub fn w8(iters: usize) -> Result<Vec<Row>> {
         ),
         ("W8", 64 * 1024 * 1024, "copy 64M f32 (512 MiB moved)"),
     ] {
+        if !want(name) {
+            continue;
+        }
         let x = Tensor::full(&[n], 1.0, DType::F32);
         let y = Tensor::zeros(&[n], DType::F32);
         let ms = time_ms(iters.min(10), 2, || y.copy_(&x))?;
@@ -389,11 +395,20 @@ pub fn run_profiled(
         }
         rows.extend(ddp::bench(iters, profile_dir)?);
     }
-    if want("W8") && mode != Mode::Compiled {
-        rows.extend(traced(profile_dir, "W8", || w8(iters))?);
+    // `W8` names both copies; `W8-64MiB` the first alone (W1's floor)
+    let copy = |name: &str| want("W8") || want(name);
+    if copy("W8-64MiB") && mode != Mode::Compiled {
+        rows.extend(traced(profile_dir, "W8", || w8(iters, copy))?);
     }
     type Make = fn() -> Workload;
-    let table: [(&str, Make); 5] = [("W1", w1), ("W2", w2), ("W2F", w2f), ("W3", w3), ("W4", w4)];
+    let table: [(&str, Make); 6] = [
+        ("W1", w1),
+        ("W2", w2),
+        ("W2F", w2f),
+        ("W3", w3),
+        ("W4", w4),
+        ("W7", w7),
+    ];
     for (name, make) in table {
         if want(name) {
             let w = make();
@@ -415,9 +430,6 @@ pub fn run_profiled(
                 })?);
             }
         }
-    }
-    if want("W7") && mode != Mode::Compiled {
-        rows.extend(traced(profile_dir, "W7", || Ok(vec![w7(iters)?]))?);
     }
     for (name, kind) in [
         ("CNN", crate::train::ModelKind::Cnn),
@@ -442,7 +454,7 @@ pub fn run_profiled(
     if only.iter().any(|o| o.eq_ignore_ascii_case("CNN-b1")) {
         let w = cnn_b1()?;
         for c in modes(mode) {
-            rows.push(measure(&w, c, iters.max(500))?);
+            rows.push(measure(&w, c, iters)?);
         }
     }
     // GPT2 is a heavy training step: only when named

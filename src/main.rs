@@ -23,7 +23,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
         /// Comma-separated workloads to run, e.g. W1,W7 or W5,W6 (default: W1-W8);
-        /// also CNN, MLP (inference) and CNN-compile, MLP-compile (compile latency).
+        /// W8-64MiB for W1's copy floor alone; also CNN, MLP (inference) and
+        /// CNN-compile, MLP-compile (compile latency).
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
         /// A digits model (cnn or mlp): its inference eager and compiled, and
@@ -33,7 +34,8 @@ enum Cmd {
         /// eager, compiled, or both (compiled rows report compile_ms separately).
         #[arg(long, value_enum, default_value = "both")]
         mode: kiln::bench::Mode,
-        /// Timed runs per workload (the median is reported).
+        /// Timed samples per workload (the median is reported); a sample is
+        /// as many back-to-back calls as fill 50 ms.
         #[arg(long, default_value_t = 20)]
         iters: usize,
         /// Profile each workload into a Chrome trace DIR/W1.json, ... (Perfetto, chrome://tracing).

@@ -9,7 +9,7 @@
 //! ([`rank_main`]) and rank 0 prints one `ddp-result` line.
 
 use super::train::{step, w6};
-use super::{row, time_ms, Row};
+use super::{row, sample_median_ms, Row};
 use crate::distributed::{self as dist, Backend, DdpOptions, DistributedDataParallel};
 use crate::nn::{Module, ModuleExt};
 use crate::optim::{AdamConfig, AdamW};
@@ -71,7 +71,11 @@ pub fn rank_main(iters: usize, profile_dir: Option<&Path>) -> Result<()> {
     let x = w.x.narrow(0, (rank * per) as i64, per)?.contiguous()?;
     let y = w.y.narrow(0, (rank * per) as i64, per)?.contiguous()?;
     let fwd = |x: &Tensor| ddp.forward(x);
-    let ms = time_ms(iters, 2, || {
+    for _ in 0..2 {
+        step(&fwd, &mut opt, &x, &y)?;
+    }
+    // one call per sample: every rank must run the same number of steps
+    let ms = sample_median_ms(iters, 1, || {
         std::hint::black_box(step(&fwd, &mut opt, &x, &y)?);
         Ok(())
     })?;

@@ -183,6 +183,11 @@ pub fn w4_at(size: Size, dev: Device) -> Result<Workload> {
     })
 }
 
+/// W7: (1024,1024) @ (1024,1024) on the host, timed eager and compiled.
+pub fn w7() -> Workload {
+    w7_at(Size::Full, Device::Cpu).expect("host tensors")
+}
+
 /// W7 as a workload (so a device run times it eager and compiled):
 /// (1024,1024) @ (1024,1024), or (32,32) @ (32,32) when quick.
 pub fn w7_at(size: Size, dev: Device) -> Result<Workload> {
