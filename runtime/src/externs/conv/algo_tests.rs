@@ -175,13 +175,31 @@ fn timing_reruns_only_close_candidates_and_keeps_each_ones_fastest_run() {
     use ConvAlgo::{Direct, Im2colGemm, WinogradF2x2};
     // im2col and direct within 1.5x of each other run again (the leader,
     // im2col, last), Winograd at 3x does not; direct's second run (a burst of
-    // preemption undone) wins
+    // preemption undone) leads, then both, within 1.2x, run twice more, the
+    // leader last each time, and im2col's third run overturns it
     let (ran, pick) = ranked(&[
-        (Im2colGemm, &[1.0, 0.95]),
-        (Direct, &[1.4, 0.9]),
+        (Im2colGemm, &[1.0, 0.95, 0.85, 0.99]),
+        (Direct, &[1.4, 0.9, 0.92, 0.93]),
         (WinogradF2x2, &[3.0]),
     ]);
-    assert_eq!(ran, [Im2colGemm, Direct, WinogradF2x2, Direct, Im2colGemm]);
+    assert_eq!(
+        ran,
+        [
+            Im2colGemm,
+            Direct,
+            WinogradF2x2,
+            Direct,
+            Im2colGemm,
+            Im2colGemm,
+            Direct,
+            Direct,
+            Im2colGemm
+        ]
+    );
+    assert_eq!(pick, Im2colGemm);
+    // beyond 1.2x after the second round, nothing runs again
+    let (ran, pick) = ranked(&[(Im2colGemm, &[1.2, 1.3]), (Direct, &[1.4, 0.9])]);
+    assert_eq!(ran, [Im2colGemm, Direct, Direct, Im2colGemm]);
     assert_eq!(pick, Direct);
     // a lone leader is not re-timed: nothing could overtake it; the first
     // candidate, which ran cold, runs once more, and wins when its first run

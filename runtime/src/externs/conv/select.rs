@@ -271,16 +271,27 @@ pub fn describe(g: &ConvGeometry, dtype: &str) -> Chosen {
     }
 }
 
-/// Rounds of timing: every candidate runs once per round (a third round
-/// made ResNet-18's compile() to first output 1.15-1.28 s from 0.95-1.07 s
-/// with an empty cache).
-const TIMING_ROUNDS: usize = 2;
+/// Rounds of timing: every candidate runs in the first, those within
+/// [`RETIME_WITHIN`] of the fastest in the second, and those within
+/// [`TIE_WITHIN`] in the rest. With two rounds, ResNet-18's cache held a
+/// different choice for 2-6 of its 11 conv shapes from one fresh process to
+/// the next on a busy Xeon (model 207), and a cache with direct-packed for
+/// its 14x14 and 7x7 3x3 convs ran the model at 119-124 ms against 97-99
+/// with Winograd's; with two tie-break rounds more, 95-111 ms (median 96)
+/// against 98-110 (103) in five fresh processes each, compile() to first
+/// output 770-900 ms against 680-760. (A third round over every close
+/// candidate had made it 1.15-1.28 s from 0.95-1.07 on a slower machine.)
+const TIMING_ROUNDS: usize = 4;
 
-/// Later rounds re-time only the candidates within this factor of the
+/// The second round re-times only the candidates within this factor of the
 /// fastest so far: the round is there to undo a burst of preemption between
 /// close candidates, and a clear loser (im2col at 1.6-2.4x Winograd on
 /// ResNet-18's 3x3 convs) re-run cost compile() ~0.1 s.
 const RETIME_WITHIN: f64 = 1.5;
+
+/// Later rounds re-time only candidates this close to the fastest: the
+/// choices a burst of preemption can still turn.
+const TIE_WITHIN: f64 = 1.2;
 
 /// The algorithm for this call of `g`: forced, remembered, timed now or the
 /// heuristic. Timing calls `trial(None)` once, untimed, then
@@ -317,8 +328,8 @@ pub fn choose(g: &ConvGeometry, dtype: &str, trial: &mut dyn FnMut(Option<ConvAl
 
 /// The candidate with the fastest run, `time(a)` running `a` once and
 /// returning its seconds. Every candidate runs in the first round; each
-/// later round re-runs those within [`RETIME_WITHIN`] of the fastest so far,
-/// when there are two or more of them (a lone leader re-timed changes
+/// later round re-runs those within [`RETIME_WITHIN`] (the second) or
+/// [`TIE_WITHIN`] (the rest) of the fastest so far, when there are two or more of them (a lone leader re-timed changes
 /// nothing), and the first candidate when it is not the leader (it ran
 /// cold). Rounds over all candidates, each candidate's fastest run
 /// counting: on a shared machine a burst of preemption can span two runs in
@@ -328,7 +339,8 @@ pub fn fastest(cands: &[ConvAlgo], mut time: impl FnMut(ConvAlgo) -> f64) -> Con
     let mut secs = vec![f64::INFINITY; cands.len()];
     let leader = |secs: &[f64]| (0..cands.len()).min_by(|&i, &j| secs[i].total_cmp(&secs[j]));
     for round in 0..TIMING_ROUNDS {
-        let cut = RETIME_WITHIN * secs.iter().copied().fold(f64::INFINITY, f64::min);
+        let within = if round < 2 { RETIME_WITHIN } else { TIE_WITHIN };
+        let cut = within * secs.iter().copied().fold(f64::INFINITY, f64::min);
         let mut rerun: Vec<usize> = (0..cands.len())
             .filter(|&i| round == 0 || secs[i] <= cut)
             .collect();
@@ -408,9 +420,11 @@ pub mod disk {
     /// v9: the first candidate runs again when it lost the first round (v8
     /// kept direct-packed for a 1x1 conv timed first in a process, 2x
     /// slower than its GEMM), and a 1x1 conv's GEMM takes whole planes
-    /// (faster where its plane was two tiles), so v8's choices go.
-    pub const HEADER: &str = "kiln conv algorithms v9";
-    const OLDER: [&str; 8] = [
+    /// (faster where its plane was two tiles), so v8's choices go. v10:
+    /// close candidates get two tie-break runs more ([`TIMING_ROUNDS`]), so
+    /// v9's choices, made on two runs each, go.
+    pub const HEADER: &str = "kiln conv algorithms v10";
+    const OLDER: [&str; 9] = [
         "kiln conv algorithms v1",
         "kiln conv algorithms v2",
         "kiln conv algorithms v3",
@@ -419,6 +433,7 @@ pub mod disk {
         "kiln conv algorithms v6",
         "kiln conv algorithms v7",
         "kiln conv algorithms v8",
+        "kiln conv algorithms v9",
     ];
 
     /// `<cache dir>/conv-algorithms.txt`, or `None` when caching is off.
