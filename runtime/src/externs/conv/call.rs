@@ -56,6 +56,9 @@ pub fn conv2d_call<T: Elem>(
         let (x, y) = (&input[..in_len], &mut out[..out_len]);
         let Some(a) = trial else {
             touch(x, weight, y);
+            for a in select::candidates(g) {
+                prepack(a, g, weight, key);
+            }
             return;
         };
         let run = || run_algorithm(a, &sub, x, weight, bias, y, None, key);
@@ -99,6 +102,30 @@ fn touch<T: Elem>(input: &[T], weight: &[T], out: &mut [T]) {
     let line = (64 / std::mem::size_of::<T>()).max(1);
     for x in input.iter().chain(weight).step_by(line) {
         std::hint::black_box(*x);
+    }
+}
+
+/// Packs `algo`'s form of a parameter's weights into the packed-weight
+/// cache before its candidates are timed: packing happens once per
+/// parameter version, not per call, and Winograd's first timed run had
+/// carried it (16 MiB of transformed weights for a 512-channel 3x3 conv),
+/// so a busy minute could keep it out of the re-timed rounds; ResNet-18's
+/// 7x7 layers then took im2col at 114 ms a model call against 95-96.
+/// Without a key every call packs, and the timing keeps that cost.
+fn prepack<T: Elem>(algo: ConvAlgo, g: &ConvGeometry, weight: &[T], key: Option<WeightKey>) {
+    if key.is_none() {
+        return;
+    }
+    match algo {
+        ConvAlgo::WinogradF2x2 => {
+            packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
+                winograd::pack_weights(g.c_out, g.c_in, weight)
+            });
+        }
+        ConvAlgo::Direct => {
+            packed::packed_or_insert(key, "direct-mr6", || direct::pack_weights(g, weight));
+        }
+        _ => {}
     }
 }
 
