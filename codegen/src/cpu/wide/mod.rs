@@ -162,23 +162,18 @@ macro_rules! isa_entries {
             unsafe { $f::<lanes::Scalar>($($a),*) }
         }
 
+        isa_entries!(@x86 $avx2, "avx2,fma", avx2::Avx2 => $f($($a: $t),*));
+        isa_entries!(@x86 $avx512, "avx512f", avx512::Avx512 => $f($($a: $t),*));
+    };
+    (@x86 $name:ident, $features:literal, $lanes:ty => $f:ident($($a:ident: $t:ty),*)) => {
         #[cfg(target_arch = "x86_64")]
-        extern "C" fn $avx2($($a: $t),*) {
-            #[target_feature(enable = "avx2,fma")]
+        extern "C" fn $name($($a: $t),*) {
+            #[target_feature(enable = $features)]
             unsafe fn go($($a: $t),*) {
-                $f::<avx2::Avx2>($($a),*)
+                $f::<$lanes>($($a),*)
             }
-            // SAFETY: handed out only where the CPU has AVX2 + FMA; as the portable entry.
-            unsafe { go($($a),*) }
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        extern "C" fn $avx512($($a: $t),*) {
-            #[target_feature(enable = "avx512f")]
-            unsafe fn go($($a: $t),*) {
-                $f::<avx512::Avx512>($($a),*)
-            }
-            // SAFETY: handed out only where the CPU has AVX-512F; as the portable entry.
+            // SAFETY: handed out only where the CPU has `$features`
+            // (`WideIsa::available`); as the portable entry.
             unsafe { go($($a),*) }
         }
     };
