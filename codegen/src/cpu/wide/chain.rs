@@ -145,10 +145,11 @@ unsafe fn run<L: Lanes>(r: &ChainRow, op: impl Fn(L::F) -> L::F) {
     let rows = (0..r.nsrcs).filter(|&s| r.splats >> s & 1 == 0).count();
     let moved = (rows as u64 + 1) * r.launch * 4;
     let nt = super::streams(moved) && (r.out.add(lo) as usize).is_multiple_of(64);
-    // the operand rows, fetched AHEAD elements early when not streaming
+    // the operand rows, fetched AHEAD elements early, streaming or not (W1
+    // streaming on a Xeon model 207: 1.47-1.54 ms without, 1.27-1.33 with)
     let mut ahead = [std::ptr::null::<f32>(); MAX_SRCS];
     let mut fetched = 0;
-    if !nt && super::prefetch::enabled() {
+    if super::prefetch::enabled() {
         for s in 0..(r.nsrcs as usize).min(MAX_SRCS) {
             if let Src::Row(p) = src(s) {
                 ahead[fetched] = p.wrapping_add(AHEAD);
