@@ -11,8 +11,9 @@
 mod common;
 
 use common::row_pass::{kernel, Norm};
-use common::{Inner, F32};
-use kiln_codegen::cpu::{wide, CompiledKernel, CpuJit};
+use common::{op, BinaryOp, Inner, Instr, Kernel, ReduceKind, Reduction, UnaryOp, F32};
+use kiln_codegen::cpu::{wide, wide::Uses, CompiledKernel, CpuJit};
+use kiln_codegen::{AccPart, RowPass};
 
 /// Runs a softmax row kernel over `rows` rows of `cols`: (parts, softmax).
 fn run(ck: &CompiledKernel, x: &[f32], rows: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
@@ -160,4 +161,125 @@ fn lse_store_helper_agrees_across_isas() {
 fn stored_exp_softmax_clif_snapshot() {
     let text = CpuJit::clif_text_wide(&kernel(Norm::Softmax, F32, Inner::Contiguous)).unwrap();
     insta::assert_snapshot!("stored_exp_softmax_clif", text);
+}
+
+/// `softmax(x * 0.125 + mask)` over rows (an attention score's softmax):
+/// operands parts, out, x, mask.
+fn scaled_masked_softmax() -> Kernel {
+    let value = [
+        Instr::Load(2),
+        Instr::Const(0.125f64.to_bits()),
+        Instr::Binary(BinaryOp::Mul, 0, 1),
+        Instr::Load(3),
+        Instr::Binary(BinaryOp::Add, 2, 3),
+    ];
+    let epilogue = [
+        Instr::Acc,
+        Instr::AccPart(AccPart::Shift),
+        Instr::AccPart(AccPart::LogSum),
+    ];
+    // the row pass recomputes the value (ids 8..=12), then its exp
+    let first = value.len() + epilogue.len();
+    let mut rows = value.to_vec();
+    for i in &mut rows {
+        if let Instr::Binary(_, a, b) = i {
+            (*a, *b) = (*a + first, *b + first);
+        }
+    }
+    let v = first + 4;
+    rows.extend([
+        Instr::Binary(BinaryOp::Sub, v, 6),
+        Instr::Binary(BinaryOp::Sub, v + 1, 7),
+        Instr::Unary(UnaryOp::Exp, v + 2),
+    ]);
+    let typed = |is: &[Instr]| is.iter().map(|&i| (i, F32)).collect();
+    Kernel {
+        name: "scaled_masked_softmax".into(),
+        rank: 2,
+        operands: vec![
+            op(F32, Inner::Broadcast),
+            op(F32, Inner::Contiguous),
+            op(F32, Inner::Contiguous),
+            op(F32, Inner::Contiguous),
+        ],
+        scalars: vec![],
+        body: typed(&value),
+        reduce: Some(Reduction {
+            kind: ReduceKind::LogSumExp,
+            value: 4,
+            dtype: F32,
+        }),
+        epilogue: typed(&epilogue),
+        out: 6,
+        extra_out: vec![7],
+        rows: Some(RowPass {
+            instrs: typed(&rows),
+            out: first + rows.len() - 1,
+        }),
+    }
+}
+
+/// A softmax fed by steps alone stores its value row with the chain
+/// helper (`NO_OP`): the same bits as the f32x4 loop it replaces, on rows
+/// shorter and longer than a tile, with and without a tail. The snapshot
+/// shows the call (a `ChainRow` of launch 0: never streamed).
+#[test]
+fn steps_before_a_softmax_row_run_as_a_chain_with_the_same_bits() {
+    let k = scaled_masked_softmax();
+    let jit = |u: Uses| {
+        let mut j = CpuJit::new().unwrap();
+        j.set_wide_uses(u);
+        j
+    };
+    let mut with = jit(Uses::all(true));
+    let mut without = jit(Uses {
+        chains: false,
+        ..Uses::all(true)
+    });
+    insta::assert_snapshot!(
+        "scaled_masked_softmax_clif",
+        CpuJit::clif_text_wide(&k).unwrap()
+    );
+    if with.wide_isa().is_none() {
+        return; // no wide ISA: neither build calls a helper
+    }
+    let (a, b) = (with.compile(&k).unwrap(), without.compile(&k).unwrap());
+    for cols in [255, 256, 257, 1024, 3001] {
+        let rows = rows_of(cols, 21 + cols as u64);
+        let n = rows.len();
+        let x = rows.concat();
+        let mask: Vec<f32> = (0..n * cols)
+            .map(|i| {
+                if i % 5 == 2 {
+                    f32::NEG_INFINITY
+                } else {
+                    (i % 13) as f32 * 0.25
+                }
+            })
+            .collect();
+        let run = |ck: &CompiledKernel| {
+            let (mut parts, mut out) = (vec![0f32; n * 2], vec![0f32; n * cols]);
+            let (mut xs, mut ms) = (x.clone(), mask.clone());
+            let ptrs = [
+                parts.as_mut_ptr(),
+                out.as_mut_ptr(),
+                xs.as_mut_ptr(),
+                ms.as_mut_ptr(),
+            ]
+            .map(|p| p as *mut u8);
+            let c = cols as isize;
+            // SAFETY: the buffers cover every index.
+            unsafe { ck.call(&ptrs, &[2, 0, c, 1, c, 1, c, 1], &[n, cols], &[], 0, n) };
+            (parts, out)
+        };
+        let (got, want) = (run(&a), run(&b));
+        let same = |p: &[f32], q: &[f32]| {
+            p.iter()
+                .zip(q)
+                .all(|(u, v)| u.to_bits() == v.to_bits() || u.is_nan() && v.is_nan())
+        };
+        assert!(same(&got.0, &want.0), "parts of {cols} columns differ");
+        assert!(same(&got.1, &want.1), "softmax of {cols} columns differs");
+        assert!(got.1.iter().any(|v| *v > 0.0 && v.is_finite()));
+    }
 }

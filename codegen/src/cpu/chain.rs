@@ -72,15 +72,7 @@ pub(crate) fn chain_of(
     while v != h {
         v = c.step(k, v, Some(h), &mut post)?;
     }
-    let mut pre = vec![];
-    let mut v = arg;
-    let first = loop {
-        if let Some(l) = leaf(k, v) {
-            break l;
-        }
-        v = c.step(k, v, None, &mut pre)?;
-    };
-    c.first = c.src(first)?;
+    let pre = c.down_to_leaf(k, arg)?;
     c.npre = pre.len() as u32;
     c.npost = post.len() as u32;
     c.steps = pre
@@ -91,7 +83,41 @@ pub(crate) fn chain_of(
     (c.steps.len() <= MAX_STEPS).then_some(c)
 }
 
+/// The chain of steps alone ([`wide::NO_OP`]) computing `value`, stored to
+/// operand `out`: a softmax row's `x * scale + mask`, written to the output
+/// row before the row helper reads it. `None` unless `value` is one or more
+/// steps down to a leaf.
+pub(crate) fn steps_of(k: &Kernel, value: usize, out: usize) -> Option<Chain> {
+    let mut c = Chain {
+        srcs: vec![],
+        first: 0,
+        op: wide::NO_OP,
+        npre: 0,
+        npost: 0,
+        steps: vec![],
+        out,
+    };
+    let pre = c.down_to_leaf(k, value)?;
+    c.npre = pre.len() as u32;
+    c.steps = pre.into_iter().rev().collect();
+    (c.npre > 0 && c.steps.len() <= MAX_STEPS).then_some(c)
+}
+
 impl Chain {
+    /// The steps from `v` down to a leaf, which becomes the first source
+    /// (the steps in walking order, from `v` down).
+    fn down_to_leaf(&mut self, k: &Kernel, mut v: usize) -> Option<Vec<u32>> {
+        let mut steps = vec![];
+        let first = loop {
+            if let Some(l) = leaf(k, v) {
+                break l;
+            }
+            v = self.step(k, v, None, &mut steps)?;
+        };
+        self.first = self.src(first)?;
+        Some(steps)
+    }
+
     /// Records the step that value `v` applies (pushed in walking order,
     /// from the store down) and returns the value it applies it to: the
     /// side that depends on `towards` (or, walking to a leaf, the left
@@ -168,8 +194,16 @@ fn leaf(k: &Kernel, v: usize) -> Option<Leaf> {
 }
 
 /// Calls the chain helper on elements `lo..hi` of the row (a [`ChainRow`]
-/// on the stack; `hi - lo` a multiple of 64).
-pub(crate) fn chain_call(em: &mut Emitter, row: &Row, c: &Chain, lo: Value, hi: Value) {
+/// on the stack; `hi - lo` a multiple of 64). `may_stream`: the output may
+/// go past the caches when the launch is large (false when the kernel
+/// reads it back).
+pub(crate) fn chain_call(
+    em: &mut Emitter,
+    row: &Row,
+    c: &Chain,
+    [lo, hi]: [Value; 2],
+    may_stream: bool,
+) {
     let slot = em.b.create_sized_stack_slot(StackSlotData::new(
         StackSlotKind::ExplicitSlot,
         std::mem::size_of::<ChainRow>() as u32,
@@ -184,7 +218,12 @@ pub(crate) fn chain_call(em: &mut Emitter, row: &Row, c: &Chain, lo: Value, hi: 
     put(em, row.ptrs[c.out], offset_of!(R, out));
     put(em, lo, offset_of!(R, lo));
     put(em, hi, offset_of!(R, hi));
-    let launch = row.fr.launch_elements(em);
+    // a launch of no elements never streams
+    let launch = if may_stream {
+        row.fr.launch_elements(em)
+    } else {
+        em.b.ins().iconst(types::I64, 0)
+    };
     put(em, launch, offset_of!(R, launch));
     let mut splats = 0u32;
     for (s, &l) in c.srcs.iter().enumerate() {
@@ -344,5 +383,34 @@ mod tests {
             v
         });
         assert_eq!(chain(&long), None);
+    }
+
+    #[test]
+    fn which_values_are_steps_alone() {
+        let f = DType::F32;
+        let s = |op: u32, src: u32| op | src << SRC_SHIFT;
+        let stored = |k: &Kernel| k.stores()[0].2;
+        // W2F's prologue: x * 0.125 + mask, stored to operand 0
+        let w2f = kernel(|b| {
+            let (x, eighth, mask) = (b.load(1, f), b.constant(0.125, f), b.load(2, f));
+            let m = b.binary(BinaryOp::Mul, x, eighth, f);
+            b.binary(BinaryOp::Add, m, mask, f)
+        });
+        let c = steps_of(&w2f, stored(&w2f), 0).expect("steps alone");
+        let eighth = Leaf::Const(0.125f32.to_bits());
+        assert_eq!(c.srcs, [Leaf::Broadcast(2), eighth, Leaf::Row(1)]);
+        assert_eq!((c.op, c.first, c.npre, c.npost), (wide::NO_OP, 2, 2, 0));
+        assert_eq!(c.steps, [s(MUL, 1), s(ADD, 0)]);
+        // a load alone is no chain (the row helper reads such a row in
+        // place), nor is a wide op a step
+        let load = kernel(|b| b.load(1, f));
+        assert_eq!(steps_of(&load, stored(&load), 0), None);
+        let gelu = kernel(|b| {
+            let x = b.load(1, f);
+            let g = b.unary(UnaryOp::Gelu, x, f);
+            let one = b.constant(1.0, f);
+            b.binary(BinaryOp::Add, g, one, f)
+        });
+        assert_eq!(steps_of(&gelu, stored(&gelu), 0), None);
     }
 }

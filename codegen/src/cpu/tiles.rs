@@ -70,7 +70,7 @@ pub(crate) fn tiled_row(
     let tiles_end = em.b.ins().iadd(lo, nt);
     if em.wide.chains {
         if let Some(c) = super::chain::chain_of(k, stores, &heavy) {
-            super::chain::chain_call(em, row, &c, lo, tiles_end);
+            super::chain::chain_call(em, row, &c, [lo, tiles_end], true);
             return tiles_end;
         }
     }

@@ -47,6 +47,10 @@ pub const SRC_SHIFT: u32 = 8;
 /// registers (`tile.rs`'s compound ops, `math.rs`'s primitives).
 pub const CHAIN_OPS: [UnaryOp; 10] = super::SUPPORTED;
 
+/// The op index of a chain with no op: steps alone (a softmax's
+/// `x * scale + mask` prologue, `chain.rs` in the JIT's `steps_of`).
+pub const NO_OP: u32 = CHAIN_OPS.len() as u32;
+
 /// One row's chain, built on the JIT code's stack: elements `lo..hi` of
 /// `out` (a multiple of 64 elements) get `post(op(pre(first)))`.
 #[repr(C)]
@@ -58,7 +62,7 @@ pub struct ChainRow {
     pub launch: u64,
     /// Source of the start value.
     pub first: u32,
-    /// Index of the op in [`CHAIN_OPS`].
+    /// Index of the op in [`CHAIN_OPS`], or [`NO_OP`].
     pub op: u32,
     /// Steps before the op; the rest of `steps[..npre + npost]` come after.
     pub npre: u32,
@@ -108,6 +112,7 @@ pub(crate) unsafe fn chain_row<L: Lanes>(r: &ChainRow) {
         Some(UnaryOp::Expm1) => run::<L>(r, |v| math::expm1::<L>(v)),
         Some(UnaryOp::Tanh) => run::<L>(r, |v| math::tanh::<L>(v)),
         Some(UnaryOp::Erf) => run::<L>(r, |v| math::erf::<L>(v)),
+        None if r.op == NO_OP => run::<L>(r, |v| v),
         _ => unreachable!("the JIT code only builds chains of CHAIN_OPS"),
     }
 }

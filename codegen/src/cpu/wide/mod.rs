@@ -44,7 +44,7 @@ pub use caches::fence_streams;
 pub(crate) use caches::{l1_data_cache, streams};
 
 pub use affine::AffineRow;
-pub use chain::{ChainRow, CHAIN_OPS};
+pub use chain::{ChainRow, CHAIN_OPS, NO_OP};
 pub(crate) use chain::{ADD, DIV, FLIP, MAX_SRCS, MAX_STEPS, MUL, SRC_SHIFT, SUB};
 pub use reduce::{LSE, LSE_STORE, SOFTMAX_ROW, WELFORD};
 pub use tile::{op_code, SUPPORTED, TILE};
