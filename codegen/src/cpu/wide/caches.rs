@@ -25,6 +25,11 @@ pub(crate) fn streams(bytes: u64) -> bool {
 /// Xeon model 207) is not what stays its own. There, streaming from 32 MiB
 /// ran W3 at 0.58-0.60 ms against 0.64-0.66 and W1 at 1.27-1.33 against
 /// 1.34-1.37 (alternating runs); on a Zen 4 with 32 MiB of L3 nothing changes.
+/// The cost, there: an intermediate that the next launch reads also streams
+/// once its launch moves 32 MiB (ViT-B/16's MLP gelu), so ViT-B/16 compiled
+/// ran 1-4% slower (7 alternating pairs) and eager W1, five launches of
+/// 48 MiB, 4.4-4.6 -> 4.9 ms; which outputs are read next is the executor's
+/// knowledge, not yet passed to the helpers.
 const SHARE_CAP: usize = 32 << 20;
 
 /// Orders the streaming stores this thread made before its later stores,
