@@ -118,7 +118,14 @@ fn first_inside(start: isize, d: usize) -> usize {
 }
 
 /// `max_pool2d`: writes window maxima to `out` and, if given, their flat
-/// in-plane indices (`h*W + w`) to `indices`.
+/// in-plane indices (`h*W + w`) to `indices`: a NaN wins (the last one),
+/// ties keep the first maximum, and the value written is that tap's (so of
+/// equal `-0.0` and `0.0`, the first). The maxima come from the separable
+/// [`max_pool2d_values`], then each index from a scan of its window for
+/// that value, which stops at the first match, instead of a scan keeping a
+/// running maximum and its index: ResNet-18's compile() (whose trace runs
+/// its one 3x3 pool with indices), conv choices on disk, 396-449 -> 377-400
+/// ms (4 alternating pairs, Xeon model 207).
 pub fn max_pool2d<T: Elem>(
     g: &Pool2dGeometry,
     input: &[T],
@@ -126,32 +133,73 @@ pub fn max_pool2d<T: Elem>(
     indices: Option<&mut [i64]>,
 ) {
     check_lens("max_pool2d", g, input, out, indices.as_deref());
+    max_pool2d_values(g, input, out);
+    let Some(indices) = indices else {
+        return;
+    };
     let [h, w] = g.in_size;
-    let ow = g.out_size[1];
-    let p = g.params;
-    let f = |pi: usize, o: &mut [T], mut idx: Option<&mut [i64]>| {
+    let ([oh, ow], p) = (g.out_size, g.params);
+    let cols: Vec<(usize, usize)> = (0..ow)
+        .map(|c| window(c, p.stride[1], p.padding[1], p.kernel[1], p.dilation[1], w))
+        .collect();
+    let f = |pi: usize, o: &mut [T], idx: Option<&mut [i64]>| {
         let x = &input[pi * h * w..(pi + 1) * h * w];
-        for r in 0..g.out_size[0] {
+        let ix = idx.expect("max_pool2d: indices are given");
+        for r in 0..oh {
             let (r0, r1) = window(r, p.stride[0], p.padding[0], p.kernel[0], p.dilation[0], h);
-            for c in 0..ow {
-                let (c0, c1) = window(c, p.stride[1], p.padding[1], p.kernel[1], p.dilation[1], w);
-                let spans = ((r0, r1, p.dilation[0]), (c0, c1, p.dilation[1]));
-                let (v, at) = window_max(x, w, spans.0, spans.1);
+            for (c, &(c0, c1)) in cols.iter().enumerate() {
                 let k = r * ow + c;
-                o[k] = v;
-                if let Some(ix) = idx.as_deref_mut() {
-                    ix[k] = at as i64;
+                let spans = ((r0, r1, p.dilation[0]), (c0, c1, p.dilation[1]));
+                match window_argmax(x, w, spans.0, spans.1, o[k]) {
+                    Some(at) => {
+                        ix[k] = at as i64;
+                        o[k] = x[at];
+                    }
+                    // no taps: the value stays -inf, the index the first tap's
+                    None => ix[k] = (r0 * w + c0) as i64,
                 }
             }
         }
     };
     for_planes(
         g,
-        p.kernel[0] * p.kernel[1] * g.out_size[0] * ow,
+        p.kernel[0] * p.kernel[1] * oh * ow,
         out,
-        indices,
+        Some(indices),
         f,
     );
+}
+
+/// Where [`window_max`] finds `v`, the maximum of the window's taps: the
+/// first tap equal to `v` (the first maximum; `-0.0` equals `0.0`), or with
+/// `v` NaN the last NaN tap. `None` for a window without taps.
+#[inline]
+fn window_argmax<T: Elem>(
+    x: &[T],
+    w: usize,
+    (r0, r1, dr): Span,
+    (c0, c1, dc): Span,
+    v: T,
+) -> Option<usize> {
+    let nan = v.is_nan();
+    let mut last_nan = None;
+    let mut ih = r0;
+    while ih < r1 {
+        let row = &x[ih * w..(ih + 1) * w];
+        let mut iw = c0;
+        while iw < c1 {
+            let t = row[iw];
+            if !nan && t == v {
+                return Some(ih * w + iw);
+            }
+            if nan && t.is_nan() {
+                last_nan = Some(ih * w + iw);
+            }
+            iw += dc;
+        }
+        ih += dr;
+    }
+    last_nan
 }
 
 /// `max_pool2d` values only (`F.max_pool2d` without `return_indices`, when
@@ -490,6 +538,19 @@ mod tests {
         let x = [3.0f32, 3.0, 1.0, 3.0];
         max_pool2d(&g, &x, &mut o, Some(&mut ix));
         assert_eq!((o[0], ix[0]), (3.0, 0));
+        // the last NaN; of equal zeros the first, sign and all; all -inf: the first tap
+        let x = [f32::NAN, 1.0, f32::NAN, 2.0];
+        max_pool2d(&g, &x, &mut o, Some(&mut ix));
+        assert!(o[0].is_nan() && ix[0] == 2);
+        for (x, at) in [
+            ([-1.0f32, -0.0, 0.0, -2.0], 1),
+            ([-1.0, 0.0, -0.0, -2.0], 1),
+        ] {
+            max_pool2d(&g, &x, &mut o, Some(&mut ix));
+            assert_eq!((o[0].to_bits(), ix[0]), (x[at].to_bits(), at as i64));
+        }
+        max_pool2d(&g, &[f32::NEG_INFINITY; 4], &mut o, Some(&mut ix));
+        assert_eq!((o[0], ix[0]), (f32::NEG_INFINITY, 0));
         // the values-only kernel: a NaN anywhere in the window wins
         for at in 0..4 {
             let mut x = [1.0f32, 4.0, -2.0, 0.5];
