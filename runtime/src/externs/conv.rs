@@ -16,7 +16,7 @@ use kiln_ir::op::conv::ConvGeometry;
 use kiln_ir::{Error, Result};
 
 pub use super::conv_transpose::conv_transpose2d;
-use super::packed::{self, WeightKey};
+use super::packed::WeightKey;
 use select::ConvAlgo;
 
 pub use call::conv2d_call;

@@ -117,14 +117,8 @@ fn prepack<T: Elem>(algo: ConvAlgo, g: &ConvGeometry, weight: &[T], key: Option<
         return;
     }
     match algo {
-        ConvAlgo::WinogradF2x2 => {
-            packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
-                winograd::pack_weights(g.c_out, g.c_in, weight)
-            });
-        }
-        ConvAlgo::Direct => {
-            packed::packed_or_insert(key, "direct-mr6", || direct::pack_weights(g, weight));
-        }
+        ConvAlgo::WinogradF2x2 => drop(winograd::packed_weights(g, weight, key)),
+        ConvAlgo::Direct => drop(direct::packed_weights(g, weight, key)),
         _ => {}
     }
 }
@@ -147,9 +141,7 @@ fn run_algorithm<T: Elem>(
             depthwise_channels::conv2d(g, input, weight, bias, out, epilogue)
         }
         ConvAlgo::WinogradF2x2 => {
-            let u = packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
-                winograd::pack_weights(g.c_out, g.c_in, weight)
-            });
+            let u = winograd::packed_weights(g, weight, key);
             winograd::conv2d(g, input, &u, bias, out, epilogue)
         }
         ConvAlgo::Im2colBatched => batched::conv2d(g, input, weight, bias, out, epilogue),

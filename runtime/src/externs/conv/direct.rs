@@ -105,6 +105,15 @@ pub(super) fn tap_offsets(g: &ConvGeometry, l: &Layout) -> Vec<isize> {
     koff
 }
 
+/// [`pack_weights`] once per parameter version (`key`; every call without one).
+pub fn packed_weights<T: Elem>(
+    g: &ConvGeometry,
+    weight: &[T],
+    key: Option<WeightKey>,
+) -> std::sync::Arc<Vec<T>> {
+    packed::packed_or_insert(key, "direct-mr6", || pack_weights(g, weight))
+}
+
 /// Packs `weight [C_out, C_in/g, kH, kW]` into `[group][panel][k][MR]`.
 pub fn pack_weights<T: Elem>(g: &ConvGeometry, weight: &[T]) -> Vec<T> {
     let (opg, kk) = (g.c_out_per_group(), kk(g));
@@ -228,7 +237,7 @@ pub fn conv2d<T: Elem>(
 ) -> Result<()> {
     let l = Layout::of(g);
     let koff = tap_offsets(g, &l);
-    let wp = packed::packed_or_insert(key, "direct-mr6", || pack_weights(g, weight));
+    let wp = packed_weights(g, weight, key);
     let cpg = g.c_in_per_group();
     // the last group's last sample, its farthest tap and last tile must be readable
     let last_base = ((g.n - 1) * g.c_in + (g.groups - 1) * cpg) * l.channel();

@@ -329,8 +329,8 @@ pub fn choose(g: &ConvGeometry, dtype: &str, trial: &mut dyn FnMut(Option<ConvAl
 /// The candidate with the fastest run, `time(a)` running `a` once and
 /// returning its seconds. Every candidate runs in the first round; each
 /// later round re-runs those within [`RETIME_WITHIN`] (the second) or
-/// [`TIE_WITHIN`] (the rest) of the fastest so far, when there are two or more of them (a lone leader re-timed changes
-/// nothing), and the first candidate when it is not the leader (it ran
+/// [`TIE_WITHIN`] (the rest) of the fastest so far, when there are two or
+/// more of them (a lone leader re-timed changes nothing), and the first candidate when it is not the leader (it ran
 /// cold). Rounds over all candidates, each candidate's fastest run
 /// counting: on a shared machine a burst of preemption can span two runs in
 /// a row, and a cache timed with each candidate's runs back to back held

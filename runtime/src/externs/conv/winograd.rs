@@ -19,6 +19,7 @@ use super::{as_f32, as_f32_mut};
 use super::{Epilogue, Tile};
 use crate::externs::cpu_isa::{self, Isa};
 use crate::externs::gemm::{auto_parallelism, gemm_raw, Parallelism};
+use crate::externs::packed::{self, WeightKey};
 use crate::externs::{threads, Elem, SendPtr, PAR_MIN_WORK};
 use kiln_ir::op::conv::ConvGeometry;
 
@@ -37,6 +38,17 @@ pub fn applies(g: &ConvGeometry) -> bool {
         && g.groups == 1
         && g.out_size[0] > 0
         && g.out_size[1] > 0
+}
+
+/// [`pack_weights`] once per parameter version (`key`; every call without one).
+pub fn packed_weights<T: Elem>(
+    g: &ConvGeometry,
+    weight: &[T],
+    key: Option<WeightKey>,
+) -> std::sync::Arc<Vec<T>> {
+    packed::packed_or_insert(key, "winograd-f2x2-3x3", || {
+        pack_weights(g.c_out, g.c_in, weight)
+    })
 }
 
 /// `U[16][C_out][C_in]`: each 3x3 filter as `G w G^T` (4x4).
